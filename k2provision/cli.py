@@ -85,6 +85,78 @@ def write_render(result: Plan, out: Path) -> int:
     return count
 
 
+@app.command()
+def apply(
+    inventory: InventoryArg,
+    check: Annotated[bool, typer.Option("--check", help="predict changes, change nothing")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="show file differences")] = False,
+    limit: Annotated[str | None, typer.Option("--limit", help="only these hosts (pattern)")] = None,
+    tags: Annotated[
+        str | None, typer.Option("--tags", help="only these phases, comma-separated")
+    ] = None,
+) -> None:
+    """Plan, then run playbooks/site.yml on the hosts with live progress and a summary."""
+    raise typer.Exit(
+        run_phases("site.yml", "apply", inventory, check=check, diff=diff, limit=limit, tags=tags)
+    )
+
+
+@app.command()
+def stop(
+    inventory: InventoryArg,
+    limit: Annotated[str | None, typer.Option("--limit", help="only these hosts (pattern)")] = None,
+) -> None:
+    """Stop and remove the plan's engine containers (weights and files stay)."""
+    raise typer.Exit(run_phases("stop.yml", "stop", inventory, limit=limit))
+
+
+def run_phases(
+    playbook: str,
+    command: str,
+    inventory: Path,
+    *,
+    check: bool = False,
+    diff: bool = False,
+    limit: str | None = None,
+    tags: str | None = None,
+) -> int:
+    """Show the plan, run `playbook`, print the summary; the exit code of the outcome."""
+    from k2provision.display import RunView
+    from k2provision.plan import plan_digest
+    from k2provision.runner import new_record_dir, run_playbook
+
+    result = load_plan(inventory)
+    print_plan(result)
+    record = new_record_dir(command)
+    (record / "plan.json").write_text(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+    hosts = [h.name for h in result.hosts]
+    mode = " (check mode: nothing changes)" if check else ""
+    console.print(f"[bold]{command}[/] {inventory}{mode}: record in {record}")
+    with RunView(hosts) as view:
+        run = run_playbook(
+            playbook,
+            inventory,
+            record_dir=record,
+            extravars={"k2_expected_plan_digest": plan_digest(result)},
+            tags=[t.strip() for t in tags.split(",") if t.strip()] if tags else (),
+            limit=limit,
+            check=check,
+            diff=diff,
+            on_event=view.on_event,
+        )
+    console.print(view.host_table())
+    if result.lab:
+        console.print(
+            "[bold yellow]LAB PROFILE was on: hardware steps skipped, stand-in engines.[/]"
+        )
+    verdict = "[green]succeeded[/]" if run.ok else "[red]failed[/]"
+    console.print(
+        f"{command} {verdict}: {view.tally.total('changed')} changed, "
+        f"{len(run.tally.failures)} host(s) failed or unreachable; record: {record}"
+    )
+    return 0 if run.ok else 1
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -91,3 +92,70 @@ def print_plan(plan: Plan) -> None:
         console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     console.print(f"endpoint: [bold]{plan.endpoint}[/]")
     sys.stdout.flush()
+
+
+class RunView:
+    """Live view of a playbook run: the current phase and task, and per-host tallies."""
+
+    def __init__(self, hosts: list[str]) -> None:
+        from rich.live import Live
+        from rich.spinner import Spinner
+
+        from k2provision.events import Tally
+
+        self.hosts = hosts
+        self.phase = ""
+        self.task = ""
+        self.tally = Tally()
+        self.spinner = Spinner("dots", text="starting")
+        self.live = Live(self._render(), console=console, refresh_per_second=8, transient=True)
+
+    def _render(self) -> Any:
+        from rich.console import Group
+
+        self.spinner.text = escape(f"{self.phase} > {self.task}" if self.phase else self.task)
+        return Group(self.spinner, self.host_table(live=True))
+
+    def host_table(self, live: bool = False) -> Table:
+        """Per-host ok/changed/failed/unreachable counts (and the first failure)."""
+        table = Table(title=None if live else "run summary", title_justify="left")
+        for column in ("host", "ok", "changed", "failed", "unreachable", "first failure"):
+            table.add_column(column)
+        for host in self.hosts:
+            c = self.tally.counts.get(host, {})
+            table.add_row(
+                host,
+                str(c.get("ok", 0)),
+                str(c.get("changed", 0)),
+                f"[red]{c['failed']}[/]" if c.get("failed") else "0",
+                f"[red]{c['unreachable']}[/]" if c.get("unreachable") else "0",
+                escape(self.tally.failures.get(host, ""))[:120],
+            )
+        return table
+
+    def __enter__(self) -> RunView:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(None, None, None)
+
+    def on_event(self, event: Any) -> None:
+        """Fold one typed runner event into the view."""
+        from k2provision.events import HostResult, PlayStarted, TaskStarted
+
+        if isinstance(event, PlayStarted):
+            self.phase = event.name
+        elif isinstance(event, TaskStarted):
+            self.task = event.name
+        elif isinstance(event, HostResult):
+            if event.host not in self.hosts:
+                self.hosts.append(event.host)
+            self.tally.add(event)
+            if event.status in {"failed", "unreachable"} and not event.ignored:
+                console.print(
+                    f"[red]{event.status}[/] {escape(event.host)}: "
+                    f"{escape(event.task)}: {escape(event.message)}",
+                    soft_wrap=True,
+                )
+        self.live.update(self._render())

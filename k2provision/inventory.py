@@ -34,7 +34,7 @@ DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
 POOL_GROUPS: tuple[PoolName, ...] = ("nodes", "prefill", "decode")
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """Strip Ansible's tagged types down to plain Python values."""
     if isinstance(value, bool):
         return bool(value)
@@ -45,9 +45,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, str):
         return str(value)
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     return value
 
 
@@ -96,7 +96,7 @@ def read_inventory(path: str | Path) -> tuple[dict[str, list[str]], dict[str, di
     groups = {name: [h.name for h in group.get_hosts()] for name, group in manager.groups.items()}
     host_vars = {
         h.name: {
-            str(k): _plain(v)
+            str(k): plain_value(v)
             for k, v in variables.get_vars(host=h).items()
             if str(k).startswith(("k2_", "ansible_host"))
         }

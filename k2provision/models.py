@@ -282,6 +282,9 @@ class Plan(Record):
     model_dir: str
     gpu: str
     endpoint: str
+    endpoint_host: str
+    served_model_name: str
+    config_dir: str
     lab: bool
     container: ContainerOptions
     pools: tuple[PoolPlan, ...]

@@ -6,6 +6,7 @@ and the smallest layout of the same kind that would.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -299,6 +300,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     )
     renderer = REGISTRY[cluster.engine]
     rendered = renderer.render(deployment)
+    endpoint = renderer.endpoint(deployment)
     host_plans = []
     for h in cluster.hosts:
         out = rendered.get(h.name)
@@ -327,7 +329,12 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         model=spec.id,
         model_dir=cluster.model_dir,
         gpu=gpu.key,
-        endpoint=renderer.endpoint(deployment),
+        endpoint=endpoint,
+        endpoint_host=next(
+            (h.name for h in cluster.hosts if f"//{h.address}:" in endpoint), pools[0].master
+        ),
+        served_model_name=cluster.tunables.served_model_name,
+        config_dir=cluster.tunables.config_dir,
         lab=cluster.lab,
         container=container_options(cluster, deployment),
         pools=pools,
@@ -352,3 +359,8 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
             volumes=volumes,
         )
     return ContainerOptions(privileged=cluster.engine == "trtllm", volumes=volumes)
+
+
+def plan_digest(plan: Plan) -> str:
+    """A stable sha256 of the plan's content: equal plans, equal digests."""
+    return hashlib.sha256(plan.model_dump_json().encode()).hexdigest()

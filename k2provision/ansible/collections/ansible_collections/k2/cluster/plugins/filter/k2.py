@@ -1,0 +1,72 @@
+"""Filters that turn a registered plan into per-host facts and docker argv (k2.cluster.*)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
+from k2provision.models import ContainerOptions, Plan, Process
+from k2provision.render import launch_script
+
+
+def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
+    """The part of `plan` (as registered by k2.cluster.plan) that belongs to `host`."""
+    for entry in plan["hosts"]:
+        if entry["name"] == host:
+            return dict(entry)
+    raise ValueError(f"{host} is not part of the plan; it is in none of its pools")
+
+
+def docker_run_argv(process: dict[str, Any], plan: dict[str, Any], config_dir: str) -> list[str]:
+    """The `docker run` argv for a planned process."""
+    proc = Process.model_validate(process)
+    options = ContainerOptions.model_validate(plan["container"])
+    return run_argv(options, proc, config_dir, launch_script(proc))
+
+
+def docker_spec_hash(process: dict[str, Any], plan: dict[str, Any]) -> str:
+    """The label value a correctly configured container of this process carries."""
+    proc = Process.model_validate(process)
+    options = ContainerOptions.model_validate(plan["container"])
+    return spec_hash(options, proc, launch_script(proc))
+
+
+def stale_containers(inspect_results: list[dict[str, Any]], plan: dict[str, Any]) -> list[Any]:
+    """Processes whose existing container is stopped or was made from another spec.
+
+    `inspect_results` are loop results of `docker container inspect NAME` that succeeded.
+    """
+    stale = []
+    for result in inspect_results:
+        process = result["item"]
+        info = json.loads(result["stdout"])[0]
+        labels = info.get("Config", {}).get("Labels") or {}
+        running = bool(info.get("State", {}).get("Running"))
+        if not running or labels.get(LABEL_HASH) != docker_spec_hash(process, plan):
+            stale.append(process)
+    return stale
+
+
+def docker_exec_argv(process: dict[str, Any], config_dir: str) -> list[str]:
+    """The `docker exec` argv for a process started inside a running container."""
+    return exec_argv(Process.model_validate(process), config_dir)
+
+
+def plan_stages(plan: dict[str, Any]) -> list[int]:
+    """Distinct process stages of the whole plan, in start order."""
+    return sorted({p.stage for h in Plan.model_validate(plan).hosts for p in h.processes})
+
+
+class FilterModule:
+    """Ansible's entry point for filter plugins."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "host_plan": host_plan,
+            "docker_run_argv": docker_run_argv,
+            "docker_spec_hash": docker_spec_hash,
+            "docker_exec_argv": docker_exec_argv,
+            "stale_containers": stale_containers,
+            "plan_stages": plan_stages,
+        }

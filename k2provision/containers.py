@@ -1,0 +1,76 @@
+"""Planned process -> the exact `docker run` / `docker exec` argv that starts it. Pure."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from k2provision.models import ContainerOptions, Process
+
+LABEL_HASH = "io.k2provision.hash"
+LABEL_PROCESS = "io.k2provision.process"
+
+
+def launch_path(config_dir: str, process: Process) -> str:
+    """Where the process's launch script lives on the host (and, mounted, in the container)."""
+    return f"{config_dir}/launch/{process.name}.sh"
+
+
+def spec_hash(options: ContainerOptions, process: Process, script: str) -> str:
+    """A digest of everything that shapes the container: a change means recreate it."""
+    doc = {
+        "options": options.model_dump(mode="json"),
+        "process": process.model_dump(mode="json"),
+        "script": script,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_argv(
+    options: ContainerOptions, process: Process, config_dir: str, script: str
+) -> list[str]:
+    """`docker run -d` for a process that is a container's main command."""
+    argv = [
+        "docker",
+        "run",
+        "--detach",
+        "--name",
+        process.container,
+        "--label",
+        f"{LABEL_HASH}={spec_hash(options, process, script)}",
+        "--label",
+        f"{LABEL_PROCESS}={process.name}",
+        "--network",
+        options.network,
+        "--ipc",
+        options.ipc,
+    ]
+    if options.gpus:
+        argv += ["--gpus", options.gpus]
+    if options.privileged:
+        argv.append("--privileged")
+    for cap in options.cap_add:
+        argv += ["--cap-add", cap]
+    for ulimit in options.ulimits:
+        argv += ["--ulimit", ulimit]
+    for device in options.devices:
+        argv += ["--device", device]
+    for volume in options.volumes:
+        argv += ["--volume", volume]
+    argv += [process.image, "sh", launch_path(config_dir, process)]
+    return argv
+
+
+def exec_argv(process: Process, config_dir: str) -> list[str]:
+    """`docker exec -d` for a process started inside a running container; its pid is recorded
+    in /run/k2-<name>.pid inside the container so a re-run can tell it is already up."""
+    pidfile = f"/run/k2-{process.name}.pid"
+    return [
+        "docker",
+        "exec",
+        "--detach",
+        process.container,
+        "sh",
+        "-c",
+        f"echo $$ > {pidfile}; exec sh {launch_path(config_dir, process)}",
+    ]

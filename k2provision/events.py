@@ -1,0 +1,116 @@
+"""ansible-runner event dicts -> typed events, and the per-host tally of a run. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "changed", "failed", "unreachable", "skipped"]
+
+_RESULT_EVENTS: dict[str, Status] = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_unreachable": "unreachable",
+    "runner_on_skipped": "skipped",
+}
+
+
+@dataclass(frozen=True)
+class PlayStarted:
+    """A play (one phase) began."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class TaskStarted:
+    """A task began on the play's hosts."""
+
+    play: str
+    name: str
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """One host's outcome of one task."""
+
+    host: str
+    task: str
+    status: Status
+    message: str = ""
+    ignored: bool = False
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The final recap: counts per host."""
+
+    hosts: dict[str, dict[str, int]]
+
+
+Event = PlayStarted | TaskStarted | HostResult | Stats
+
+
+def _message(res: Mapping[str, Any]) -> str:
+    """The most useful one-line reason from a task result."""
+    for key in ("msg", "stderr", "reason"):
+        value = res.get(key)
+        if value:
+            return str(value).strip().splitlines()[0] if key != "msg" else str(value).strip()
+    return ""
+
+
+def parse_event(raw: Mapping[str, Any]) -> Event | None:
+    """Typed view of one ansible-runner event; None for events the display does not use."""
+    kind = raw.get("event", "")
+    data: Mapping[str, Any] = raw.get("event_data") or {}
+    if kind == "playbook_on_play_start":
+        return PlayStarted(name=str(data.get("play", "")))
+    if kind == "playbook_on_task_start":
+        return TaskStarted(play=str(data.get("play", "")), name=str(data.get("task", "")))
+    if kind in _RESULT_EVENTS:
+        res: Mapping[str, Any] = data.get("res") or {}
+        status = _RESULT_EVENTS[kind]
+        if status == "ok" and res.get("changed"):
+            status = "changed"
+        return HostResult(
+            host=str(data.get("host", "")),
+            task=str(data.get("task", "")),
+            status=status,
+            message=_message(res) if status in {"failed", "unreachable"} else "",
+            ignored=bool(data.get("ignore_errors")),
+        )
+    if kind == "playbook_on_stats":
+        hosts: dict[str, dict[str, int]] = {}
+        for key, label in (
+            ("ok", "ok"),
+            ("changed", "changed"),
+            ("failures", "failed"),
+            ("dark", "unreachable"),
+            ("skipped", "skipped"),
+        ):
+            for host, count in (data.get(key) or {}).items():
+                hosts.setdefault(str(host), {})[label] = int(count)
+        return Stats(hosts=hosts)
+    return None
+
+
+@dataclass
+class Tally:
+    """Per-host counts and first failure, built from HostResult events."""
+
+    counts: dict[str, dict[Status, int]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def add(self, result: HostResult) -> None:
+        """Count one result (ignored failures count as ok)."""
+        status: Status = "ok" if result.ignored and result.status == "failed" else result.status
+        per_host = self.counts.setdefault(result.host, {})
+        per_host[status] = per_host.get(status, 0) + 1
+        if status in {"failed", "unreachable"} and result.host not in self.failures:
+            self.failures[result.host] = f"{result.task}: {result.message}"
+
+    def total(self, status: Status) -> int:
+        """Sum of one status over all hosts."""
+        return sum(c.get(status, 0) for c in self.counts.values())
