@@ -24,6 +24,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _mount_lab() -> None:
+    from k2provision.lab.cli import lab_app
+
+    app.add_typer(lab_app, name="lab", help="Real SSH hosts on this machine, for trying and tests.")
+
+
+_mount_lab()
+
 InventoryArg = Annotated[
     Path, typer.Argument(help="Ansible INI inventory, e.g. inventory/prod.ini")
 ]

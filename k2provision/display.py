@@ -12,8 +12,9 @@ from rich.table import Table
 from k2provision.errors import K2Error
 from k2provision.models import Plan
 
-console = Console()
-err_console = Console(stderr=True)
+# Pipes and CI logs get wide lines instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def print_errors(error: K2Error) -> None:
@@ -29,11 +30,11 @@ def _sizes(plan: Plan, pool_name: str) -> str:
     if p.pp > 1:
         parts.append(f"pp {p.pp}")
     if p.dp > 1:
-        parts.append(f"dp {p.dp}" + (" (attention)" if p.dp_attention else ""))
+        parts.append(f"dp {p.dp}" + (" (attn)" if p.dp_attention else ""))
     if p.ep > 1:
         parts.append(f"ep {p.ep}")
     if p.redundant_experts:
-        parts.append(f"+{p.redundant_experts} redundant experts")
+        parts.append(f"+{p.redundant_experts} spare experts")
     return ", ".join(parts)
 
 
