@@ -16,18 +16,19 @@ def launch_path(config_dir: str, process: Process) -> str:
     return f"{config_dir}/launch/{process.name}.sh"
 
 
-def spec_hash(options: ContainerOptions, process: Process, script: str) -> str:
-    """A digest of everything that shapes the container: a change means recreate it."""
+def spec_hash(options: ContainerOptions, process: Process, files: dict[str, str]) -> str:
+    """A digest of everything that shapes the container, the host's rendered files included
+    (scripts and configs it reads at start): a change means recreate it."""
     doc = {
         "options": options.model_dump(mode="json"),
         "process": process.model_dump(mode="json"),
-        "script": script,
+        "files": files,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_argv(
-    options: ContainerOptions, process: Process, config_dir: str, script: str
+    options: ContainerOptions, process: Process, config_dir: str, files: dict[str, str]
 ) -> list[str]:
     """`docker run -d` for a process that is a container's main command."""
     argv = [
@@ -37,7 +38,7 @@ def run_argv(
         "--name",
         process.container,
         "--label",
-        f"{LABEL_HASH}={spec_hash(options, process, script)}",
+        f"{LABEL_HASH}={spec_hash(options, process, files)}",
         "--label",
         f"{LABEL_PROCESS}={process.name}",
         "--network",

@@ -7,7 +7,6 @@ from typing import Any
 
 from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 from k2provision.models import ContainerOptions, Plan, Process
-from k2provision.render import launch_script
 
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
@@ -18,18 +17,26 @@ def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
     raise ValueError(f"{host} is not part of the plan; it is in none of its pools")
 
 
-def docker_run_argv(process: dict[str, Any], plan: dict[str, Any], config_dir: str) -> list[str]:
+def _owner_files(process: dict[str, Any], plan: dict[str, Any]) -> dict[str, str]:
+    """The rendered files of the host that runs `process`."""
+    for entry in plan["hosts"]:
+        if any(p == process for p in entry["processes"]):
+            return dict(entry["files"])
+    raise ValueError(f"process {process.get('name')} is in no host of the plan")
+
+
+def docker_run_argv(process: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """The `docker run` argv for a planned process."""
     proc = Process.model_validate(process)
     options = ContainerOptions.model_validate(plan["container"])
-    return run_argv(options, proc, config_dir, launch_script(proc))
+    return run_argv(options, proc, plan["config_dir"], _owner_files(process, plan))
 
 
 def docker_spec_hash(process: dict[str, Any], plan: dict[str, Any]) -> str:
     """The label value a correctly configured container of this process carries."""
     proc = Process.model_validate(process)
     options = ContainerOptions.model_validate(plan["container"])
-    return spec_hash(options, proc, launch_script(proc))
+    return spec_hash(options, proc, _owner_files(process, plan))
 
 
 def stale_containers(inspect_results: list[dict[str, Any]], plan: dict[str, Any]) -> list[Any]:

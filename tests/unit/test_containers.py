@@ -1,0 +1,63 @@
+"""docker argv of planned processes: production options, lab profile, change detection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
+from k2provision.inventory import load_cluster
+from k2provision.plan import build_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_production_container_gets_host_network_ipc_gpus_rdma_and_memlock() -> None:
+    plan = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
+    host = plan.hosts[4]
+    argv = run_argv(plan.container, host.processes[0], plan.config_dir, host.files)
+    joined = " ".join(argv)
+    for expected in (
+        "--network host",
+        "--ipc host",
+        "--gpus all",
+        "--device /dev/infiniband",
+        "--ulimit memlock=-1:-1",
+        "--cap-add IPC_LOCK",
+        "--volume /models/Kimi-K2-Instruct:/models/Kimi-K2-Instruct:ro",
+    ):
+        assert expected in joined, expected
+    assert argv[-2:] == ["sh", f"/etc/k2provision/launch/{host.processes[0].name}.sh"]
+    assert any(a.startswith(f"{LABEL_HASH}=") for a in argv)
+
+
+def test_lab_container_drops_what_lab_hosts_cannot_grant(tmp_path: Path) -> None:
+    inv = tmp_path / "lab.ini"
+    inv.write_text((ROOT / "inventory" / "prod.ini").read_text() + "k2_lab=true\n")
+    plan = build_plan(load_cluster(inv))
+    host = plan.hosts[0]
+    joined = " ".join(run_argv(plan.container, host.processes[0], plan.config_dir, host.files))
+    assert "--gpus" not in joined
+    assert "memlock" not in joined
+    assert "/dev/infiniband" not in joined
+    assert "--network host --ipc host" in joined
+
+
+def test_hash_changes_with_any_file_of_the_host() -> None:
+    plan = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
+    host = plan.hosts[0]
+    proc = host.processes[0]
+    base = spec_hash(plan.container, proc, host.files)
+    assert base == spec_hash(plan.container, proc, dict(host.files))
+    edited = {**host.files, "/etc/k2provision/extra.yml": "x: 1\n"}
+    assert spec_hash(plan.container, proc, edited) != base
+    assert (
+        spec_hash(plan.container.model_copy(update={"privileged": True}), proc, host.files) != base
+    )
+
+
+def test_exec_records_a_pid_file() -> None:
+    plan = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
+    proc = plan.hosts[0].processes[0]
+    argv = exec_argv(proc, "/etc/k2provision")
+    assert argv[:4] == ["docker", "exec", "--detach", proc.container]
+    assert f"/run/k2-{proc.name}.pid" in argv[-1]
