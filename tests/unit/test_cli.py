@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def k2(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "k2provision.cli", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=60,
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
 
