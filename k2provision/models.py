@@ -70,7 +70,9 @@ class Tunables(Record):
     vllm_max_num_seqs: int = 256
     trtllm_max_batch_size: int = 128
     trtllm_max_num_tokens: int = 4096
+    trtllm_kv_cache_dtype: Literal["fp8", "auto"] = "fp8"
     ktransformers_cache_lens: int = 30000
+    ktransformers_optimize_config: str | None = None
     decode_redundant_experts: int | None = None
     reserve_gib: float = 4.0
     socket_ifname: str | None = None

@@ -333,7 +333,10 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         endpoint_host=next(
             (h.name for h in cluster.hosts if f"//{h.address}:" in endpoint), pools[0].master
         ),
-        served_model_name=cluster.tunables.served_model_name,
+        # trtllm-serve has no served-model-name option: it lists the model by its path.
+        served_model_name=cluster.model_dir
+        if cluster.engine == "trtllm"
+        else cluster.tunables.served_model_name,
         config_dir=cluster.tunables.config_dir,
         lab=cluster.lab,
         container=container_options(cluster, deployment),

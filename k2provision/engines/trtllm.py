@@ -1,0 +1,260 @@
+"""TensorRT-LLM (PyTorch backend) across nodes: sshd in every container, mpirun from rank 0.
+
+Stage 0, every host: container `k2-trtllm` runs sshd in the foreground on `ssh_port`,
+key-only, with the keys and known_hosts that the ssh_mesh role places under
+`{config_dir}/ssh/`. Stage 1, rank 0 only (docker exec into that container): one `mpirun`
+starts N x 8 ranks through those sshds; `trtllm-llmapi-launch` makes rank 0 serve the
+OpenAI API while the other ranks run the model workers.
+
+Every host gets the same extra-llm-api-options YAML (each rank reads it on its own node). It is
+built from the typed mirror of TorchLlmArgs in `trtllm_schema` and validated again after being
+written out, so a render cannot produce a file the pinned release would refuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from k2provision import catalog
+from k2provision.engines import Deployment, HostRender
+from k2provision.engines.common import TOOL_PARSER, http_gate
+from k2provision.engines.trtllm_schema import (
+    TRTLLM_VERSION,
+    CudaGraphConfig,
+    ExtraLlmApiOptions,
+    KvCacheConfig,
+    validate_extra_llm_api_options,
+)
+from k2provision.models import HostSpec, PoolPlan, Process
+from k2provision.render import render_template
+
+CONTAINER = "k2-trtllm"
+SSHD = "/usr/sbin/sshd"
+# CUDA graphs are captured for decode batches of these powers of two, up to this size.
+CUDA_GRAPH_MAX_BATCH = 128
+# The image's environment handed to ssh sessions, so that orted (and the ranks it starts) find
+# Open MPI, Python and the TensorRT-LLM libraries on every node.
+SSH_SESSION_ENV = ("PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX")
+# Exported by mpirun to every rank as well (-x), besides the process's own env.
+MPI_FORWARD_ENV = ("PATH", "LD_LIBRARY_PATH")
+
+# Every option of `trtllm-serve serve` in tensorrt_llm/commands/serve.py of the mirrored 1.2
+# line (stored revision 00209af149e7774406881a37283dce303571eb11), aliases included.
+SERVE_OPTIONS: frozenset[str] = frozenset({
+    "--tokenizer", "--custom_tokenizer", "--host", "--port", "--backend",
+    "--custom_module_dirs", "--log_level", "--max_beam_width", "--max_batch_size",
+    "--max_num_tokens", "--max_seq_len", "--tensor_parallel_size", "--tp_size",
+    "--pipeline_parallel_size", "--pp_size", "--context_parallel_size", "--cp_size",
+    "--moe_expert_parallel_size", "--ep_size", "--moe_cluster_parallel_size", "--cluster_size",
+    "--gpus_per_node", "--free_gpu_memory_fraction", "--kv_cache_free_gpu_memory_fraction",
+    "--num_postprocess_workers", "--trust_remote_code", "--revision", "--config",
+    "--extra_llm_api_options", "--reasoning_parser", "--tool_parser",
+    "--metadata_server_config_file", "--server_role", "--fail_fast_on_attention_window_too_large",
+    "--otlp_traces_endpoint", "--disagg_cluster_uri", "--enable_chunked_prefill",
+    "--media_io_kwargs", "--chat_template",
+})
+# Options of `serve` that are flags (take no value).
+SERVE_FLAGS: frozenset[str] = frozenset({
+    "--trust_remote_code", "--fail_fast_on_attention_window_too_large", "--enable_chunked_prefill",
+})
+# `--tool_parser` is a click.Choice over ToolParserFactory.parsers of the same line.
+TOOL_PARSERS: frozenset[str] = frozenset({
+    "qwen3", "qwen3_coder", "kimi_k2", "deepseekv3", "deepseekv3.1", "deepseek_v32",
+})
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the rendered and the ssh_mesh-provided files live on every host."""
+
+    config_dir: str
+
+    @property
+    def ssh_dir(self) -> str:
+        """Keys, known_hosts and the ssh configs (mounted read-only into the container)."""
+        return f"{self.config_dir}/ssh"
+
+    @property
+    def extra_options(self) -> str:
+        """The extra-llm-api-options YAML."""
+        return f"{self.config_dir}/trtllm/extra-llm-api-config.yml"
+
+    @property
+    def sshd_start(self) -> str:
+        """The container's main command (a script that execs sshd)."""
+        return f"{self.config_dir}/trtllm/sshd-start.sh"
+
+    @property
+    def sshd_config(self) -> str:
+        """sshd's configuration."""
+        return f"{self.ssh_dir}/sshd_config"
+
+    @property
+    def ssh_config(self) -> str:
+        """The ssh client configuration mpirun's ssh reads (-F)."""
+        return f"{self.ssh_dir}/ssh_config"
+
+
+def cuda_graph_batch_sizes(max_batch_size: int) -> list[int]:
+    """Powers of two from 1 up to min(max_batch_size, CUDA_GRAPH_MAX_BATCH)."""
+    limit = min(max_batch_size, CUDA_GRAPH_MAX_BATCH)
+    sizes = []
+    size = 1
+    while size <= limit:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def extra_llm_api_options(deployment: Deployment) -> ExtraLlmApiOptions:
+    """The typed options every rank reads; only the keys set here are written out."""
+    pool = deployment.pool("nodes")
+    t = deployment.cluster.tunables
+    kv_dtype = t.trtllm_kv_cache_dtype
+    if not catalog.gpu(deployment.cluster.gpu).fp8:
+        kv_dtype = "auto"
+    return ExtraLlmApiOptions(
+        # Padding rounds a decode batch up to the next captured size instead of running it
+        # without a graph (the seed's `padding_enabled`, renamed enable_padding in 1.x).
+        cuda_graph_config=CudaGraphConfig(
+            enable_padding=True, batch_sizes=cuda_graph_batch_sizes(t.trtllm_max_batch_size)
+        ),
+        enable_attention_dp=pool.parallel.dp_attention,
+        # A prompt longer than max_num_tokens is refused unless prefill may be chunked; MLA
+        # supports chunked context on Hopper and Blackwell.
+        enable_chunked_prefill=deployment.context_length > t.trtllm_max_num_tokens,
+        # The seed printed a log line per iteration; on N x 8 ranks in production that floods
+        # the container logs and costs host time on every step. Metrics come from /metrics.
+        print_iter_log=False,
+        kv_cache_config=KvCacheConfig(
+            # The fraction of memory left free after weights and warm-up that the KV cache may
+            # take: the plan's fraction (the release's own default, 0.90) rather than the seed's
+            # 0.95, which leaves too little for NCCL/MPI buffers and allocations made after
+            # the cache is sized. Same value as --kv_cache_free_gpu_memory_fraction.
+            free_gpu_memory_fraction=pool.mem_fraction,
+            # FP8 KV cache for MLA runs on Hopper (FlashMLA FP8) and Blackwell; it halves the
+            # 68.6 KiB/token BF16 latent cache. k2_trtllm_kv_cache_dtype=auto turns it off.
+            dtype=kv_dtype,
+        ),
+    )
+
+
+def options_yaml(options: ExtraLlmApiOptions) -> str:
+    """The YAML text of `options` (set keys only), re-validated after serialisation."""
+    data = options.model_dump(mode="json", exclude_unset=True)
+    body = yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
+    text = (
+        f"# TensorRT-LLM {TRTLLM_VERSION} extra LLM API options for trtllm-serve\n"
+        "# --extra_llm_api_options: rendered by k2provision; edits are overwritten.\n"
+        "# Checked against k2provision's mirror of TorchLlmArgs (unknown keys are errors).\n"
+        + body
+    )
+    parsed = validate_extra_llm_api_options(yaml.safe_load(text))
+    if parsed.model_dump(exclude_unset=True) != options.model_dump(exclude_unset=True):
+        raise AssertionError("extra-llm-api-options YAML does not round-trip")
+    return text
+
+
+def mpirun_argv(
+    deployment: Deployment, hosts: tuple[HostSpec, ...], pool: PoolPlan, paths: Paths,
+    env_names: tuple[str, ...],
+) -> tuple[str, ...]:
+    """The mpirun line rank 0 runs: every rank of every host, trtllm-serve on rank 0."""
+    t = deployment.cluster.tunables
+    gpn = deployment.cluster.gpus_per_node
+    argv: list[str] = [
+        "mpirun",
+        "--allow-run-as-root",
+        "-np", str(len(hosts) * gpn),
+        "-H", ",".join(f"{h.address}:{gpn}" for h in hosts),
+        # One argv element: Open MPI passes it to ssh as its arguments.
+        "-mca", "plm_rsh_args", f"-p {t.ssh_port} -F {paths.ssh_config}",
+    ]
+    if t.socket_ifname:
+        argv += ["-mca", "btl_tcp_if_include", t.socket_ifname,
+                 "-mca", "oob_tcp_if_include", t.socket_ifname]
+    for name in env_names:
+        argv += ["-x", name]
+    argv += ["trtllm-llmapi-launch", *serve_argv(deployment, pool, paths)]
+    return tuple(argv)
+
+
+def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[str, ...]:
+    """`trtllm-serve serve MODEL ...` with options named as in the release's serve.py."""
+    t = deployment.cluster.tunables
+    p = pool.parallel
+    return (
+        "trtllm-serve", "serve", deployment.cluster.model_dir,
+        "--backend", "pytorch",
+        "--host", "0.0.0.0",
+        "--port", str(t.api_port),
+        "--tp_size", str(p.tp),
+        "--ep_size", str(p.ep),
+        "--gpus_per_node", str(deployment.cluster.gpus_per_node),
+        "--max_batch_size", str(t.trtllm_max_batch_size),
+        "--max_num_tokens", str(t.trtllm_max_num_tokens),
+        "--max_seq_len", str(deployment.context_length),
+        "--kv_cache_free_gpu_memory_fraction", f"{pool.mem_fraction:g}",
+        "--trust_remote_code",
+        "--tool_parser", TOOL_PARSER,
+        # `--config` is the same option in this release; the long name also works on 1.0/1.1.
+        "--extra_llm_api_options", paths.extra_options,
+    )
+
+
+def render(deployment: Deployment) -> dict[str, HostRender]:
+    """sshd on every host of [nodes]; the mpirun launch on rank 0."""
+    pool = deployment.pool("nodes")
+    cluster = deployment.cluster
+    t = cluster.tunables
+    paths = Paths(t.config_dir)
+    hosts = tuple(cluster.host(name) for name in pool.hosts)
+
+    template_vars = {
+        "container": CONTAINER, "port": t.ssh_port, "ssh_dir": paths.ssh_dir, "sshd": SSHD,
+        "user_environment": SSH_SESSION_ENV,
+    }
+    files = {
+        paths.extra_options: options_yaml(extra_llm_api_options(deployment)),
+        paths.sshd_start: render_template("trtllm/sshd-start.sh.j2", **template_vars),
+        paths.sshd_config: render_template("trtllm/sshd_config.j2", **template_vars),
+        paths.ssh_config: render_template("trtllm/ssh_config.j2", **template_vars),
+    }
+    sshd = Process(
+        name="sshd",
+        container=CONTAINER,
+        image=deployment.image,
+        argv=("/bin/sh", paths.sshd_start),
+        stage=0,
+    )
+
+    # The model is a local directory: never wait on the Hugging Face Hub from a rank.
+    env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if t.socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = t.socket_ifname
+        env["GLOO_SOCKET_IFNAME"] = t.socket_ifname
+    serve = Process(
+        name="trtllm-serve",
+        container=CONTAINER,
+        image=deployment.image,
+        argv=mpirun_argv(deployment, hosts, pool, paths, (*MPI_FORWARD_ENV, *sorted(env))),
+        env=env,
+        stage=1,
+        exec_in=True,
+        health=http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s),
+    )
+    return {
+        h.name: HostRender(
+            processes=(sshd, serve) if h.name == pool.master else (sshd,),
+            files=dict(files),
+        )
+        for h in hosts
+    }
+
+
+def endpoint(deployment: Deployment) -> str:
+    """Rank 0's OpenAI-compatible server."""
+    pool = deployment.pool("nodes")
+    return f"http://{pool.master_address}:{deployment.cluster.tunables.api_port}"

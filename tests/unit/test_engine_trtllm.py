@@ -1,0 +1,300 @@
+"""TensorRT-LLM renderer: the YAML, the sshd mesh, and the mpirun line from rank 0."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k2provision.engines import trtllm
+from k2provision.engines.trtllm_schema import validate_extra_llm_api_options
+from k2provision.models import Cluster, HostSpec, Plan, Process, Tunables
+from k2provision.plan import build_plan
+
+ADDRESSES = ("10.2.0.7", "10.2.0.3", "10.2.0.5", "10.2.0.9")
+YAML_PATH = "/etc/k2provision/trtllm/extra-llm-api-config.yml"
+SSH_DIR = "/etc/k2provision/ssh"
+
+
+def cluster(nodes: int = 2, context_length: int | None = None, **tunables: object) -> Cluster:
+    hosts = tuple(
+        HostSpec(name=f"gpu-{i}", address=ADDRESSES[i], pool="nodes", local_ip=ADDRESSES[i])
+        for i in range(nodes)
+    )
+    return Cluster(
+        inventory="test.ini", engine="trtllm", layout="tp_ep", model="moonshotai/Kimi-K2-Instruct",
+        model_dir="/models/K2", gpu="h200", gpus_per_node=8, hosts=hosts,
+        context_length=context_length, tunables=Tunables.model_validate(tunables),
+    )
+
+
+def plan(nodes: int = 2, context_length: int | None = None, **tunables: object) -> Plan:
+    return build_plan(cluster(nodes, context_length, **tunables))
+
+
+def serve_process(p: Plan) -> tuple[str, Process]:
+    found = [(h.name, proc) for h in p.hosts for proc in h.processes if proc.name == "trtllm-serve"]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def opt(argv: tuple[str, ...], flag: str) -> str:
+    assert argv.count(flag) == 1, (flag, argv)
+    return argv[argv.index(flag) + 1]
+
+
+def serve_args(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The argv from `trtllm-serve serve MODEL` on."""
+    start = argv.index("trtllm-serve")
+    assert argv[start - 1] == "trtllm-llmapi-launch"
+    assert argv[start + 1] == "serve"
+    return argv[start:]
+
+
+def rendered_options(p: Plan) -> dict[str, object]:
+    data = yaml.safe_load(p.hosts[0].files[YAML_PATH])
+    assert isinstance(data, dict)
+    return data
+
+
+# ---------------------------------------------------------------- the YAML
+
+
+def test_yaml_is_identical_on_every_host_and_passes_the_schema() -> None:
+    p = plan(3)
+    texts = {h.files[YAML_PATH] for h in p.hosts}
+    assert len(texts) == 1
+    data = yaml.safe_load(texts.pop())
+    options = validate_extra_llm_api_options(data)
+    again = yaml.safe_load(yaml.safe_dump(options.model_dump(mode="json", exclude_unset=True)))
+    assert again == data
+
+
+def test_yaml_values() -> None:
+    data = rendered_options(plan())
+    assert data["cuda_graph_config"] == {
+        "batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128], "enable_padding": True,
+    }
+    assert data["enable_attention_dp"] is True
+    assert data["print_iter_log"] is False
+    assert data["enable_chunked_prefill"] is True
+    assert data["kv_cache_config"] == {"free_gpu_memory_fraction": 0.9, "dtype": "fp8"}
+    assert "padding_enabled" not in yaml.safe_dump(data)
+
+
+def test_yaml_and_command_line_agree_on_the_kv_fraction() -> None:
+    p = plan()
+    _, proc = serve_process(p)
+    fraction = float(opt(proc.argv, "--kv_cache_free_gpu_memory_fraction"))
+    kv = rendered_options(p)["kv_cache_config"]
+    assert isinstance(kv, dict)
+    assert kv["free_gpu_memory_fraction"] == fraction == p.pools[0].mem_fraction
+
+
+def test_attention_dp_follows_the_plan() -> None:
+    p = plan()
+    assert rendered_options(p)["enable_attention_dp"] is p.pools[0].parallel.dp_attention
+
+
+def test_cuda_graph_sizes_stop_at_max_batch_size() -> None:
+    assert trtllm.cuda_graph_batch_sizes(48) == [1, 2, 4, 8, 16, 32]
+    assert trtllm.cuda_graph_batch_sizes(1024) == [1, 2, 4, 8, 16, 32, 64, 128]
+    graphs = rendered_options(plan(trtllm_max_batch_size=48))["cuda_graph_config"]
+    assert isinstance(graphs, dict)
+    assert graphs["batch_sizes"] == [1, 2, 4, 8, 16, 32]
+
+
+def test_kv_dtype_can_be_left_to_the_engine() -> None:
+    kv = rendered_options(plan(trtllm_kv_cache_dtype="auto"))["kv_cache_config"]
+    assert isinstance(kv, dict)
+    assert kv["dtype"] == "auto"
+
+
+def test_chunked_prefill_only_when_a_prompt_can_exceed_max_num_tokens() -> None:
+    assert rendered_options(plan(context_length=4096))["enable_chunked_prefill"] is False
+    assert rendered_options(plan(context_length=4097))["enable_chunked_prefill"] is True
+
+
+# ---------------------------------------------------------------- the mpirun line
+
+
+@pytest.mark.parametrize("nodes", [2, 3, 4])
+def test_mpirun_covers_every_gpu_of_every_host_in_inventory_order(nodes: int) -> None:
+    p = plan(nodes)
+    _, proc = serve_process(p)
+    argv = proc.argv
+    assert argv[0] == "mpirun"
+    assert opt(argv, "-np") == str(nodes * 8)
+    assert opt(argv, "-H") == ",".join(f"{a}:8" for a in ADDRESSES[:nodes])
+    assert "--allow-run-as-root" in argv
+
+
+def test_plm_rsh_args_is_one_argv_element_naming_the_ssh_port() -> None:
+    _, proc = serve_process(plan())
+    i = proc.argv.index("plm_rsh_args")
+    assert proc.argv[i - 1] == "-mca"
+    assert proc.argv[i + 1] == f"-p 2233 -F {SSH_DIR}/ssh_config"
+
+
+def test_mpirun_runs_on_rank_0_only_inside_the_running_container() -> None:
+    p = plan(3)
+    host, proc = serve_process(p)
+    assert host == p.pools[0].master == "gpu-0"
+    assert proc.exec_in is True
+    assert proc.stage == 1
+    assert proc.container == trtllm.CONTAINER
+    assert proc.health is not None
+    assert proc.health.url == f"http://{ADDRESSES[0]}:8000/health"
+    assert p.endpoint == f"http://{ADDRESSES[0]}:8000"
+
+
+def test_serve_options() -> None:
+    p = plan()
+    _, proc = serve_process(p)
+    args = serve_args(proc.argv)
+    assert args[2] == "/models/K2"
+    assert opt(args, "--host") == "0.0.0.0"
+    assert opt(args, "--port") == "8000"
+    assert opt(args, "--backend") == "pytorch"
+    assert opt(args, "--tp_size") == str(p.pools[0].parallel.tp) == "16"
+    assert opt(args, "--ep_size") == str(p.pools[0].parallel.ep) == "8"
+    assert opt(args, "--max_batch_size") == "128"
+    assert opt(args, "--max_num_tokens") == "4096"
+    assert opt(args, "--max_seq_len") == "131072"
+    assert opt(args, "--tool_parser") == "kimi_k2"
+    assert "--trust_remote_code" in args
+    assert opt(args, "--extra_llm_api_options") == YAML_PATH
+
+
+def test_every_rendered_serve_option_exists_in_the_release() -> None:
+    _, proc = serve_process(plan(socket_ifname="ib0"))
+    args = serve_args(proc.argv)[3:]
+    i = 0
+    while i < len(args):
+        option = args[i]
+        assert option in trtllm.SERVE_OPTIONS, option
+        if option in trtllm.SERVE_FLAGS:
+            i += 1
+        else:
+            assert not args[i + 1].startswith("--"), (option, args[i + 1])
+            i += 2
+    assert opt(args, "--tool_parser") in trtllm.TOOL_PARSERS
+
+
+def test_process_env_reaches_every_rank() -> None:
+    _, proc = serve_process(plan(socket_ifname="ens1f0"))
+    forwarded = [proc.argv[i + 1] for i, a in enumerate(proc.argv) if a == "-x"]
+    assert set(proc.env) <= set(forwarded)
+    assert {"PATH", "LD_LIBRARY_PATH"} <= set(forwarded)
+    assert proc.env["NCCL_SOCKET_IFNAME"] == proc.env["GLOO_SOCKET_IFNAME"] == "ens1f0"
+    assert opt(proc.argv, "btl_tcp_if_include") == "ens1f0"
+    assert opt(proc.argv, "oob_tcp_if_include") == "ens1f0"
+    assert proc.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_no_interface_pinning_unless_asked() -> None:
+    _, proc = serve_process(plan())
+    assert "btl_tcp_if_include" not in proc.argv
+    assert "NCCL_SOCKET_IFNAME" not in proc.env
+
+
+# ---------------------------------------------------------------- sshd on every host
+
+
+def test_every_host_runs_sshd_as_its_container_main_command() -> None:
+    p = plan(3)
+    for h in p.hosts:
+        sshd = [proc for proc in h.processes if proc.name == "sshd"]
+        assert len(sshd) == 1
+        proc = sshd[0]
+        assert proc.stage == 0
+        assert proc.exec_in is False
+        assert proc.health is None
+        assert proc.container == trtllm.CONTAINER
+        assert proc.argv == ("/bin/sh", "/etc/k2provision/trtllm/sshd-start.sh")
+        assert "/etc/k2provision/trtllm/sshd-start.sh" in h.files
+
+
+def test_sshd_start_script_execs_sshd_in_the_foreground() -> None:
+    script = plan().hosts[1].files["/etc/k2provision/trtllm/sshd-start.sh"]
+    assert f"exec /usr/sbin/sshd -D -e -f {SSH_DIR}/sshd_config" in script
+    assert "mkdir -p /run/sshd" in script
+    sh = shutil.which("sh")
+    if sh:
+        subprocess.run([sh, "-n", "-c", script], check=True)
+
+
+def test_sshd_config_is_key_only_on_the_ssh_port() -> None:
+    conf = plan().hosts[1].files[f"{SSH_DIR}/sshd_config"]
+    lines = set(conf.splitlines())
+    assert {
+        "Port 2233",
+        "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no",
+        "PubkeyAuthentication yes",
+        f"AuthorizedKeysFile {SSH_DIR}/authorized_keys",
+        f"HostKey {SSH_DIR}/ssh_host_ed25519_key",
+    } <= lines
+
+
+def test_ssh_client_config_checks_host_keys() -> None:
+    conf = plan().hosts[0].files[f"{SSH_DIR}/ssh_config"]
+    lines = {line.strip() for line in conf.splitlines()}
+    assert {
+        "Port 2233",
+        f"UserKnownHostsFile {SSH_DIR}/known_hosts",
+        "StrictHostKeyChecking yes",
+        f"IdentityFile {SSH_DIR}/id_ed25519",
+        "BatchMode yes",
+    } <= lines
+
+
+def test_host_key_checking_is_never_switched_off() -> None:
+    for h in plan(4, ssh_port=2200).hosts:
+        for path, text in h.files.items():
+            assert "StrictHostKeyChecking no" not in text, path
+            assert "StrictHostKeyChecking=no" not in text, path
+
+
+def test_ssh_port_tunable_reaches_sshd_ssh_and_mpirun() -> None:
+    p = plan(ssh_port=2200)
+    _, proc = serve_process(p)
+    assert opt(proc.argv, "plm_rsh_args").startswith("-p 2200 ")
+    for h in p.hosts:
+        assert "Port 2200" in h.files[f"{SSH_DIR}/sshd_config"].splitlines()
+        assert "    Port 2200" in h.files[f"{SSH_DIR}/ssh_config"].splitlines()
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+def test_ssh_client_config_parses(tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(plan().hosts[0].files[f"{SSH_DIR}/ssh_config"])
+    out = subprocess.run(
+        ["ssh", "-G", "-F", str(config), ADDRESSES[1]],
+        check=True, capture_output=True, text=True,
+    ).stdout.splitlines()
+    assert "port 2233" in out
+    assert "stricthostkeychecking true" in out
+    assert f"userknownhostsfile {SSH_DIR}/known_hosts" in out
+
+
+SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+
+
+@pytest.mark.skipif(
+    SSHD is None or not Path("/run/sshd").is_dir() or shutil.which("ssh-keygen") is None,
+    reason="needs OpenSSH's sshd, ssh-keygen and sshd's privilege-separation directory",
+)
+def test_sshd_config_passes_sshd_test_mode(tmp_path: Path) -> None:
+    ssh_dir = tmp_path / "ssh"
+    ssh_dir.mkdir()
+    host_key = ssh_dir / "ssh_host_ed25519_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
+    p = plan(config_dir=str(tmp_path))
+    config = ssh_dir / "sshd_config"
+    config.write_text(p.hosts[0].files[str(config)])
+    assert SSHD is not None
+    subprocess.run([SSHD, "-t", "-f", str(config)], check=True)
