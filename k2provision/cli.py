@@ -24,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
 def _mount_lab() -> None:
     from k2provision.lab.cli import lab_app
 
@@ -153,6 +154,12 @@ def run_phases(
             on_event=view.on_event,
         )
     console.print(view.host_table())
+    if run.error_tail:
+        console.print(
+            f"[red]ansible-playbook stopped before any host result:[/]\n{run.error_tail}",
+            markup=True,
+            highlight=False,
+        )
     if result.lab:
         console.print(
             "[bold yellow]LAB PROFILE was on: hardware steps skipped, stand-in engines.[/]"

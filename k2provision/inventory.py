@@ -30,7 +30,26 @@ CLUSTER_VARS = (
 )
 HOST_VARS = ("k2_ib_devices", "k2_local_ip")
 TUNABLE_VARS = tuple(f"k2_{name}" for name in Tunables.model_fields)
+# Set by the playbooks themselves (registered results, the wrapper's extra-vars).
+PLAYBOOK_VARS = ("k2_planned", "k2_expected_plan_digest")
+ROLES_DIR = Path(__file__).resolve().parents[1] / "roles"
 DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
+
+
+def role_prefixes() -> tuple[str, ...]:
+    """`k2_<role>_` for every role shipped: their variables may be set in the inventory."""
+    if not ROLES_DIR.is_dir():
+        return ()
+    return tuple(f"{p.name}_" for p in ROLES_DIR.iterdir() if p.name.startswith("k2_"))
+
+
+def is_known_variable(name: str) -> bool:
+    """True for the inventory contract's variables, role variables and playbook internals."""
+    return name in (*CLUSTER_VARS, *HOST_VARS, *TUNABLE_VARS, *PLAYBOOK_VARS) or name.startswith(
+        role_prefixes()
+    )
+
+
 POOL_GROUPS: tuple[PoolName, ...] = ("nodes", "prefill", "decode")
 
 
@@ -164,7 +183,7 @@ def cluster_from_groups(
     unknown: dict[str, list[str]] = {}
     for name in ordered + router_hosts:
         for var in host_vars.get(name, {}):
-            if var.startswith("k2_") and var not in (*CLUSTER_VARS, *HOST_VARS, *TUNABLE_VARS):
+            if var.startswith("k2_") and not is_known_variable(var):
                 unknown.setdefault(var, []).append(name)
         for var in (*CLUSTER_VARS, *TUNABLE_VARS):
             if host_vars.get(name, {}).get(var) != first.get(var):

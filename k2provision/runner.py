@@ -31,6 +31,7 @@ class RunResult:
     record_dir: Path
     tally: Tally
     stats: dict[str, dict[str, int]]
+    error_tail: str = ""
 
     @property
     def ok(self) -> bool:
@@ -133,11 +134,20 @@ def run_playbook(
     return run
 
 
+def _output_tail(record_dir: Path, lines: int = 15) -> str:
+    """The end of ansible-playbook's own output: the reason when it failed before any task."""
+    outputs = sorted(record_dir.glob("artifacts/*/stdout"))
+    if not outputs:
+        return ""
+    return "\n".join(outputs[-1].read_text(errors="replace").strip().splitlines()[-lines:])
+
+
 def _write_summary(run: RunResult) -> None:
     summary = {
         "status": run.status,
         "rc": run.rc,
         "hosts": run.stats,
         "failures": run.tally.failures,
+        "error": run.error_tail,
     }
     (run.record_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

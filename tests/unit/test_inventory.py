@@ -113,3 +113,18 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
         )
     )
     assert len(found) == 3, found
+
+
+def test_role_variables_and_playbook_internals_are_known(tmp_path: Path) -> None:
+    inv = write(
+        tmp_path,
+        "[nodes]\na\nb\n[all:vars]\nk2_engine=vllm\nk2_layout=tp\n"
+        "k2_launch_gate_delay=2\nk2_expected_plan_digest=abc\n",
+    )
+    assert load_cluster(inv).engine == "vllm"
+    bad = write(
+        tmp_path,
+        "[nodes]\na\n[all:vars]\nk2_engine=vllm\nk2_layout=tp\nk2_launchh_gate_delay=2\n",
+        "bad.ini",
+    )
+    assert any("unknown variable k2_launchh_gate_delay" in p for p in problems(bad))

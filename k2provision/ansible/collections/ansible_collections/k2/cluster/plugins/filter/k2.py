@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
+from k2provision.inventory import plain_value
 from k2provision.models import ContainerOptions, Plan, Process
 
 
@@ -65,15 +66,27 @@ def plan_stages(plan: dict[str, Any]) -> list[int]:
     return sorted({p.stage for h in Plan.model_validate(plan).hosts for p in h.processes})
 
 
+def _plain_args(func: Any) -> Any:
+    """Wrap a filter so it sees plain dicts and lists, not Ansible's lazily templated ones."""
+
+    def wrapper(*args: Any) -> Any:
+        return func(*(plain_value(a) for a in args))
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper
+
+
 class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "host_plan": host_plan,
-            "docker_run_argv": docker_run_argv,
-            "docker_spec_hash": docker_spec_hash,
-            "docker_exec_argv": docker_exec_argv,
-            "stale_containers": stale_containers,
-            "plan_stages": plan_stages,
-        }
+        funcs = (
+            host_plan,
+            docker_run_argv,
+            docker_spec_hash,
+            docker_exec_argv,
+            stale_containers,
+            plan_stages,
+        )
+        return {f.__name__: _plain_args(f) for f in funcs}

@@ -1,0 +1,135 @@
+"""Filters that judge hosts against the plan (k2.cluster.preflight_*) and read NCCL runs.
+
+Each is a thin bridge from Ansible's data to the pure code of k2provision.expectations and
+k2provision.nccl, so the verdicts are tested without a host:
+
+- ``texts | k2.cluster.preflight_problems(plan, host, options)``: one host's verdict,
+  ``{refuse: [lines], defer: [lines], skipped: [checks], summary: line}``.
+- ``texts_by_host | k2.cluster.preflight_cluster_problems(plan, options)``: the same for checks
+  across hosts (one driver version everywhere).
+- ``topo_text | k2.cluster.ib_devices_from_topology(ibstat_text)``: each GPU's nearest RDMA
+  device with an Active port (the per-host ``k2_ib_devices`` when the inventory gives none).
+- ``hosts | k2.cluster.nccl_pair_rounds``: every host pair once, in rounds of disjoint pairs.
+- ``outputs | k2.cluster.nccl_report(fraction, min_busbw)``: bus bandwidth per pair and the slow
+  pairs, from ``{"a|b": all_reduce_perf output}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from k2provision.expectations import (
+    PreflightOptions,
+    evaluate_cluster,
+    evaluate_host,
+    ib_devices_from_texts,
+)
+from k2provision.facts import FactParseError
+from k2provision.models import Plan
+from k2provision.nccl import (
+    NcclParseError,
+    pair_bandwidth,
+    pair_rounds,
+    parse_all_reduce_perf,
+    slow_pairs,
+)
+
+
+def _plain(value: Any) -> Any:
+    """Ansible's lazily templated containers as plain dicts, lists and scalars."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(value[key]) for key in value}
+    if isinstance(value, list | tuple):
+        return [_plain(value[i]) for i in range(len(value))]
+    if isinstance(value, bool | int | float | type(None)):
+        return value
+    return str(value)
+
+
+def _options(options: Mapping[str, Any] | None) -> PreflightOptions:
+    data = _plain(options or {})
+    devices = data.get("ib_devices")
+    if isinstance(devices, str):
+        data["ib_devices"] = [d.strip() for d in devices.split(",") if d.strip()]
+    return PreflightOptions.model_validate(data)
+
+
+def preflight_problems(
+    texts: Mapping[str, Any], plan: Mapping[str, Any], host: str, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The verdict on `host` from the command texts collected there."""
+    verdict = evaluate_host(
+        Plan.model_validate(_plain(plan)), str(host), _plain(texts), _options(options)
+    )
+    return verdict.as_dict()
+
+
+def preflight_cluster_problems(
+    texts_by_host: Mapping[str, Mapping[str, Any]],
+    plan: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Problems across hosts (one driver version on every GPU host)."""
+    verdict = evaluate_cluster(
+        Plan.model_validate(_plain(plan)), _plain(texts_by_host), _options(options)
+    )
+    return verdict.as_dict()
+
+
+def ib_devices_from_topology(topology_text: str, ibstat_text: str | None = None) -> list[str]:
+    """Each GPU's nearest RDMA device (Active ports only when ibstat output is given)."""
+    try:
+        return ib_devices_from_texts(
+            str(topology_text), None if ibstat_text is None else str(ibstat_text)
+        )
+    except FactParseError as exc:
+        raise ValueError(f"cannot derive k2_ib_devices: {exc}") from exc
+
+
+def nccl_pair_rounds(hosts: list[str]) -> list[list[list[str]]]:
+    """Rounds of disjoint host pairs covering every pair once."""
+    return [[list(pair) for pair in round_] for round_ in pair_rounds([str(h) for h in hosts])]
+
+
+def nccl_report(
+    outputs: Mapping[str, str], fraction: float = 0.9, min_busbw: float | None = None
+) -> dict[str, Any]:
+    """Bus bandwidth per pair (keys "a|b") and one line per slow or failed pair."""
+    bandwidth: dict[tuple[str, str], float] = {}
+    failed: list[str] = []
+    for key, text in _plain(outputs).items():
+        a, _, b = str(key).partition("|")
+        try:
+            run = parse_all_reduce_perf(str(text))
+        except NcclParseError as exc:
+            failed.append(
+                f"{a} <-> {b}: {exc}; fix: read the mpirun output above (ssh on the mesh port, "
+                "NCCL_DEBUG=INFO) and run the pair again"
+            )
+            continue
+        if run.wrong_elements:
+            failed.append(
+                f"{a} <-> {b}: all_reduce returned {run.wrong_elements} wrong elements, "
+                "expected 0; fix: check GPU and NIC health (`nvidia-smi -q -d ECC`, dmesg) on "
+                "both hosts"
+            )
+        bandwidth[(a, b)] = pair_bandwidth(run)
+    slow = slow_pairs(bandwidth, fraction=fraction, min_busbw=min_busbw)
+    return {
+        "pairs": [{"hosts": list(pair), "busbw": bw} for pair, bw in sorted(bandwidth.items())],
+        "problems": failed + [s.line() for s in slow],
+    }
+
+
+class FilterModule:
+    """Ansible's entry point for filter plugins."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "preflight_problems": preflight_problems,
+            "preflight_cluster_problems": preflight_cluster_problems,
+            "ib_devices_from_topology": ib_devices_from_topology,
+            "nccl_pair_rounds": nccl_pair_rounds,
+            "nccl_report": nccl_report,
+        }
