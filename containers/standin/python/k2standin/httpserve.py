@@ -1,0 +1,354 @@
+"""A small OpenAI-compatible HTTP server (stdlib ThreadingHTTPServer) for the stand-ins.
+
+It answers the endpoints k2provision's health gates and verify role use (`/health`,
+`/health_generate`, `/liveness`, `/readiness`, `/v1/models`, `/server_info`) and returns a
+well-formed chat completion whose content says it came from the stand-in. No model runs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from k2standin.common import StartError
+
+STANDIN_REPLY = "ready (stand-in)"
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+
+
+def json_response(status: int, doc: Any) -> Response:
+    return Response(status, json.dumps(doc).encode() + b"\n")
+
+
+def error_response(status: int, message: str, kind: str = "BadRequestError") -> Response:
+    return json_response(
+        status, {"object": "error", "message": message, "type": kind, "code": status}
+    )
+
+
+GetRoute = Callable[[], Response]
+PostRoute = Callable[[bytes], Response]
+
+
+class Api:
+    """Routes by exact path."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.get: dict[str, GetRoute] = {}
+        self.post: dict[str, PostRoute] = {}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+def _handler_class(api: Api) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = f"k2-standin-{api.name}"
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            del format, args  # quiet: health gates poll often
+
+        def _send(self, response: Response) -> None:
+            self.send_response(response.status)
+            self.send_header("Content-Type", response.content_type)
+            self.send_header("Content-Length", str(len(response.body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(response.body)
+
+        def _path(self) -> str:
+            return self.path.split("?", 1)[0].rstrip("/") or "/"
+
+        def do_GET(self) -> None:
+            route = api.get.get(self._path())
+            if route is None:
+                self._send(error_response(404, f"no route GET {self._path()}", "NotFoundError"))
+                return
+            self._send(route())
+
+        def do_HEAD(self) -> None:
+            self.do_GET()
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length > 0 else b""
+            route = api.post.get(self._path())
+            if route is None:
+                self._send(error_response(404, f"no route POST {self._path()}", "NotFoundError"))
+                return
+            self._send(route(body))
+
+    return Handler
+
+
+class HttpServer:
+    """One bound server, served from a daemon thread."""
+
+    def __init__(self, api: Api, host: str, port: int) -> None:
+        bind_host = host.strip("[]")
+        server_cls: type[_Server] = _Server
+        if ":" in bind_host:
+
+            class _Server6(_Server):
+                address_family = socket.AF_INET6
+
+            server_cls = _Server6
+        self.server = server_cls((bind_host, port), _handler_class(api))
+        self.host = host
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def listen(api: Api, host: str, port: int, options: str = "--host/--port") -> HttpServer:
+    """Bind and serve, or StartError naming the options that chose the address."""
+    try:
+        return HttpServer(api, host, port)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise StartError(f"cannot listen on {host}:{port} ({options}): {reason}") from exc
+
+
+def parse_json(body: bytes) -> dict[str, Any] | Response:
+    try:
+        doc = json.loads(body or b"{}")
+    except ValueError as exc:
+        return error_response(400, f"request body is not JSON: {exc}")
+    if not isinstance(doc, dict):
+        return error_response(400, "request body must be a JSON object")
+    return doc
+
+
+class ModelServer:
+    """The OpenAI-compatible face of one engine server.
+
+    `ready` gates /health, /readiness and the generation routes (503 until set, with
+    `reason`); /liveness always answers.
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        model_id: str | None,
+        info: dict[str, Any],
+        *,
+        strict_model: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.model_id = model_id
+        self.info = info
+        self.strict_model = strict_model
+        self.info_hooks: list[Callable[[], dict[str, Any]]] = []
+        self.ready = threading.Event()
+        self.reason = "starting"
+        self.created = int(time.time())
+        self.api = Api(engine)
+        g, p = self.api.get, self.api.post
+        g["/health"] = self.health
+        g["/health_generate"] = self.health
+        g["/readiness"] = self.health
+        g["/liveness"] = self.liveness
+        g["/v1/models"] = self.models
+        g["/server_info"] = self.server_info
+        g["/get_server_info"] = self.server_info
+        g["/get_model_info"] = self.model_info
+        g["/version"] = self.version
+        g["/metrics"] = self.metrics
+        p["/v1/chat/completions"] = self.chat
+        p["/v1/completions"] = self.completion
+        p["/generate"] = self.generate
+
+    def set_ready(self) -> None:
+        self.reason = "ready"
+        self.ready.set()
+
+    def set_not_ready(self, reason: str) -> None:
+        self.reason = reason
+        self.ready.clear()
+
+    def _unready(self) -> Response | None:
+        if self.ready.is_set():
+            return None
+        return error_response(503, f"{self.engine} stand-in is not ready: {self.reason}",
+                              "ServiceUnavailableError")
+
+    # ---------------------------------------------------------------- GET
+
+    def health(self) -> Response:
+        return self._unready() or Response(200, b"", "text/plain")
+
+    def liveness(self) -> Response:
+        return Response(200, b"", "text/plain")
+
+    def models(self) -> Response:
+        unready = self._unready()
+        if unready is not None or self.model_id is None:
+            return unready or error_response(503, "served model not known yet")
+        return json_response(200, {
+            "object": "list",
+            "data": [{
+                "id": self.model_id,
+                "object": "model",
+                "created": self.created,
+                "owned_by": f"{self.engine} (stand-in)",
+                "root": self.info.get("model_path"),
+            }],
+        })
+
+    def server_info(self) -> Response:
+        extra: dict[str, Any] = {}
+        for hook in self.info_hooks:
+            extra.update(hook())
+        return json_response(200, {
+            **self.info,
+            **extra,
+            "standin": True,
+            "engine": self.engine,
+            "served_model_name": self.model_id,
+            "ready": self.ready.is_set(),
+            "status": self.reason,
+        })
+
+    def model_info(self) -> Response:
+        return json_response(200, {
+            "model_path": self.info.get("model_path"),
+            "served_model_name": self.model_id,
+            "is_generation": True,
+        })
+
+    def version(self) -> Response:
+        return json_response(200, {"version": "stand-in", "engine": self.engine})
+
+    def metrics(self) -> Response:
+        text = f'k2_standin_ready{{engine="{self.engine}"}} {int(self.ready.is_set())}\n'
+        return Response(200, text.encode(), "text/plain; version=0.0.4")
+
+    # ---------------------------------------------------------------- POST
+
+    def _check_model(self, doc: dict[str, Any]) -> Response | None:
+        wanted = doc.get("model")
+        if self.strict_model and wanted is not None and wanted != self.model_id:
+            return error_response(404, f"The model `{wanted}` does not exist.", "NotFoundError")
+        return None
+
+    def chat(self, body: bytes) -> Response:
+        unready = self._unready()
+        if unready is not None:
+            return unready
+        doc = parse_json(body)
+        if isinstance(doc, Response):
+            return doc
+        messages = doc.get("messages")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, dict) and "role" in m for m in messages)
+        ):
+            return error_response(400, "messages: expected a non-empty list of {role, content}")
+        bad_model = self._check_model(doc)
+        if bad_model is not None:
+            return bad_model
+        return chat_completion(self.model_id or "", messages, bool(doc.get("stream")))
+
+    def completion(self, body: bytes) -> Response:
+        unready = self._unready()
+        if unready is not None:
+            return unready
+        doc = parse_json(body)
+        if isinstance(doc, Response):
+            return doc
+        if "prompt" not in doc:
+            return error_response(400, "prompt is required")
+        bad_model = self._check_model(doc)
+        if bad_model is not None:
+            return bad_model
+        return json_response(200, {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_id,
+            "choices": [{"index": 0, "text": STANDIN_REPLY, "finish_reason": "stop",
+                         "logprobs": None}],
+            "usage": _usage(str(doc.get("prompt"))),
+        })
+
+    def generate(self, body: bytes) -> Response:
+        unready = self._unready()
+        if unready is not None:
+            return unready
+        doc = parse_json(body)
+        if isinstance(doc, Response):
+            return doc
+        return json_response(200, {
+            "text": STANDIN_REPLY,
+            "meta_info": {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop"},
+                          "completion_tokens": 3},
+        })
+
+
+def _usage(prompt: str) -> dict[str, int]:
+    prompt_tokens = max(1, len(prompt.split()))
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": 3,
+            "total_tokens": prompt_tokens + 3}
+
+
+def chat_completion(model: str, messages: list[Any], stream: bool) -> Response:
+    """A chat completion (or its server-sent-event stream) answering `messages`."""
+    ident = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    if not stream:
+        return json_response(200, {
+            "id": ident,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": STANDIN_REPLY, "tool_calls": []},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }],
+            "usage": _usage(prompt),
+        })
+    deltas: list[tuple[dict[str, Any], str | None]] = [
+        ({"role": "assistant", "content": ""}, None),
+        ({"content": STANDIN_REPLY}, None),
+        ({}, "stop"),
+    ]
+    events = []
+    for delta, finish in deltas:
+        chunk = {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        events.append(f"data: {json.dumps(chunk)}\n\n")
+    events.append("data: [DONE]\n\n")
+    return Response(200, "".join(events).encode(), "text/event-stream")

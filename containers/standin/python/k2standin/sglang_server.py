@@ -1,0 +1,215 @@
+"""Stand-in for `python3 -m sglang.launch_server` (a test double for SGLang's GPU kernels).
+
+Checks: --model-path (a directory), --tp-size/--tp, --tool-call-parser kimi_k2,
+--trust-remote-code; with --nnodes > 1, --dist-init-addr HOST:PORT and --node-rank in range;
+--disaggregation-mode prefill|decode whenever other disaggregation options or
+SGLANG_DISAGGREGATION_* variables are given; the GPUs per node the layout needs; --host and
+--port; no stale options.
+
+Runs: node rank 0 (or a single node) serves HTTP on --host:--port; with --nnodes > 1 it
+listens on --dist-init-addr and is ready once every node rank joined (the others connect
+there and then stay in the foreground). A prefill server also listens on its bootstrap port.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from k2standin import rendezvous
+from k2standin.common import (
+    Checker,
+    Runtime,
+    StartError,
+    gpus_per_node,
+    log,
+    run_entry,
+    scan,
+    write_record,
+)
+from k2standin.httpserve import Api, HttpServer, ModelServer, json_response, listen
+
+ENTRY = "sglang.launch_server"
+LAUNCHER = ("python3", "-m", "sglang.launch_server")
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+DEFAULT_BOOTSTRAP_PORT = 8998
+PD_MODES = ("prefill", "decode")
+
+
+@dataclass
+class SglangArgs:
+    model_path: str
+    served_model_name: str
+    tp: int
+    pp: int
+    nnodes: int
+    node_rank: int
+    dist: tuple[str, int] | None
+    host: str
+    port: int
+    mode: str | None
+    bootstrap_port: int
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "tp_size": self.tp,
+            "pp_size": self.pp,
+            "nnodes": self.nnodes,
+            "node_rank": self.node_rank,
+            "dist_init_addr": f"{self.dist[0]}:{self.dist[1]}" if self.dist else None,
+            "host": self.host,
+            "port": self.port,
+            "disaggregation_mode": self.mode or "null",
+            "disaggregation_bootstrap_port": self.bootstrap_port,
+        }
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What every node of one server must agree on."""
+        return {
+            "model_path": self.model_path,
+            "tp_size": self.tp,
+            "pp_size": self.pp,
+            "nnodes": self.nnodes,
+            "disaggregation_mode": self.mode,
+        }
+
+
+def check(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> SglangArgs:
+    env = os.environ if environ is None else environ
+    c = Checker(ENTRY)
+    c.stale(argv)
+    opts = scan(argv)
+    if opts.positionals:
+        c.error(f"unexpected arguments {opts.positionals}")
+    model = c.required(opts, "--model-path", "--model")
+    c.model_dir("--model-path", model)
+    if not opts.has("--tp-size", "--tp"):
+        c.error("--tp-size (or --tp) is required: the tensor-parallel size of this server")
+    tp = c.positive_int(opts, "--tp-size", "--tp", default=1) or 1
+    pp = c.positive_int(opts, "--pp-size", "--pp", default=1) or 1
+    c.tool_parser(opts, "--tool-call-parser")
+    c.flag(opts, "--trust-remote-code", "Kimi-K2's tokenizer and config are remote code")
+
+    nnodes = c.positive_int(opts, "--nnodes", default=1) or 1
+    node_rank = 0
+    dist: tuple[str, int] | None = None
+    rank_text = opts.value("--node-rank")
+    if rank_text is not None:
+        try:
+            node_rank = int(rank_text)
+        except ValueError:
+            c.error(f"--node-rank {rank_text!r}: expected a whole number")
+    if nnodes > 1:
+        dist_text = c.required(opts, "--dist-init-addr")
+        if dist_text is not None:
+            dist = c.address("--dist-init-addr", dist_text)
+        if rank_text is None:
+            c.error(f"--node-rank is required with --nnodes {nnodes}")
+        if (tp * pp) % nnodes:
+            c.error(f"--tp-size {tp} x --pp-size {pp} does not split over --nnodes {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        c.error(f"--node-rank {node_rank}: expected 0..{nnodes - 1} for --nnodes {nnodes}")
+    per_node = (tp * pp) // nnodes if (tp * pp) % nnodes == 0 else tp * pp
+    if per_node > gpus_per_node():
+        c.error(
+            f"--tp-size {tp} x --pp-size {pp} over --nnodes {nnodes} needs {per_node} GPUs "
+            f"per node; a node has {gpus_per_node()}"
+        )
+
+    mode = opts.value("--disaggregation-mode")
+    pd_options = sorted(
+        n for n in opts.occurrences
+        if n.startswith("--disaggregation-") and n != "--disaggregation-mode"
+    )
+    pd_env = sorted(k for k in env if k.startswith("SGLANG_DISAGGREGATION_"))
+    if mode in (None, "null"):
+        if pd_options or pd_env:
+            c.error(
+                "--disaggregation-mode prefill|decode is required: prefill/decode settings "
+                f"are given ({', '.join(pd_options + pd_env)})"
+            )
+        mode = None
+    elif mode not in PD_MODES:
+        c.error(f"--disaggregation-mode {mode!r}: expected prefill or decode")
+    bootstrap = c.port(opts, DEFAULT_BOOTSTRAP_PORT, "--disaggregation-bootstrap-port")
+    host = c.host(opts, DEFAULT_HOST)
+    port = c.port(opts, DEFAULT_PORT)
+    c.done()
+    assert model is not None
+    return SglangArgs(
+        model_path=model,
+        served_model_name=opts.value("--served-model-name") or model,
+        tp=tp,
+        pp=pp,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        dist=dist,
+        host=host,
+        port=port,
+        mode=mode,
+        bootstrap_port=bootstrap,
+    )
+
+
+def _bootstrap_api(args: SglangArgs) -> Api:
+    api = Api("sglang-bootstrap")
+    doc = {"bootstrap": True, "disaggregation_mode": args.mode, "standin": True}
+    api.get["/health"] = lambda: json_response(200, doc)
+    api.get["/route"] = lambda: json_response(200, doc)
+    return api
+
+
+def serve(argv: Sequence[str]) -> int:
+    full_argv = [*LAUNCHER, *argv]
+    args = check(argv)
+    rt = Runtime(ENTRY)
+    rt.install_signals()
+    servers: list[HttpServer] = []
+    leader: rendezvous.Leader | None = None
+    role = "http" if args.node_rank == 0 else "rank"
+    # The record is written before any port opens: once a port answers, it is there.
+    write_record(ENTRY, full_argv, ok=True, role=role, info=args.info())
+    try:
+        if args.node_rank == 0:
+            ms = ModelServer("sglang", args.served_model_name, args.info())
+            servers.append(listen(ms.api, args.host, args.port))
+            if args.mode == "prefill":
+                servers.append(listen(_bootstrap_api(args), args.host, args.bootstrap_port,
+                                      "--host/--disaggregation-bootstrap-port"))
+            if args.nnodes > 1 and args.dist is not None:
+                ms.set_not_ready(
+                    f"waiting for node ranks 1..{args.nnodes - 1} at --dist-init-addr "
+                    f"{args.dist[0]}:{args.dist[1]}"
+                )
+                leader = rendezvous.start_leader(rt, "--dist-init-addr", args.dist, args.nnodes,
+                                      args.fingerprint(), ms)
+            else:
+                ms.set_ready()
+        if args.node_rank > 0 and args.dist is not None:
+            problem = rendezvous.join(
+                rt, "node rank", args.dist, (args.node_rank, args.node_rank + 1),
+                args.fingerprint(),
+            )
+            if problem is not None:
+                raise StartError(f"--dist-init-addr: {problem}")
+            if rt.stop.is_set():
+                return rt.wait()
+        where = f"{args.host}:{args.port}" if args.node_rank == 0 else "no HTTP (rank > 0)"
+        log(ENTRY, f"stand-in up: node rank {args.node_rank}/{args.nnodes}, {where}")
+        return rt.wait()
+    finally:
+        if leader is not None:
+            leader.close()
+        for server in servers:
+            server.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run_entry(ENTRY, [*LAUNCHER, *args], lambda: serve(args))

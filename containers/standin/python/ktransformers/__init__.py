@@ -1,0 +1,1 @@
+"""Stand-in `ktransformers` package (test double for KTransformers' kernels; lab image only)."""

@@ -1,0 +1,1 @@
+"""Stand-in `ktransformers.server` package (lab image only)."""

@@ -1,0 +1,90 @@
+"""Build the stand-in engine image for the lab: a test double for the engines' GPU kernels.
+
+`build_standin()` builds ``containers/standin`` as ``localhost/k2-standin:lab`` (the image the
+plan uses instead of every engine image when the inventory sets ``k2_lab=true``) into the lab's
+image store, so every lab host can run it at once. It rebuilds only when the content of
+``containers/standin`` or the base image changed: the image carries a key (a digest of both)
+in the label ``io.k2provision.standin.key``. Root is required, as for every lab operation.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+from pathlib import Path
+
+from k2provision.lab import images
+from k2provision.lab.config import LabConfig, repo_root
+from k2provision.lab.errors import LabError
+from k2provision.lab.proc import Log, quiet_log, require_root
+from k2provision.plan import LAB_IMAGE
+
+STANDIN_IMAGE = LAB_IMAGE
+KEY_LABEL = "io.k2provision.standin.key"
+KEY_BUILD_ARG = "K2_STANDIN_KEY"
+_SKIP_PARTS = frozenset({"__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"})
+
+
+def standin_dir() -> Path:
+    """`<repo>/containers/standin`."""
+    return repo_root() / "containers" / "standin"
+
+
+def content_hash(directory: Path | None = None) -> str:
+    """A digest of every file under `directory` (paths, modes and contents)."""
+    root = directory or standin_dir()
+    if not (root / "Containerfile").is_file():
+        raise LabError(f"{root}: no Containerfile; the stand-in sources are missing")
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root)
+        if _SKIP_PARTS.intersection(rel.parts) or path.suffix == ".pyc":
+            continue
+        digest.update(str(rel).encode() + b"\0")
+        digest.update(b"x" if path.stat().st_mode & 0o111 else b"-")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _inspect(cfg: LabConfig, tag: str, template: str) -> str | None:
+    result = images.podman(cfg, "image", "inspect", "--format", template, tag, check=False)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def image_key(cfg: LabConfig) -> str | None:
+    """The key label of the built stand-in image, None when there is none."""
+    return _inspect(cfg, STANDIN_IMAGE, f'{{{{index .Labels "{KEY_LABEL}"}}}}')
+
+
+def wanted_key(cfg: LabConfig) -> str:
+    """The key of the current sources on the current base image."""
+    base_id = _inspect(cfg, images.BASE_IMAGE, "{{.Id}}")
+    if not base_id:
+        raise LabError(f"{images.BASE_IMAGE} is missing from the lab image store")
+    return hashlib.sha256(f"{content_hash()}\n{base_id}".encode()).hexdigest()[:32]
+
+
+def build_standin(
+    cfg: LabConfig | None = None, *, force: bool = False, log: Log = quiet_log
+) -> str:
+    """Build the stand-in image unless it is current; returns its tag."""
+    require_root()
+    config = cfg or LabConfig.default()
+    config.lab_dir.mkdir(parents=True, exist_ok=True)
+    with (config.lab_dir / "standin.lock").open("a") as lock:
+        # One build at a time; a second caller finds the image current afterwards.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            images.ensure_base_image(config, log)
+            key = wanted_key(config)
+            if not force and image_key(config) == key:
+                log(f"image: {STANDIN_IMAGE} is current")
+                return STANDIN_IMAGE
+            images.build_image(
+                config, STANDIN_IMAGE, standin_dir(), build_args={KEY_BUILD_ARG: key}, log=log
+            )
+            if image_key(config) != key:
+                raise LabError(f"{STANDIN_IMAGE} was built but does not carry key {key}")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return STANDIN_IMAGE

@@ -1,0 +1,717 @@
+"""The stand-in engines (containers/standin), run directly on this machine as subprocesses.
+
+The stand-in is the test double for the engines' GPU kernels that the lab image carries; here
+each entry point runs from the source tree (PYTHONPATH/PATH into containers/standin) with
+loopback addresses and free ports, and its records go to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k2provision.lab.errors import LabError
+from k2provision.lab.standin import content_hash
+from k2provision.plan import LAB_IMAGE
+
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = REPO / "containers" / "standin"
+PYTHON = sys.executable
+SECRET = "s3cret-value-never-recorded"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Env:
+    vars: dict[str, str]
+    records: Path
+    model: Path
+    tmp: Path
+
+    def record_files(self, entry: str) -> list[Path]:
+        return sorted(self.records.glob(f"{entry}-*.json"))
+
+    def record(self, entry: str, pid: int) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((self.records / f"{entry}-{pid}.json").read_text())
+        return doc
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    model = tmp_path / "models" / "Kimi-K2-Instruct"
+    model.mkdir(parents=True)
+    records = tmp_path / "records"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    # `python3` in the wrappers is this interpreter, so the tests run where pytest runs.
+    (bindir / "python3").symlink_to(PYTHON)
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SGLANG_", "K2_STANDIN_", "OMPI_", "VLLM_", "RAY_"))}
+    variables = {
+        **base,
+        "PYTHONPATH": str(STANDIN / "python"),
+        "PATH": f"{bindir}:{STANDIN / 'bin'}:{base.get('PATH', '/usr/bin:/bin')}",
+        "K2_STANDIN_RECORD_DIR": str(records),
+        "K2_STANDIN_RAY_DIR": str(tmp_path / "ray"),
+        "K2_STANDIN_JOIN_TIMEOUT": "20",
+        "K2_STANDIN_PEER_TIMEOUT": "5",
+        "K2_STANDIN_RAY_WAIT": "20",
+        "K2_STANDIN_MPI_CONNECT_TIMEOUT": "1",
+        "HF_TOKEN": SECRET,
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    return Env(variables, records, model, tmp_path)
+
+
+class Proc:
+    def __init__(self, argv: list[str], env: Env, extra_env: dict[str, str] | None = None):
+        self.argv = argv
+        self.log = env.tmp / f"proc-{time.monotonic_ns()}.log"
+        self.handle = self.log.open("wb")
+        self.popen = subprocess.Popen(
+            argv, env={**env.vars, **(extra_env or {})}, stdout=self.handle,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        self.handle.flush()
+        return self.log.read_text(errors="replace")
+
+    def wait_exit(self, timeout: float = 15) -> int:
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.argv[:4]} still running after {timeout} s:\n{self.output()}")
+
+    def terminate(self, timeout: float = 5) -> int:
+        """SIGTERM; the exit status (a stand-in exits 0 promptly)."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+        self.handle.close()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+def start(procs: list[Proc], env: Env, argv: list[str], extra: dict[str, str] | None = None
+          ) -> Proc:
+    proc = Proc(argv, env, extra)
+    procs.append(proc)
+    return proc
+
+
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 5
+         ) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+
+
+def wait_status(url: str, proc: Proc, want: int = 200, timeout: float = 15) -> bytes:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            pytest.fail(f"exited {proc.popen.returncode} before {url} answered:\n{proc.output()}")
+        try:
+            status, body = http(url, timeout=2)
+            if status == want:
+                return body
+            last = status
+        except OSError as exc:
+            last = exc
+        time.sleep(0.05)
+    pytest.fail(f"{url} did not answer {want} within {timeout} s (last: {last}):\n{proc.output()}")
+
+
+def get_json(url: str) -> Any:
+    status, body = http(url)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def run(env: Env, argv: list[str], extra: dict[str, str] | None = None, timeout: float = 15
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env={**env.vars, **(extra or {})}, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def sglang_argv(env: Env, port: int, *extra: str) -> list[str]:
+    return ["python3", "-m", "sglang.launch_server", "--model-path", str(env.model),
+            "--served-model-name", "kimi-k2", "--trust-remote-code",
+            "--tool-call-parser", "kimi_k2", "--tp-size", "8",
+            "--host", "127.0.0.1", "--port", str(port), *extra]
+
+
+def assert_serves(base: str, proc: Proc, model_id: str) -> None:
+    wait_status(f"{base}/health", proc)
+    for path in ("/health_generate", "/liveness", "/readiness"):
+        assert http(f"{base}{path}")[0] == 200, path
+    models = get_json(f"{base}/v1/models")
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == [model_id]
+    assert models["data"][0]["object"] == "model"
+    assert get_json(f"{base}/server_info")["standin"] is True
+    status, body = http(f"{base}/v1/chat/completions", {
+        "model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
+    })
+    assert status == 200, body
+    reply = json.loads(body)
+    assert reply["object"] == "chat.completion"
+    assert reply["model"] == model_id
+    assert reply["choices"][0]["message"]["role"] == "assistant"
+    assert "ready (stand-in)" in reply["choices"][0]["message"]["content"]
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    assert reply["usage"]["total_tokens"] > 0
+
+
+# ---------------------------------------------------------------- SGLang
+
+
+def test_sglang_serves_and_records(env: Env, procs: list[Proc]) -> None:
+    port = free_port()
+    began = time.monotonic()
+    proc = start(procs, env, sglang_argv(env, port))
+    assert_serves(f"http://127.0.0.1:{port}", proc, "kimi-k2")
+    assert time.monotonic() - began < 5
+    record_text = (env.records / f"sglang.launch_server-{proc.pid}.json").read_text()
+    record = json.loads(record_text)
+    assert record["ok"] is True
+    assert record["argv"][:3] == ["python3", "-m", "sglang.launch_server"]
+    assert "--tool-call-parser" in record["argv"]
+    assert "HF_TOKEN" in record["env_keys"]
+    assert SECRET not in record_text
+    assert proc.terminate() == 0
+
+
+def test_sglang_stream_and_unknown_route(env: Env, procs: list[Proc]) -> None:
+    port = free_port()
+    proc = start(procs, env, sglang_argv(env, port))
+    base = f"http://127.0.0.1:{port}"
+    wait_status(f"{base}/health", proc)
+    status, body = http(f"{base}/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    assert status == 200
+    events = [line for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[1][6:])["choices"][0]["delta"]["content"].startswith("ready")
+    assert http(f"{base}/v1/chat/completions", {"messages": []})[0] == 400
+    assert http(f"{base}/nope")[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("drop", "add", "named"),
+    [
+        (("--tool-call-parser", "kimi_k2"), (), "--tool-call-parser"),
+        ((), ("--tool-call-parser", "qwen25"), "--tool-call-parser"),
+        (("--trust-remote-code",), (), "--trust-remote-code"),
+        (("--tp-size", "8"), (), "--tp-size"),
+        ((), ("--enable-deepep-moe",), "--enable-deepep-moe"),
+        ((), ("--enable-ep-moe",), "--enable-ep-moe"),
+        ((), ("--nccl-init-addr", "127.0.0.1:5000"), "--nccl-init-addr"),
+        ((), ("--cuda-graph-bs", "1", "2", "4"), "--cuda-graph-bs"),
+        ((), ("--nnodes", "2", "--node-rank", "0"), "--dist-init-addr"),
+        ((), ("--nnodes", "2", "--dist-init-addr", "127.0.0.1:5757"), "--node-rank"),
+        ((), ("--disaggregation-transfer-backend", "mooncake"), "--disaggregation-mode"),
+        ((), ("--disaggregation-mode", "both"), "--disaggregation-mode"),
+        ((), ("--port", "70000"), "--port"),
+        ((), ("--host", "not a host"), "--host"),
+        ((), ("--tp-size", "16"), "GPUs per node"),
+    ],
+)
+def test_sglang_rejects(env: Env, drop: tuple[str, ...], add: tuple[str, ...], named: str
+                        ) -> None:
+    argv = sglang_argv(env, free_port())
+    if drop:
+        index = argv.index(drop[0])
+        del argv[index:index + len(drop)]
+    result = run(env, [*argv, *add])
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+    (record,) = env.record_files("sglang.launch_server")
+    doc = json.loads(record.read_text())
+    assert doc["ok"] is False
+    assert any(named in e for e in doc["errors"])
+
+
+def test_sglang_rejects_missing_model_dir(env: Env) -> None:
+    argv = sglang_argv(env, free_port())
+    argv[argv.index("--model-path") + 1] = str(env.tmp / "no-such-model")
+    result = run(env, argv)
+    assert result.returncode == 2
+    assert "--model-path" in result.stderr
+    assert "no-such-model" in result.stderr
+
+
+def test_sglang_pd_env_needs_mode(env: Env) -> None:
+    result = run(env, sglang_argv(env, free_port()),
+                 {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"})
+    assert result.returncode == 2
+    assert "--disaggregation-mode" in result.stderr
+    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT" in result.stderr
+
+
+def test_sglang_port_in_use_exits_1(env: Env) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run(env, sglang_argv(env, port))
+    assert result.returncode == 1
+    assert f"127.0.0.1:{port}" in result.stderr
+
+
+def test_sglang_two_nodes_rendezvous(env: Env, procs: list[Proc]) -> None:
+    port, dist = free_port(), free_port()
+    multi = ("--tp-size", "16", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist}")
+    argv0 = sglang_argv(env, port)
+    del argv0[argv0.index("--tp-size"):argv0.index("--tp-size") + 2]
+    rank0 = start(procs, env, [*argv0, *multi, "--node-rank", "0"])
+    base = f"http://127.0.0.1:{port}"
+    body = wait_status(f"{base}/health", rank0, want=503)
+    assert b"node ranks 1..1" in body
+    assert get_json(f"{base}/server_info")["missing_ranks"] == [1]
+
+    # A node with other settings is refused and exits non-zero, naming the difference.
+    odd = [*argv0, "--tp-size", "8", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist}",
+           "--node-rank", "1", "--port", str(free_port())]
+    refused = run(env, odd)
+    assert refused.returncode == 1
+    assert "tp_size" in refused.stderr
+
+    rank1 = start(procs, env, [*argv0, *multi, "--node-rank", "1", "--port", str(free_port())])
+    wait_status(f"{base}/health", rank0)
+    assert get_json(f"{base}/server_info")["missing_ranks"] == []
+    assert env.record("sglang.launch_server", rank1.pid)["role"] == "rank"
+    assert http(f"http://127.0.0.1:{port}/v1/models")[0] == 200
+
+    # Like NCCL, losing a node breaks the group: rank 0 exits non-zero.
+    os.killpg(rank1.pid, signal.SIGKILL)
+    assert rank0.wait_exit(10) == 1
+    assert "went away" in rank0.output()
+
+
+# ---------------------------------------------------------------- SGLang PD + router
+
+
+def test_router_pd_wiring(env: Env, procs: list[Proc]) -> None:
+    p_port, d_port, boot, r_port = free_port(), free_port(), free_port(), free_port()
+    pd = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"}
+    prefill = start(procs, env, sglang_argv(
+        env, p_port, "--disaggregation-mode", "prefill",
+        "--disaggregation-bootstrap-port", str(boot)), pd)
+    decode = start(procs, env, sglang_argv(env, d_port, "--disaggregation-mode", "decode"), pd)
+    router = start(procs, env, [
+        "python3", "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        "--prefill", f"http://127.0.0.1:{p_port}", str(boot),
+        "--decode", f"http://127.0.0.1:{d_port}",
+        "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(r_port),
+        "--worker-startup-timeout-secs", "10",
+    ])
+    base = f"http://127.0.0.1:{r_port}"
+    wait_status(f"{base}/readiness", router)
+    workers = get_json(f"{base}/workers")
+    assert [w["url"] for w in workers["prefill"]] == [f"http://127.0.0.1:{p_port}"]
+    assert workers["prefill"][0]["bootstrap_port"] == boot
+    assert [w["healthy"] for w in workers["workers"]] == [True, True]
+    assert_serves(base, router, "kimi-k2")
+    for proc in (router, prefill, decode):
+        assert proc.terminate() == 0
+
+
+def test_router_refuses_swapped_roles(env: Env, procs: list[Proc]) -> None:
+    d_port, r_port = free_port(), free_port()
+    start(procs, env, sglang_argv(env, d_port, "--disaggregation-mode", "decode"))
+    other = free_port()
+    start(procs, env, sglang_argv(env, other, "--disaggregation-mode", "decode"))
+    router = start(procs, env, [
+        "python3", "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        "--prefill", f"http://127.0.0.1:{d_port}", "--decode", f"http://127.0.0.1:{other}",
+        "--host", "127.0.0.1", "--port", str(r_port), "--worker-startup-timeout-secs", "10",
+    ])
+    assert router.wait_exit(15) == 1
+    assert "runs --disaggregation-mode decode" in router.output()
+
+
+def test_router_times_out_without_workers(env: Env, procs: list[Proc]) -> None:
+    r_port = free_port()
+    router = start(procs, env, [
+        "python3", "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        "--prefill", f"http://127.0.0.1:{free_port()}", "8998",
+        "--decode", f"http://127.0.0.1:{free_port()}",
+        "--host", "127.0.0.1", "--port", str(r_port), "--worker-startup-timeout-secs", "1",
+    ])
+    assert wait_status(f"http://127.0.0.1:{r_port}/health", router) == b""
+    assert http(f"http://127.0.0.1:{r_port}/readiness")[0] == 503
+    assert router.wait_exit(15) == 1
+    assert "--worker-startup-timeout-secs" in router.output()
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--pd-disaggregation", "--decode", "http://127.0.0.1:1"], "--prefill"),
+        (["--pd-disaggregation", "--prefill", "http://127.0.0.1:1"], "--decode"),
+        (["--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"],
+         "--pd-disaggregation"),
+        (["--pd-disaggregation", "--prefill", "127.0.0.1:1", "--decode", "http://h:2"],
+         "--prefill"),
+        (["--worker-urls", "http://127.0.0.1:1", "--enable-ep-moe"], "--enable-ep-moe"),
+    ],
+)
+def test_router_rejects(env: Env, argv: list[str], named: str) -> None:
+    result = run(env, ["python3", "-m", "sglang_router.launch_router", *argv])
+    assert result.returncode == 2
+    assert named in result.stderr
+
+
+# ---------------------------------------------------------------- vLLM and Ray
+
+
+def vllm_argv(env: Env, port: int, *extra: str) -> list[str]:
+    return ["vllm", "serve", str(env.model), "--served-model-name", "kimi-k2",
+            "--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k2",
+            "--tensor-parallel-size", "8", "--host", "127.0.0.1", "--port", str(port), *extra]
+
+
+def test_vllm_serves(env: Env, procs: list[Proc]) -> None:
+    port = free_port()
+    proc = start(procs, env, vllm_argv(env, port))
+    base = f"http://127.0.0.1:{port}"
+    assert_serves(base, proc, "kimi-k2")
+    status, _ = http(f"{base}/v1/chat/completions",
+                     {"model": "other", "messages": [{"role": "user", "content": "x"}]})
+    assert status == 404
+    assert env.record("vllm", proc.pid)["argv"][:2] == ["vllm", "serve"]
+    assert proc.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("mutate", "named"),
+    [
+        (lambda a: a[:2] + a[3:], "a model is required"),
+        (lambda a: [x for x in a if x not in ("--tool-call-parser", "kimi_k2")],
+         "--tool-call-parser"),
+        (lambda a: [x for x in a if x != "--enable-auto-tool-choice"],
+         "--enable-auto-tool-choice"),
+        (lambda a: [*a, "--headless"], "--data-parallel-address"),
+        (lambda a: [*a, "--data-parallel-size", "2", "--data-parallel-size-local", "1"],
+         "--data-parallel-address"),
+        (lambda a: [*a, "--tensor-parallel-size", "16"], "--distributed-executor-backend ray"),
+        (lambda a: [*a, "--nccl-init-addr", "x:1"], "--nccl-init-addr"),
+    ],
+)
+def test_vllm_rejects(env: Env, mutate: Any, named: str) -> None:
+    result = run(env, mutate(vllm_argv(env, free_port())))
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+
+
+def test_vllm_missing_model_dir(env: Env) -> None:
+    argv = vllm_argv(env, free_port())
+    argv[2] = str(env.tmp / "absent")
+    result = run(env, argv)
+    assert result.returncode == 2
+    assert "absent: no such model directory" in result.stderr
+
+
+def test_vllm_data_parallel_across_nodes(env: Env, procs: list[Proc]) -> None:
+    port, rpc = free_port(), free_port()
+    dp = ("--tensor-parallel-size", "1", "--data-parallel-size", "4",
+          "--data-parallel-size-local", "2", "--data-parallel-address", "127.0.0.1",
+          "--data-parallel-rpc-port", str(rpc), "--enable-expert-parallel")
+    head = start(procs, env, [*vllm_argv(env, port), *dp, "--data-parallel-start-rank", "0"])
+    base = f"http://127.0.0.1:{port}"
+    wait_status(f"{base}/health", head, want=503)
+    headless = start(procs, env, [*vllm_argv(env, free_port()), *dp,
+                                  "--data-parallel-start-rank", "2", "--headless"])
+    wait_status(f"{base}/health", head)
+    assert env.record("vllm", headless.pid)["role"] == "headless"
+    assert get_json(f"{base}/server_info")["joined"][1]["ranks"] == [2, 4]
+    assert headless.terminate() == 0
+
+
+def test_ray_cluster_and_vllm_on_ray(env: Env, procs: list[Proc]) -> None:
+    port = free_port()
+    common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats", "--num-gpus", "8"]
+    head = start(procs, env, ["ray", "start", "--head", "--port", str(port), *common, "--block"],
+                 {"VLLM_HOST_IP": "127.0.0.1"})
+    status_cmd = ["ray", "status", "--address", f"127.0.0.1:{port}"]
+    deadline = time.monotonic() + 10
+    while run(env, status_cmd).returncode != 0:
+        assert time.monotonic() < deadline, head.output()
+        time.sleep(0.05)
+    worker = start(procs, env, ["ray", "start", "--address", f"127.0.0.1:{port}", *common,
+                                "--block"])
+    # The health check k2provision plans for Ray (python3 -c "import ray; ray.init(...)").
+    check = ("import sys, ray\naddress, nodes, gpus = sys.argv[1], int(sys.argv[2]), "
+             "float(sys.argv[3])\nray.init(address=address, logging_level='ERROR', "
+             "log_to_driver=False)\nalive = [n for n in ray.nodes() if n['Alive']]\n"
+             "have = sum(n['Resources'].get('GPU', 0.0) for n in alive)\n"
+             "sys.exit(0 if len(alive) >= nodes and have >= gpus else 1)\n")
+    deadline = time.monotonic() + 10
+    while run(env, ["python3", "-c", check, f"127.0.0.1:{port}", "2", "16"]).returncode != 0:
+        assert time.monotonic() < deadline, worker.output()
+        time.sleep(0.1)
+    status = run(env, status_cmd)
+    assert "2 node(s) alive, 16 GPUs" in status.stdout
+    assert env.record("ray", head.pid)["role"] == "head"
+
+    # vLLM with the Ray backend finds the head of "its container" and its 16 GPUs.
+    v_port = free_port()
+    vllm = start(procs, env, [
+        *vllm_argv(env, v_port), "--tensor-parallel-size", "16",
+        "--distributed-executor-backend", "ray"])
+    wait_status(f"http://127.0.0.1:{v_port}/health", vllm)
+    assert get_json(f"http://127.0.0.1:{v_port}/server_info")["ray_address"] == \
+        f"127.0.0.1:{port}"
+    assert vllm.terminate() == 0
+    assert worker.terminate() == 0
+    assert head.terminate() == 0
+
+
+def test_vllm_on_ray_without_enough_gpus(env: Env, procs: list[Proc]) -> None:
+    port = free_port()
+    head = start(procs, env, ["ray", "start", "--head", "--port", str(port), "--node-ip-address",
+                              "127.0.0.1", "--num-gpus", "8", "--block"])
+    deadline = time.monotonic() + 10
+    while not (env.tmp / "ray" / "ray_current_cluster").exists():
+        assert time.monotonic() < deadline, head.output()
+        time.sleep(0.05)
+    result = run(env, [*vllm_argv(env, free_port()), "--tensor-parallel-size", "16",
+                       "--distributed-executor-backend", "ray"],
+                 {"K2_STANDIN_RAY_WAIT": "1"})
+    assert result.returncode == 1
+    assert "needs 16 GPUs" in result.stderr
+    assert "8 GPUs on 1 alive nodes" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["start", "--head", "--port", "6379"], "--block"),
+        (["start", "--block"], "--address"),
+        (["start", "--head", "--address", "127.0.0.1:1", "--block"], "--address"),
+        (["start", "--address", "nowhere", "--block"], "--address"),
+        (["start", "--head", "--node-ip-address", "192.0.2.77", "--block"],
+         "--node-ip-address"),
+    ],
+)
+def test_ray_rejects(env: Env, argv: list[str], named: str) -> None:
+    result = run(env, ["ray", *argv])
+    assert result.returncode == 2
+    assert named in result.stderr
+
+
+def test_ray_node_ip_must_match_vllm_host_ip(env: Env) -> None:
+    result = run(env, ["ray", "start", "--head", "--node-ip-address", "127.0.0.1", "--block"],
+                 {"VLLM_HOST_IP": "127.0.0.2"})
+    assert result.returncode == 2
+    assert "VLLM_HOST_IP" in result.stderr
+
+
+def test_ray_status_without_cluster(env: Env) -> None:
+    result = run(env, ["ray", "status"])
+    assert result.returncode == 1
+    assert "Could not find any running Ray instance" in result.stderr
+
+
+# ---------------------------------------------------------------- TensorRT-LLM via mpirun
+
+
+def trtllm_argv(env: Env, port: int, np: int = 16, tp: int = 16,
+                hosts: str = "127.0.0.1:8,127.0.0.1:8", *extra: str) -> list[str]:
+    ssh_config = env.tmp / "ssh_config"
+    ssh_config.write_text("Host *\n    Port 2233\n")
+    options = env.tmp / "extra-llm-api-config.yml"
+    options.write_text("enable_attention_dp: true\n")
+    return [
+        "mpirun", "--allow-run-as-root", "-np", str(np), "-H", hosts,
+        "-mca", "plm_rsh_args", f"-p 2233 -F {ssh_config}",
+        "-x", "PATH", "-x", "PYTHONUNBUFFERED",
+        "trtllm-llmapi-launch", "trtllm-serve", "serve", str(env.model),
+        "--backend", "pytorch", "--host", "127.0.0.1", "--port", str(port),
+        "--tp_size", str(tp), "--ep_size", "8", "--gpus_per_node", "8",
+        "--trust_remote_code", "--tool_parser", "kimi_k2",
+        "--extra_llm_api_options", str(options), *extra,
+    ]
+
+
+def test_mpirun_trtllm_serves(env: Env, procs: list[Proc]) -> None:
+    port = free_port()
+    proc = start(procs, env, trtllm_argv(env, port))
+    # trtllm-serve names the model after its directory.
+    assert_serves(f"http://127.0.0.1:{port}", proc, "Kimi-K2-Instruct")
+    mpi = env.record("mpirun", proc.pid)
+    assert mpi["np"] == 16
+    assert mpi["command"][:2] == ["trtllm-llmapi-launch", "trtllm-serve"]
+    (serve_record,) = env.record_files("trtllm-serve")
+    (launch_record,) = env.record_files("trtllm-llmapi-launch")
+    assert json.loads(launch_record.read_text())["mpi_world_size"] == "16"
+    assert json.loads(serve_record.read_text())["info"]["world_size"] == 16
+    assert proc.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "extra", "named"),
+    [
+        ({"np": 24}, (), "-np 24 exceeds"),
+        ({"tp": 8}, (), "--tp_size 8"),
+        ({"hosts": "127.0.0.1:4,127.0.0.1:12"}, (), "--gpus_per_node 8"),
+        ({}, ("--tool_parser", "deepseekv3"), "--tool_parser"),
+        ({}, ("--cuda-graph-bs", "8"), "--cuda-graph-bs"),
+    ],
+)
+def test_mpirun_trtllm_rejects(env: Env, kwargs: dict[str, Any], extra: tuple[str, ...],
+                               named: str) -> None:
+    result = run(env, trtllm_argv(env, free_port(), **kwargs) + list(extra))
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+
+
+def test_mpirun_requires_allow_run_as_root(env: Env) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("Open MPI's root check applies to root only")
+    argv = [a for a in trtllm_argv(env, free_port()) if a != "--allow-run-as-root"]
+    result = run(env, argv)
+    assert result.returncode == 2
+    assert "--allow-run-as-root" in result.stderr
+
+
+def test_mpirun_probes_remote_sshd(env: Env) -> None:
+    result = run(env, trtllm_argv(env, free_port(), hosts="127.0.0.1:8,192.0.2.1:8"))
+    assert result.returncode == 1
+    assert "192.0.2.1:2233" in result.stderr
+    assert "sshd" in result.stderr
+
+
+def test_mpirun_rejects_unknown_option_and_missing_ssh_config(env: Env) -> None:
+    argv = trtllm_argv(env, free_port())
+    result = run(env, [argv[0], "--no-such-option", *argv[1:]])
+    assert result.returncode == 2
+    assert "--no-such-option" in result.stderr
+    (env.tmp / "ssh_config").unlink()
+    result = run(env, argv)
+    assert result.returncode == 2
+    assert "ssh config" in result.stderr
+
+
+# ---------------------------------------------------------------- KTransformers
+
+
+def kt_argv(env: Env, port: int) -> list[str]:
+    return ["python3", "-m", "ktransformers.server.main", "--model_path", str(env.model),
+            "--gguf_path", str(env.model), "--cache_lens", "30000", "--host", "127.0.0.1",
+            "--port", str(port), "--model_name", "kimi-k2"]
+
+
+def test_ktransformers_serves(env: Env, procs: list[Proc]) -> None:
+    port = free_port()
+    proc = start(procs, env, kt_argv(env, port))
+    assert_serves(f"http://127.0.0.1:{port}", proc, "kimi-k2")
+    assert proc.terminate() == 0
+
+
+def test_ktransformers_rejects_missing_gguf(env: Env) -> None:
+    argv = kt_argv(env, free_port())
+    argv[argv.index("--gguf_path") + 1] = str(env.tmp / "gguf")
+    result = run(env, argv)
+    assert result.returncode == 2
+    assert "--gguf_path" in result.stderr
+
+
+# ---------------------------------------------------------------- rendered plans
+
+
+EXAMPLES = [*sorted((REPO / "inventory" / "examples").glob("*.ini")),
+            REPO / "inventory" / "prod.ini"]
+
+
+@pytest.mark.parametrize("inventory", EXAMPLES, ids=lambda p: p.stem)
+def test_rendered_launches_pass_the_standin_checks(env: Env, inventory: Path) -> None:
+    """Every process of a real render passes the stand-in's checks (model dir and config
+    files pointed at local copies; the machine-dependent checks skipped)."""
+    out = env.tmp / "render"
+    rendered = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "k2provision"), "render", str(inventory), "--out",
+         str(out)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    if rendered.returncode != 0:
+        pytest.skip(f"{inventory.name} does not render yet: {rendered.stderr.strip()[-200:]}")
+    plan = json.loads((out / "plan.json").read_text())
+    images = {p["image"] for h in plan["hosts"] for p in h["processes"]}
+    # The stand-in is never the default: only a k2_lab=true plan uses it.
+    assert (LAB_IMAGE in images) == bool(plan["lab"])
+    config_dir = plan["config_dir"]
+    items = []
+    for host in plan["hosts"]:
+        local_config = str(out / host["name"]) + config_dir
+        for process in host["processes"]:
+            argv = [a.replace(plan["model_dir"], str(env.model)).replace(config_dir, local_config)
+                    for a in process["argv"]]
+            items.append({"argv": argv, "env": process["env"]})
+    assert items
+    checked = subprocess.run(
+        ["python3", "-m", "k2standin.dispatch"], input=json.dumps({"items": items}),
+        env=env.vars, capture_output=True, text=True, check=True, timeout=60)
+    results = json.loads(checked.stdout)["results"]
+    problems = {f"{r['entry']} {i['argv'][:3]}": r["errors"]
+                for i, r in zip(items, results, strict=True) if r["errors"]}
+    assert problems == {}
+
+
+# ---------------------------------------------------------------- image key
+
+
+def test_content_hash_tracks_the_sources(tmp_path: Path) -> None:
+    copy = tmp_path / "standin"
+    subprocess.run(["cp", "-a", str(STANDIN), str(copy)], check=True)
+    first = content_hash(copy)
+    assert content_hash(STANDIN) == first
+    cache = copy / "python" / "k2standin" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    (cache / "x.cpython-311.pyc").write_bytes(b"junk")
+    assert content_hash(copy) == first
+    (copy / "python" / "k2standin" / "common.py").write_text("# changed\n")
+    assert content_hash(copy) != first
+    (copy / "Containerfile").unlink()
+    with pytest.raises(LabError, match="no Containerfile"):
+        content_hash(copy)
