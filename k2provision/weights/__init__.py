@@ -1,0 +1,1 @@
+"""Model weights: manifests, and the relay that broadcasts them host to host."""

@@ -1,0 +1,486 @@
+"""The weight broadcast end to end: real relay processes, real TCP on loopback, real files."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k2provision.weights import relay
+from k2provision.weights.broadcast import (
+    Broadcast,
+    BroadcastResult,
+    RelayEvent,
+    Target,
+    broadcast,
+    fanout,
+    local_launcher,
+)
+from k2provision.weights.manifest import (
+    Manifest,
+    ManifestError,
+    load_stored_manifest,
+    manifest_from_dir,
+    manifest_from_hub_info,
+)
+from k2provision.weights.synthetic import write_synthetic_shards
+
+SHARD = 1 << 20
+OPTIONS: dict[str, Any] = {
+    "io_timeout": 10.0,
+    "connect_timeout": 3.0,
+    "relink_timeout": 5.0,
+    "accept_timeout": 30.0,
+    "progress_interval": 0.1,
+    "grace": 15.0,
+    "chunk_size": 256 << 10,
+}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
+    src = tmp_path_factory.mktemp("source")
+    write_synthetic_shards(src, 4, SHARD, seed=7)
+    return src, manifest_from_dir(src, model="test/k2-mini", revision="r1")
+
+
+def targets(root: Path, n: int) -> list[Target]:
+    return [
+        Target(host="127.0.0.1", port=0, dest=str(root / f"h{i}"), name=f"h{i}")
+        for i in range(1, n + 1)
+    ]
+
+
+def tree(dest: Path) -> dict[str, str]:
+    """sha256 of every visible file under dest."""
+    return {
+        p.relative_to(dest).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(dest.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def expected(manifest: Manifest) -> dict[str, str]:
+    return {f.name: f.sha256 for f in manifest.files}
+
+
+def partials(dest: Path) -> list[Path]:
+    return list(dest.rglob(".*.partial"))
+
+
+def mtimes(dest: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in dest.iterdir() if not p.name.startswith(".")}
+
+
+def converge(source: tuple[Path, Manifest], ts: list[Target]) -> BroadcastResult:
+    src, manifest = source
+    result = broadcast(manifest, src, ts, **OPTIONS)
+    assert result.ok, result
+    return result
+
+
+def test_chain_of_four_delivers_every_file_verified_and_rerun_is_a_noop(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    src, manifest = source
+    ts = targets(tmp_path, 4)
+    events: list[RelayEvent] = []
+    result = broadcast(manifest, src, ts, on_event=events.append, **OPTIONS)
+
+    assert result.ok, result
+    assert result.bytes_sent == manifest.total_bytes  # the seed sent the set once
+    for t in ts:
+        host = result.host(t.label)
+        assert host.status == "ok"
+        assert set(host.received) == set(manifest.names)
+        assert host.verified == len(manifest.files)
+        assert tree(Path(t.dest)) == expected(manifest)
+        assert partials(Path(t.dest)) == []
+        stored = load_stored_manifest(Path(t.dest))
+        assert stored is not None
+        assert stored.names == manifest.names
+    assert result.host("h1").bytes_forwarded == manifest.total_bytes
+    assert result.host("h4").bytes_forwarded == 0
+    kinds = {(e.source, e.event) for e in events}
+    assert ("h4", "progress") in kinds
+    assert ("seed", "summary") in kinds
+    assert all((f"h{i}", "summary") in kinds for i in range(1, 5))
+
+    again = broadcast(manifest, src, ts, **OPTIONS)
+    assert again.ok, again
+    assert again.bytes_sent == 0
+    assert again.files_sent == ()
+    for h in again.hosts:
+        assert set(h.skipped) == set(manifest.names)
+        assert h.bytes_received == 0
+        assert h.received == ()
+        assert h.repaired == ()
+
+
+def hub_style(src: Path, manifest: Manifest) -> Manifest:
+    """The manifest the hub's metadata would give for the same files (LFS sha256 per shard)."""
+    info = {
+        "id": "test/k2-mini",
+        "sha": "c" * 40,
+        "siblings": [
+            {"rfilename": f.name, "size": f.size}
+            | ({"lfs": {"sha256": f.sha256, "size": f.size, "pointerSize": 134}}
+               if f.name.endswith(".safetensors") else {})
+            for f in manifest.files
+        ],
+    }  # fmt: skip
+    return manifest_from_hub_info(info, local_dir=src)
+
+
+def test_corrupted_file_is_detected_and_sent_again_others_untouched(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    src, plain = source
+    manifest = hub_style(src, plain)
+    assert manifest.revision == "c" * 40
+    assert manifest.files == plain.files
+    ts = targets(tmp_path, 4)
+    converge((src, manifest), ts)
+    victim = Path(ts[1].dest) / "model-2-of-4.safetensors"
+    with victim.open("r+b") as f:
+        f.seek(SHARD // 2)
+        byte = f.read(1)
+        f.seek(SHARD // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    before = {t.label: mtimes(Path(t.dest)) for t in ts if t is not ts[1]}
+
+    result = broadcast(manifest, src, ts, **OPTIONS)
+
+    assert result.ok, result
+    h2 = result.host("h2")
+    assert h2.repaired == ("model-2-of-4.safetensors",)
+    assert result.files_sent == ("model-2-of-4.safetensors",)
+    assert result.bytes_sent == SHARD
+    assert tree(Path(ts[1].dest)) == expected(manifest)
+    for t in ts:
+        if t is ts[1]:
+            continue
+        host = result.host(t.label)
+        assert set(host.skipped) == set(manifest.names)
+        assert host.bytes_written == 0
+        assert mtimes(Path(t.dest)) == before[t.label]  # forwarded, never rewritten
+
+
+def test_silent_corruption_needs_verify(source: tuple[Path, Manifest], tmp_path: Path) -> None:
+    src, manifest = source
+    ts = targets(tmp_path, 2)
+    converge(source, ts)
+    victim = Path(ts[0].dest) / "model-3-of-4.safetensors"
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0x01
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime
+
+    fast = broadcast(manifest, src, ts, **OPTIONS)
+    assert fast.bytes_sent == 0  # sizes + stored manifest: trusted, by design
+
+    full = broadcast(manifest, src, ts, verify=True, **OPTIONS)
+    assert full.ok, full
+    assert full.host("h1").repaired == ("model-3-of-4.safetensors",)
+    assert full.bytes_sent == SHARD
+    assert tree(Path(ts[0].dest)) == expected(manifest)
+
+
+@pytest.mark.parametrize("victim", ["h2", "h1"])  # h1: the seed itself re-links
+def test_killed_receiver_is_skipped_and_completed_by_a_rerun(
+    source: tuple[Path, Manifest], tmp_path: Path, victim: str
+) -> None:
+    src, manifest = source
+    ts = targets(tmp_path, 4)
+    killed: list[int] = []
+    index = int(victim[1]) - 1
+    others = [t.label for t in ts if t.label != victim]
+
+    with Broadcast(manifest, src, ts, max_rate=4e6, **OPTIONS) as run:
+
+        def on_event(event: RelayEvent) -> None:
+            if (
+                not killed
+                and event.source == victim
+                and event.event == "progress"
+                and event.data["rx"] >= 3 * SHARD // 2
+            ):
+                killed.append(event.data["rx"])
+                run.kill(victim)
+
+        run.on_event = on_event
+        run.start()
+        result = run.wait()
+
+    assert killed, f"{victim} was never seen receiving"
+    assert result.host(victim).status == "skipped"
+    assert any(s.address == result.host(victim).address for s in result.skipped_hosts)
+    for name in others:
+        assert result.host(name).status == "ok", result.host(name)
+        assert tree(Path(ts[int(name[1]) - 1].dest)) == expected(manifest)
+    assert result.seed_status == "incomplete"
+
+    dead = Path(ts[index].dest)
+    have = tree(dead)
+    for name, digest in have.items():  # nothing half-written under a final name
+        assert digest == expected(manifest)[name]
+    missing = [f for f in manifest.files if f.name not in have]
+    assert missing, f"{victim} finished before it was killed"
+
+    rerun = broadcast(manifest, src, ts, **OPTIONS)
+    assert rerun.ok, rerun
+    assert rerun.bytes_sent == sum(f.size for f in missing)
+    assert set(rerun.host(victim).received) == {f.name for f in missing}
+    assert tree(dead) == expected(manifest)
+    assert partials(dead) == []
+    for name in others:
+        assert rerun.host(name).bytes_written == 0
+
+
+def test_fanout_baseline_delivers_to_every_host(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    src, manifest = source
+    ts = targets(tmp_path, 3)
+    result = fanout(manifest, src, ts, **OPTIONS)
+    assert result.ok, result
+    assert result.mode == "fanout"
+    assert result.bytes_sent == 3 * manifest.total_bytes
+    for t in ts:
+        assert tree(Path(t.dest)) == expected(manifest)
+        assert result.host(t.label).bytes_forwarded == 0
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "k2-weights-test", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def test_host_without_room_refuses_and_still_relays(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    src, manifest = source
+    small = tmp_path / "small"
+    if not _tmpfs(small, "2m"):
+        pytest.skip("needs root and tmpfs to build a 2 MiB filesystem")
+    try:
+        ts = targets(tmp_path, 3)
+        ts[1] = Target(host="127.0.0.1", port=0, dest=str(small / "w"), name="h2")
+        result = broadcast(manifest, src, ts, **OPTIONS)
+        h2 = result.host("h2")
+        assert h2.status == "refused"
+        assert h2.address in h2.message
+        assert "bytes free" in h2.message
+        assert f"{manifest.total_bytes} bytes needed" in h2.message
+        assert h2.bytes_written == 0
+        assert list((small / "w").iterdir()) == []
+        for name in ("h1", "h3"):  # h3 got everything through the refusing h2
+            assert result.host(name).status == "ok"
+        assert tree(Path(ts[2].dest)) == expected(manifest)
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def test_manifest_larger_than_free_space_is_refused_before_any_byte(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    huge = shutil.disk_usage(tmp_path).free + (1 << 40)
+    try:
+        with (src / "huge.bin").open("wb") as f:
+            f.truncate(huge)  # sparse: no space used
+    except OSError:
+        pytest.skip("filesystem cannot hold a sparse file that large")
+    manifest = Manifest(
+        model="test/huge",
+        revision="r1",
+        files=({"name": "huge.bin", "size": huge, "sha256": "0" * 64},),  # type: ignore[arg-type]
+    )
+    ts = targets(tmp_path, 2)
+    result = broadcast(manifest, src, ts, **OPTIONS)
+    assert result.bytes_sent == 0
+    for h in result.hosts:
+        assert h.status == "refused"
+        assert f"{huge} bytes needed" in h.message
+        assert h.address in h.message
+        assert h.bytes_written == 0
+    free = shutil.disk_usage(tmp_path).free
+    message = relay.check_disk_space(str(tmp_path), free + (1 << 30), "hostX")
+    assert message is not None
+    assert message.startswith("hostX: not enough disk space")
+    assert relay.check_disk_space(str(tmp_path), 1, "hostX") is None
+
+
+def test_shard_with_wrong_header_length_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_synthetic_shards(src, 2, 64 << 10)
+    bad = src / "model-2-of-2.safetensors"
+    with bad.open("r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.seek(0)
+        f.write(struct.pack("<Q", length - 8))
+
+    with pytest.raises(ManifestError, match="header length"):
+        manifest_from_dir(src, model="t", revision="r")
+
+    manifest = manifest_from_dir(src, model="t", revision="r", check_headers=False)
+    ts = targets(tmp_path, 2)
+    started = time.monotonic()
+    result = broadcast(manifest, src, ts, **OPTIONS)
+    assert result.seed_status == "refused"
+    assert "model-2-of-2.safetensors" in result.seed_message
+    assert "header length" in result.seed_message
+    assert result.bytes_sent == 0
+    for t in ts:
+        assert not Path(t.dest).exists() or tree(Path(t.dest)) == {}
+    assert time.monotonic() - started < OPTIONS["grace"]  # receivers stopped, not waited out
+
+
+def test_receiving_side_checks_headers_even_when_sha256_matches(tmp_path: Path) -> None:
+    write_synthetic_shards(tmp_path / "s", 1, 64 << 10)
+    raw = bytearray((tmp_path / "s" / "model-1-of-1.safetensors").read_bytes())
+    (length,) = struct.unpack("<Q", raw[0:8])
+    raw[0:8] = struct.pack("<Q", length + 8)
+    assert relay.check_safetensors_header(raw, len(raw)) is not None
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    meta = relay.FileMeta("model-1-of-1.safetensors", len(raw), hashlib.sha256(raw).hexdigest())
+    (dest / meta.name).write_bytes(bytes(raw))
+    store = relay.LocalStore(str(dest))
+    with open(os.devnull, "w") as sink:
+        emit = relay.Emitter("h", "serve", sink)
+        states = store.scan(relay.RelayManifest("t", "r", (meta,)), True, 1, emit)
+    assert states[meta.name].startswith("wrong: safetensors header length")
+
+
+def test_token_in_environment_never_reaches_relays_or_logs(
+    source: tuple[Path, Manifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, manifest = source
+    token = "hf_k2SECRETtokenNEVERlogged0123456789"
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", token)
+    logs = tmp_path / "logs"
+    ts = targets(tmp_path, 2)
+    seen_env: list[bytes] = []
+
+    with Broadcast(manifest, src, ts, log_dir=logs, **OPTIONS) as run:
+
+        def on_event(event: RelayEvent) -> None:
+            if event.event == "listening":
+                with contextlib.suppress(OSError):
+                    seen_env.append(Path(f"/proc/{event.data['pid']}/environ").read_bytes())
+
+        run.on_event = on_event
+        run.start()
+        result = run.wait()
+
+    assert result.ok, result
+    assert len(seen_env) == 2
+    assert all(b"PYTHONUNBUFFERED" in e for e in seen_env)
+    assert not any(token.encode() in e for e in seen_env)
+    assert token not in result.model_dump_json()
+    files = [p for p in logs.rglob("*") if p.is_file()]
+    files += [p for t in ts for p in Path(t.dest).rglob(".k2*")]
+    assert len(files) >= 6
+    for p in files:
+        assert token not in p.read_text(errors="replace"), p
+
+
+def _python39() -> str | None:
+    found = [
+        shutil.which("python3.9"),
+        *sorted(glob.glob("/root/.pyenv/versions/3.9*/bin/python3.9")),
+    ]
+    for candidate in found:
+        if (
+            candidate
+            and subprocess.run(
+                [candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 9)"],
+                capture_output=True,
+                check=False,
+            ).returncode
+            == 0
+        ):
+            return candidate
+    return None
+
+
+def test_relay_runs_on_python39(source: tuple[Path, Manifest], tmp_path: Path) -> None:
+    """Hosts bring their own python3; the relay must not need anything newer than 3.9."""
+    python = _python39()
+    if python is None:
+        pytest.skip("no Python 3.9 interpreter here")
+    src, manifest = source
+    launcher = local_launcher(python)
+    ts = [
+        Target(
+            host="127.0.0.1", port=0, dest=str(tmp_path / f"h{i}"), name=f"h{i}", launcher=launcher
+        )
+        for i in (1, 2)
+    ]
+    result = broadcast(manifest, src, ts, seed_launcher=launcher, **OPTIONS)
+    assert result.ok, result
+    for t in ts:
+        assert tree(Path(t.dest)) == expected(manifest)
+
+
+def test_relay_cli_links_around_a_host_that_is_down(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    src, manifest = source
+    script = str(relay.__file__)
+    procs = []
+    ports = []
+    for i in (1, 2):
+        p = subprocess.Popen(
+            [sys.executable, script, "serve", "--listen", "127.0.0.1:0",
+             "--dest", str(tmp_path / f"h{i}"), "--accept-timeout", "20"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert p.stdout is not None
+        ports.append(json.loads(p.stdout.readline())["port"])
+        procs.append(p)
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # bound, never listening: connections are refused
+        chain = f"127.0.0.1:{ports[0]},127.0.0.1:{dead},127.0.0.1:{ports[1]}"
+        (tmp_path / "m.json").write_text(manifest.model_dump_json())
+        sent = subprocess.run(
+            [sys.executable, script, "send", "--source", str(src), "--manifest",
+             str(tmp_path / "m.json"), "--chain", chain, "--connect-timeout", "1"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    for p in procs:
+        p.wait(timeout=20)
+    lines = [json.loads(line) for line in sent.stdout.splitlines()]
+    summary = lines[-1]
+    assert summary["event"] == "summary"
+    statuses = {h["host"]: h["status"] for h in summary["hosts"]}
+    assert statuses == {
+        f"127.0.0.1:{ports[0]}": "ok",
+        f"127.0.0.1:{dead}": "skipped",
+        f"127.0.0.1:{ports[1]}": "ok",
+    }
+    assert sent.returncode == relay.EXIT_INCOMPLETE
+    assert [p.returncode for p in procs] == [0, 0]
+    assert tree(tmp_path / "h2") == expected(manifest)
