@@ -1,0 +1,315 @@
+"""SGLang: tensor parallel across nodes, or prefill/decode disaggregation behind sglang-router.
+
+Layout `tp`: every host of [nodes] runs one rank of a single `--tp-size N*8` server; rank 0
+serves HTTP. Layout `pd`: [prefill] and [decode] each form one DP-attention + DeepEP instance
+(tp = attention dp = ep = the pool's GPUs), and sglang-router joins them.
+
+Flag spellings follow the pinned release's own parser (sglang 0.5.23), not the seed recipes:
+`--moe-a2a-backend deepep` (was `--enable-deepep-moe`), `--attn-dp-size N` (was `--dp-size N
+--enable-dp-attention`, deprecated), `--cuda-graph-max-bs-decode` (bare `--cuda-graph-bs` is
+now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
+"""
+
+from __future__ import annotations
+
+from k2provision.engines import Deployment, HostRender
+from k2provision.engines.common import http_gate, tool_parser
+from k2provision.models import HostSpec, PoolName, PoolPlan, Process, Tunables
+
+CONTAINER = "k2-sglang"
+ROUTER_CONTAINER = "k2-router"
+LAUNCH_SERVER = ("python3", "-m", "sglang.launch_server")
+LAUNCH_ROUTER = ("python3", "-m", "sglang_router.launch_router")
+
+# A forward batch that takes longer than this kills the server instead of hanging it. The
+# default (300 s) is tight for 128k-token prefill chunks with DeepEP on a cold start; the
+# seed's 1e6 s switches the watchdog off. Thirty minutes still ends a stuck rank.
+WATCHDOG_TIMEOUT_S = 1800
+# Decode iterations between log/metrics lines, per DP rank. The seed's 1 floods the logs of
+# a 96-rank pool; 100 keeps roughly one line per rank every few seconds at full load.
+DECODE_LOG_INTERVAL = 100
+# PD failure detection: the release defaults. The seed's 1e7 s interval turns it off.
+PD_HEARTBEAT_INTERVAL_S = 5
+PD_HEARTBEAT_MAX_FAILURE = 2
+
+# Server readiness: sglang answers /health with 503 until the model is loaded and its warm-up
+# generation has run, then 200, so it gates on a working server without queueing a
+# generation per poll as /health_generate does.
+SERVER_HEALTH_PATH = "/health"
+# Router readiness: /health is only liveness in sglang-router; /readiness turns 200 once the
+# router sees healthy prefill and decode workers.
+ROUTER_HEALTH_PATH = "/readiness"
+
+
+def _base_env(t: Tunables) -> dict[str, str]:
+    env = {"PYTHONUNBUFFERED": "1"}
+    if t.socket_ifname:
+        # Without these, NCCL/Gloo may bootstrap over the wrong interface and hang.
+        env["NCCL_SOCKET_IFNAME"] = t.socket_ifname
+        env["GLOO_SOCKET_IFNAME"] = t.socket_ifname
+    return env
+
+
+def _common_args(deployment: Deployment) -> tuple[str, ...]:
+    """Flags every SGLang server of the deployment takes, whatever its pool."""
+    t = deployment.cluster.tunables
+    parser = tool_parser("sglang")
+    assert parser is not None  # sglang has a Kimi-K2 tool-call parser
+    return (
+        "--model-path",
+        deployment.cluster.model_dir,
+        "--served-model-name",
+        t.served_model_name,
+        "--trust-remote-code",
+        "--tool-call-parser",
+        parser,
+        "--context-length",
+        str(deployment.context_length),
+    )
+
+
+def _dist_args(pool: PoolPlan, master: HostSpec, rank: int, t: Tunables) -> tuple[str, ...]:
+    """Multi-node rendezvous: the pool's rank 0 hosts torch.distributed's store."""
+    return (
+        "--dist-init-addr",
+        f"{master.local_ip}:{t.dist_port}",
+        "--nnodes",
+        str(len(pool.hosts)),
+        "--node-rank",
+        str(rank),
+    )
+
+
+# ---------------------------------------------------------------- layout tp
+
+
+def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
+    cluster = deployment.cluster
+    t = cluster.tunables
+    pool = deployment.pool("nodes")
+    master = cluster.host(pool.master)
+    out: dict[str, HostRender] = {}
+    for rank, name in enumerate(pool.hosts):
+        argv = (
+            *LAUNCH_SERVER,
+            *_common_args(deployment),
+            "--tp-size",
+            str(pool.parallel.tp),
+            *_dist_args(pool, master, rank, t),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(t.sglang_port),
+            "--mem-fraction-static",
+            str(pool.mem_fraction),
+        )
+        # Only rank 0 runs the HTTP server; the other ranks have nothing to poll.
+        health = (
+            http_gate(pool.master_address, t.sglang_port, SERVER_HEALTH_PATH, t.health_timeout_s)
+            if rank == 0
+            else None
+        )
+        process = Process(
+            name="sglang",
+            container=CONTAINER,
+            image=deployment.image,
+            argv=argv,
+            env=_base_env(t),
+            stage=0,
+            health=health,
+        )
+        out[name] = HostRender(processes=(process,))
+    return out
+
+
+# ---------------------------------------------------------------- layout pd
+
+
+def _pd_env(pool: PoolPlan, t: Tunables) -> dict[str, str]:
+    env = _base_env(t)
+    env.update(
+        {
+            "MC_TE_METRIC": "true",
+            "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(t.pd_timeout_s),
+            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(t.pd_timeout_s),
+            "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": str(PD_HEARTBEAT_INTERVAL_S),
+            "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": str(PD_HEARTBEAT_MAX_FAILURE),
+        }
+    )
+    if pool.name == "decode":
+        # DeepEP low-latency buffers are sized for this many tokens per rank: at least the
+        # largest decode batch a rank runs, i.e. the cuda-graph batch size.
+        env["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"] = str(t.cuda_graph_max_bs_decode)
+    return env
+
+
+def _pd_pool_args(deployment: Deployment, pool: PoolPlan) -> tuple[str, ...]:
+    """The flags that differ between the prefill and the decode instance."""
+    t = deployment.cluster.tunables
+    p = pool.parallel
+    if pool.name == "prefill":
+        return (
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            str(t.bootstrap_port),
+            "--deepep-mode",
+            "normal",
+            "--chunked-prefill-size",
+            str(t.chunked_prefill_size),
+            "--max-running-requests",
+            str(t.max_running_requests_prefill),
+        )
+    return (
+        "--disaggregation-mode",
+        "decode",
+        "--deepep-mode",
+        "low_latency",
+        "--cuda-graph-max-bs-decode",
+        str(t.cuda_graph_max_bs_decode),
+        # Every DP rank can hold a full cuda-graph batch (96 x 480 = 46080 in the seed).
+        "--max-running-requests",
+        str(p.dp * t.cuda_graph_max_bs_decode),
+    )
+
+
+def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int) -> Process:
+    cluster = deployment.cluster
+    t = cluster.tunables
+    p = pool.parallel
+    master = cluster.host(pool.master)
+    redundant = (
+        ("--ep-num-redundant-experts", str(p.redundant_experts)) if p.redundant_experts else ()
+    )
+    # KV transfer NICs are per host; lab hosts have no RDMA devices at all.
+    ib = (
+        ("--disaggregation-ib-device", ",".join(host.ib_devices))
+        if host.ib_devices and not cluster.lab
+        else ()
+    )
+    argv = (
+        *LAUNCH_SERVER,
+        *_common_args(deployment),
+        *_pd_pool_args(deployment, pool),
+        "--disaggregation-transfer-backend",
+        t.pd_transfer_backend,
+        *ib,
+        "--tp-size",
+        str(p.tp),
+        "--attn-dp-size",
+        str(p.dp),
+        "--ep-size",
+        str(p.ep),
+        *_dist_args(pool, master, rank, t),
+        "--moe-a2a-backend",
+        "deepep",
+        *redundant,
+        "--ep-dispatch-algorithm",
+        "dynamic",
+        "--eplb-algorithm",
+        "deepseek",
+        "--moe-dense-tp-size",
+        "1",
+        "--enable-dp-lm-head",
+        "--disable-shared-experts-fusion",
+        "--enable-two-batch-overlap",
+        "--disable-radix-cache",
+        "--mem-fraction-static",
+        str(pool.mem_fraction),
+        # The bootstrap server and KV transfer advertise this address to the other pool.
+        "--host",
+        host.local_ip,
+        "--port",
+        str(t.sglang_port),
+        "--watchdog-timeout",
+        str(WATCHDOG_TIMEOUT_S),
+        "--decode-log-interval",
+        str(DECODE_LOG_INTERVAL),
+    )
+    health = (
+        http_gate(host.local_ip, t.sglang_port, SERVER_HEALTH_PATH, t.health_timeout_s)
+        if rank == 0
+        else None
+    )
+    return Process(
+        name=f"sglang-{pool.name}",
+        container=CONTAINER,
+        image=deployment.image,
+        argv=argv,
+        env=_pd_env(pool, t),
+        stage=0,
+        health=health,
+    )
+
+
+def _router_host(deployment: Deployment) -> HostSpec:
+    cluster = deployment.cluster
+    return cluster.host(cluster.router or deployment.pool("prefill").master)
+
+
+def _pool_url(deployment: Deployment, name: PoolName) -> str:
+    """The HTTP URL of a pool's rank 0, on the address its server binds."""
+    master = deployment.cluster.host(deployment.pool(name).master)
+    return f"http://{master.local_ip}:{deployment.cluster.tunables.sglang_port}"
+
+
+def _router(deployment: Deployment) -> Process:
+    t = deployment.cluster.tunables
+    router = _router_host(deployment)
+    argv = (
+        *LAUNCH_ROUTER,
+        "--pd-disaggregation",
+        "--prefill",
+        _pool_url(deployment, "prefill"),
+        str(t.bootstrap_port),
+        "--decode",
+        _pool_url(deployment, "decode"),
+        # One prefill and one decode worker (each a whole DP-attention instance): there is
+        # nothing to balance, and cache_aware's prefix tree buys nothing with the radix
+        # cache disabled on the servers.
+        "--policy",
+        "round_robin",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(t.api_port),
+    )
+    return Process(
+        name="sglang-router",
+        container=ROUTER_CONTAINER,
+        image=deployment.image,
+        argv=argv,
+        env=_base_env(t),
+        stage=1,
+        health=http_gate(router.address, t.api_port, ROUTER_HEALTH_PATH, t.health_timeout_s),
+    )
+
+
+def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
+    cluster = deployment.cluster
+    processes: dict[str, list[Process]] = {}
+    for pool_name in ("prefill", "decode"):
+        pool = deployment.pool(pool_name)
+        for rank, name in enumerate(pool.hosts):
+            server = _pd_server(deployment, pool, cluster.host(name), rank)
+            processes.setdefault(name, []).append(server)
+    processes.setdefault(_router_host(deployment).name, []).append(_router(deployment))
+    return {name: HostRender(processes=tuple(procs)) for name, procs in processes.items()}
+
+
+# ---------------------------------------------------------------- interface
+
+
+def render(deployment: Deployment) -> dict[str, HostRender]:
+    """Processes per host for layout `tp` or `pd`."""
+    if deployment.cluster.layout == "pd":
+        return _render_pd(deployment)
+    return _render_tp(deployment)
+
+
+def endpoint(deployment: Deployment) -> str:
+    """The OpenAI-compatible base URL: the router (pd) or rank 0's server (tp)."""
+    t = deployment.cluster.tunables
+    if deployment.cluster.layout == "pd":
+        return f"http://{_router_host(deployment).address}:{t.api_port}"
+    return f"http://{deployment.pool('nodes').master_address}:{t.sglang_port}"
