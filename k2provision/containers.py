@@ -46,7 +46,7 @@ def run_argv(
         "--ipc",
         options.ipc,
     ]
-    if options.gpus:
+    if options.gpus and process.gpus:
         argv += ["--gpus", options.gpus]
     if options.privileged:
         argv.append("--privileged")
@@ -54,7 +54,7 @@ def run_argv(
         argv += ["--cap-add", cap]
     for ulimit in options.ulimits:
         argv += ["--ulimit", ulimit]
-    for device in options.devices:
+    for device in options.devices if process.gpus else ():
         argv += ["--device", device]
     for volume in options.volumes:
         argv += ["--volume", volume]

@@ -64,7 +64,8 @@ class Tunables(Record):
     cuda_graph_max_bs_decode: int = 480
     chunked_prefill_size: int = 131072
     pd_transfer_backend: Literal["mooncake", "nixl"] = "mooncake"
-    pd_timeout_s: int = 600
+    # Bounded: the seed's 1e5..1e7 s values switch PD failure detection off.
+    pd_timeout_s: int = Field(default=600, ge=30, le=3600)
     health_timeout_s: int = 3600
     vllm_max_num_batched_tokens: int = 8192
     vllm_max_num_seqs: int = 256
@@ -241,6 +242,7 @@ class Process(Record):
     env: dict[str, str] = {}
     stage: int = 0
     exec_in: bool = False
+    gpus: bool = True
     health: HealthGate | None = None
 
 

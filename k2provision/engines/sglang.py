@@ -281,6 +281,7 @@ def _router(deployment: Deployment) -> Process:
         argv=argv,
         env=_base_env(t),
         stage=1,
+        gpus=False,  # the router only routes HTTP; a dedicated router host may have no GPUs
         health=http_gate(router.address, t.api_port, ROUTER_HEALTH_PATH, t.health_timeout_s),
     )
 

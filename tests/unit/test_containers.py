@@ -61,3 +61,12 @@ def test_exec_records_a_pid_file() -> None:
     argv = exec_argv(proc, "/etc/k2provision")
     assert argv[:4] == ["docker", "exec", "--detach", proc.container]
     assert f"/run/k2-{proc.name}.pid" in argv[-1]
+
+
+def test_router_container_asks_for_no_gpus_or_rdma() -> None:
+    plan = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
+    router = next(p for p in plan.hosts[0].processes if p.name == "sglang-router")
+    joined = " ".join(run_argv(plan.container, router, plan.config_dir, plan.hosts[0].files))
+    assert "--gpus" not in joined
+    assert "/dev/infiniband" not in joined
+    assert "--network host" in joined
