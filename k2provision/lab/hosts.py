@@ -167,7 +167,7 @@ def mount_points(cfg: LabConfig, name: str) -> tuple[str, ...]:
 
 
 def init_script(cfg: LabConfig, name: str) -> str:
-    """What PID 1 of the host's namespaces runs: mount its world, chroot, exec tini + sshd."""
+    """What PID 1 of the host's namespaces runs: mount its world, pivot into it, exec sshd."""
     hdir = cfg.host_dir(name)
     q = {
         k: shlex.quote(str(v))
@@ -197,8 +197,15 @@ def init_script(cfg: LabConfig, name: str) -> str:
             f"mount --bind {q['images']} {r}{IMAGES_MOUNT}",
             f"mount -o remount,bind,ro {r}{IMAGES_MOUNT}",
             f"hostname {shlex.quote(name)}",
-            f"exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
-            f"LANG=C.UTF-8 chroot {r} /usr/bin/tini -- /usr/sbin/sshd -D -e",
+            # pivot_root, not chroot: the overlay becomes the namespace's real root, so runc
+            # inside can pivot too and `docker exec` sees the container's filesystem.
+            "mount --make-rprivate /",
+            f"mkdir -p {r}/.oldroot",
+            f"cd {r}",
+            "pivot_root . .oldroot",
+            "exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+            "LANG=C.UTF-8 /usr/sbin/chroot . /bin/sh -c "
+            "'umount -l /.oldroot && rmdir /.oldroot && exec /usr/bin/tini -- /usr/sbin/sshd -D -e'",
         ]
     )
 

@@ -1,0 +1,99 @@
+"""How much the project's ansible.cfg buys on a cluster-sized run (a benchmark, not a test).
+
+On N lab hosts (default 16) it times, in one run, with the project's ansible.cfg and with stock
+Ansible settings (only the roles and collections paths set):
+  - a first apply: launch + verify from nothing (files written, containers started);
+  - a no-op re-apply on the converged hosts.
+and prints the times and the ratios. Needs root (the lab). Usage:
+
+    .venv/bin/python benchmarks/ansible_speed.py [--hosts 16] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from k2provision import lab
+from k2provision.lab.config import LabConfig, default_lab_dir
+from k2provision.lab.standin import build_standin
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MODEL_DIR = "/models/k2-bench"
+STOCK_CFG = """[defaults]
+roles_path = {root}/roles
+collections_path = {root}/k2provision/ansible/collections
+"""
+
+
+def playbook(inventory: Path, config: Path, *extra: str) -> float:
+    """Run site.yml (launch, verify) and return its wall time; fail loudly."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(config), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    started = time.monotonic()
+    out = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml",
+         "--tags", "launch,verify", *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+    elapsed = time.monotonic() - started
+    if out.returncode != 0:
+        sys.exit(f"ansible-playbook failed ({config.name}):\n{out.stdout[-3000:]}")
+    return elapsed
+
+
+def reset(state: lab.LabState) -> None:
+    """Back to nothing: no k2 containers, no rendered files."""
+    for host in state.hosts:
+        subprocess.run(
+            lab.ssh_command(state, host.name,
+                            "docker rm -f $(docker ps -aq --filter name=k2-) >/dev/null 2>&1; "
+                            f"rm -rf /etc/k2provision; mkdir -p {MODEL_DIR}; "
+                            f"echo '{{}}' > {MODEL_DIR}/config.json"),
+            check=True, capture_output=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="k2-ansible-speed-"))
+    inventory = work / "bench.ini"
+    # A lab instance of its own, so the benchmark never resizes a lab that tests are using.
+    cfg = LabConfig(lab_dir=default_lab_dir(), name="k2bench", subnet="10.79.0.0/24")
+    state = lab.up(
+        args.hosts, inventory=inventory, groups={"nodes": args.hosts}, cfg=cfg,
+        all_vars={"k2_engine": "vllm", "k2_layout": "dp_ep", "k2_model_dir": MODEL_DIR,
+                  "k2_context_length": 8192},
+    )
+    build_standin()
+    tuned = ROOT / "ansible.cfg"
+    stock = work / "stock.cfg"
+    stock.write_text(STOCK_CFG.format(root=ROOT))
+    results: dict[str, dict[str, list[float]]] = {"tuned": {}, "stock": {}}
+    for _ in range(args.rounds):
+        for name, config in (("stock", stock), ("tuned", tuned)):
+            reset(state)
+            first = playbook(inventory, config)
+            noop = playbook(inventory, config)
+            results[name].setdefault("first apply", []).append(first)
+            results[name].setdefault("no-op re-apply", []).append(noop)
+    reset(state)
+    lab.down(cfg)
+    print(f"\n{args.hosts} lab hosts, vLLM DP+EP stand-in, launch+verify, "
+          f"{args.rounds} round(s), best of each")
+    print(f"{'run':<16}{'stock s':>10}{'tuned s':>10}{'speed-up':>10}")
+    for run in ("first apply", "no-op re-apply"):
+        s, t = min(results["stock"][run]), min(results["tuned"][run])
+        print(f"{run:<16}{s:>10.1f}{t:>10.1f}{s / t:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""vLLM: TP across nodes and TP+PP over a Ray cluster, or DP+EP with headless workers.
+
+Every host runs one container, `k2-vllm`. Start order (stages start in turn; all processes of a
+stage start before any of that stage's gates is waited on):
+
+Layouts `tp` and `tp_pp` (Ray executor):
+  stage 0  head host: container main command `ray start --head ... --block`.
+           gate: a command in the head's container that passes once Ray counts the head node
+           and its GPUs.
+  stage 1  every other host: container main command `ray start --address HEAD:RAY_PORT ... --block`.
+           gate: a command in that host's container that passes once Ray counts all N nodes
+           and their N x GPUs-per-node GPUs.
+  stage 2  head host: `vllm serve ... --distributed-executor-backend ray`, exec'd in the head's
+           container (it joins the running Ray cluster); gate: GET /health on the head.
+  `--block` keeps `ray start` in the foreground, so the container lives exactly as long as its
+  Ray node; the env of `ray start` is what vLLM's Ray workers inherit.
+
+Layout `dp_ep` (no Ray; the API servers on the head, engine cores on every host):
+  stage 0  all hosts at once: the head's `vllm serve` (DP ranks 0-7, one API server process per
+           local rank, the DP RPC endpoint) and every worker's `vllm serve --headless
+           --data-parallel-start-rank 8k`,
+           each its container's main command. Workers connect to HEAD:DP_RPC_PORT and retry
+           until the head listens, and the head only reports healthy once every DP rank has
+           joined, so the head's GET /health gate sits in the same stage as the workers: a gate
+           in an earlier stage than the workers would never pass.
+
+Workers always point at the head's inventory address; each host announces its own `local_ip`
+(`--node-ip-address`, VLLM_HOST_IP).
+"""
+
+from __future__ import annotations
+
+from k2provision.engines import Deployment, HostRender
+from k2provision.engines.common import http_gate, tool_parser
+from k2provision.models import HealthGate, HostSpec, PoolPlan, Process
+
+CONTAINER = "k2-vllm"
+RAY_LAYOUTS = ("tp", "tp_pp")
+
+RAY_CHECK_ATTEMPT_S = 60
+# Run inside a Ray node's container with argv HEAD:PORT NODES GPUS: exit 0 once the cluster
+# shows at least NODES live nodes holding GPUS GPUs between them.
+RAY_CHECK = (
+    "import sys, ray\n"
+    "address, nodes, gpus = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])\n"
+    "ray.init(address=address, logging_level='ERROR', log_to_driver=False)\n"
+    "alive = [n for n in ray.nodes() if n['Alive']]\n"
+    "have = sum(n['Resources'].get('GPU', 0.0) for n in alive)\n"
+    "print(f'ray: {len(alive)}/{nodes} nodes, {have:g}/{gpus:g} GPUs alive')\n"
+    "sys.exit(0 if len(alive) >= nodes and have >= gpus else 1)\n"
+)
+
+
+def render(deployment: Deployment) -> dict[str, HostRender]:
+    """Processes per host for the cluster's vLLM layout."""
+    layout = deployment.cluster.layout
+    if layout in RAY_LAYOUTS:
+        return _render_ray(deployment)
+    if layout == "dp_ep":
+        return _render_dp_ep(deployment)
+    raise ValueError(f"vllm has no layout {layout!r}")
+
+
+def endpoint(deployment: Deployment) -> str:
+    """The head's OpenAI-compatible base URL."""
+    pool = deployment.pool("nodes")
+    return f"http://{pool.master_address}:{deployment.cluster.tunables.api_port}"
+
+
+def _env(deployment: Deployment, host: HostSpec) -> dict[str, str]:
+    """Environment of every vLLM-side process on `host` (Ray nodes included)."""
+    env = {"VLLM_HOST_IP": host.local_ip, "HF_HUB_OFFLINE": "1"}
+    ifname = deployment.cluster.tunables.socket_ifname
+    if ifname:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+        env["NCCL_SOCKET_IFNAME"] = ifname
+    return env
+
+
+def _hosts(deployment: Deployment, pool: PoolPlan) -> list[HostSpec]:
+    return [deployment.cluster.host(name) for name in pool.hosts]
+
+
+def _serve_args(deployment: Deployment, pool: PoolPlan, parallel: list[str]) -> list[str]:
+    """`vllm serve MODEL_DIR`, the layout's `parallel` options, then what every layout shares."""
+    t = deployment.cluster.tunables
+    args = [
+        "vllm",
+        "serve",
+        deployment.cluster.model_dir,
+        "--served-model-name",
+        t.served_model_name,
+        *parallel,
+        "--trust-remote-code",
+    ]
+    parser = tool_parser("vllm")
+    if parser:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    args += [
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(t.api_port),
+        "--max-model-len",
+        str(deployment.context_length),
+        "--gpu-memory-utilization",
+        f"{pool.mem_fraction:g}",
+    ]
+    return args
+
+
+def ray_gate(head: str, nodes: int, gpus: int, timeout_s: int) -> HealthGate:
+    """A gate that passes once the Ray cluster at `head` has `nodes` live nodes, `gpus` GPUs."""
+    # `timeout`: a connection attempt to a GCS that is not up yet can hang and ignore SIGTERM.
+    return HealthGate(
+        command=(
+            "timeout",
+            "-k",
+            "5",
+            str(RAY_CHECK_ATTEMPT_S),
+            "python3",
+            "-c",
+            RAY_CHECK,
+            head,
+            str(nodes),
+            str(gpus),
+        ),
+        timeout_s=timeout_s,
+    )
+
+
+def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
+    pool = deployment.pool("nodes")
+    t = deployment.cluster.tunables
+    hosts = _hosts(deployment, pool)
+    head = hosts[0]
+    gpn = deployment.cluster.gpus_per_node
+    ray_address = f"{pool.master_address}:{t.ray_port}"
+    ray_options = ("--disable-usage-stats", "--block")
+
+    out: dict[str, HostRender] = {}
+    head_ray = Process(
+        name="ray-head",
+        container=CONTAINER,
+        image=deployment.image,
+        argv=(
+            "ray",
+            "start",
+            "--head",
+            "--port",
+            str(t.ray_port),
+            "--node-ip-address",
+            head.local_ip,
+            *ray_options,
+        ),
+        env=_env(deployment, head),
+        stage=0,
+        health=ray_gate(ray_address, 1, gpn, t.health_timeout_s),
+    )
+    p = pool.parallel
+    parallel = ["--tensor-parallel-size", str(p.tp)]
+    if p.pp > 1:
+        parallel += ["--pipeline-parallel-size", str(p.pp)]
+    parallel += ["--distributed-executor-backend", "ray"]
+    serve_argv = _serve_args(deployment, pool, parallel)
+    serve = Process(
+        name="vllm-serve",
+        container=CONTAINER,
+        image=deployment.image,
+        argv=tuple(serve_argv),
+        env=_env(deployment, head),
+        stage=2,
+        exec_in=True,
+        health=http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s),
+    )
+    out[head.name] = HostRender(processes=(head_ray, serve))
+    for host in hosts[1:]:
+        worker = Process(
+            name="ray-worker",
+            container=CONTAINER,
+            image=deployment.image,
+            argv=(
+                "ray",
+                "start",
+                "--address",
+                ray_address,
+                "--node-ip-address",
+                host.local_ip,
+                *ray_options,
+            ),
+            env=_env(deployment, host),
+            stage=1,
+            health=ray_gate(ray_address, len(hosts), len(hosts) * gpn, t.health_timeout_s),
+        )
+        out[host.name] = HostRender(processes=(worker,))
+    return out
+
+
+def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
+    pool = deployment.pool("nodes")
+    t = deployment.cluster.tunables
+    p = pool.parallel
+    hosts = _hosts(deployment, pool)
+    local = p.dp // len(hosts)
+    shared = _serve_args(
+        deployment,
+        pool,
+        [
+            "--data-parallel-size",
+            str(p.dp),
+            "--data-parallel-size-local",
+            str(local),
+            "--data-parallel-address",
+            pool.master_address,
+            "--data-parallel-rpc-port",
+            str(t.dp_rpc_port),
+            "--enable-expert-parallel",
+            "--max-num-batched-tokens",
+            str(t.vllm_max_num_batched_tokens),
+            "--max-num-seqs",
+            str(t.vllm_max_num_seqs),
+        ],
+    )
+    out: dict[str, HostRender] = {}
+    for rank, host in enumerate(hosts):
+        head = rank == 0
+        argv = [*shared, "--data-parallel-start-rank", str(rank * local)]
+        if not head:
+            argv.append("--headless")
+        process = Process(
+            name="vllm-serve" if head else "vllm-headless",
+            container=CONTAINER,
+            image=deployment.image,
+            argv=tuple(argv),
+            env=_env(deployment, host),
+            stage=0,
+            health=(
+                http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s)
+                if head
+                else None
+            ),
+        )
+        out[host.name] = HostRender(processes=(process,))
+    return out
