@@ -61,6 +61,24 @@ def _parse_rate(text: str) -> float | None:
         raise LabError(f"rate {text!r}: expected Mbit/s (e.g. 100) or off") from exc
 
 
+def demo_layout(n: int) -> tuple[dict[str, int] | None, dict[str, VarValue]]:
+    """What `lab up N` deploys when no --group/--var is given: the whole flow, small.
+
+    Two hosts or more: SGLang PD (first half prefill, second half decode, router on the first
+    prefill host); one host: KTransformers. Weights come from the synthetic test source.
+    """
+    common: dict[str, VarValue] = {
+        "k2_model_dir": "/models/Kimi-K2-Instruct",
+        "k2_context_length": 32768,
+        "k2_weights_source": "synthetic",
+    }
+    if n == 1:
+        return None, {**common, "k2_engine": "ktransformers", "k2_layout": "single"}
+    return {"prefill": n // 2, "decode": n - n // 2}, {
+        **common, "k2_engine": "sglang", "k2_layout": "pd",
+    }
+
+
 @lab_app.command("up")
 def up_cmd(
     n: Annotated[int, typer.Argument(help="How many hosts (lab1..labN).")] = 4,
@@ -94,6 +112,8 @@ def up_cmd(
             for k, v in _pairs(children or [], "--children").items()
         }
         all_vars = {k: _var_value(v) for k, v in _pairs(var or [], "--var").items()}
+        if counts is None and not all_vars:
+            counts, all_vars = demo_layout(n)
         state = core.up(
             n,
             shape_mbit=shape_mbit,
