@@ -1,0 +1,304 @@
+"""Check a vLLM server command line with the real parser (run in .venv-vllm).
+
+Request (stdin, see checker_io): ``argv`` starts with ``vllm serve``,
+``python -m vllm.entrypoints.cli.main serve`` or ``python -m
+vllm.entrypoints.openai.api_server`` (or is the bare ``vllm serve`` argument
+list: the model first, then options).
+
+Steps:
+
+1. ``parse``: the ``vllm`` CLI's FlexibleArgumentParser with the ``serve``
+   subcommand (the api_server module: its own parser), exactly as the CLI
+   builds it, then ``ServeSubcommand.validate`` (the checks vLLM runs before
+   starting anything) and, unless ``--headless``, ``validate_api_server_args``
+   (tool-call and reasoning parser names, checked when the API server starts).
+2. ``engine_args``: ``AsyncEngineArgs.from_cli_args`` (its ``__post_init__``
+   resolves the model path). When the model is not a local directory it is
+   replaced by a stand-in directory holding Kimi-K2-Instruct's ``config.json``
+   (kimi_k2_config.json next to this file); ``options.fake_model = false``
+   turns that off.
+3. ``launch``: ``ServeSubcommand.cmd`` itself, on a copy of the arguments,
+   with the functions that would start servers replaced by recorders: its
+   pre-launch checks run (e.g. ``--headless`` with ``--api-server-count``,
+   conflicting data-parallel load-balancing modes) and the chosen launch mode
+   is reported as ``launch`` (``single_api_server``, ``multi_api_server``,
+   ``headless``, ``dp_supervisor``, ``grpc``) with ``api_server_count``.
+   Not for the api_server module launcher.
+4. ``config`` (only with ``options.engine_config = true``):
+   ``create_engine_config()``. It runs on vLLM's CPU platform here, so results
+   that depend on the platform (executor backend, kernels, quantization
+   support) are the CPU platform's, not a GPU host's.
+
+Result: ``ok``, ``error``, ``stage``, ``parsed`` (selected fields of the
+parsed namespace), ``engine_args`` (the same fields after EngineArgs), and
+``warnings`` (vLLM log warnings, e.g. deprecated arguments).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from checker_io import (
+    BadRequest,
+    Rejected,
+    argparse_errors_raise,
+    clean,
+    collect_warnings,
+    dedupe,
+    finish,
+    internal_failure,
+    pick,
+    read_request,
+    strip_launcher,
+    take_stdout,
+)
+
+SERVE_LAUNCHERS = (
+    ("vllm", "serve"),
+    ("python", "-m", "vllm.entrypoints.cli.main", "serve"),
+)
+API_SERVER_LAUNCHERS = (("python", "-m", "vllm.entrypoints.openai.api_server"),)
+
+FIELDS = (
+    "model",
+    "model_tag",
+    "served_model_name",
+    "trust_remote_code",
+    "host",
+    "port",
+    "headless",
+    "api_server_count",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "data_parallel_size_local",
+    "data_parallel_address",
+    "data_parallel_rpc_port",
+    "data_parallel_start_rank",
+    "data_parallel_rank",
+    "data_parallel_backend",
+    "data_parallel_hybrid_lb",
+    "data_parallel_external_lb",
+    "enable_expert_parallel",
+    "all2all_backend",
+    "enable_eplb",
+    "distributed_executor_backend",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "decode_context_parallel_size",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "gpu_memory_utilization",
+    "enable_chunked_prefill",
+    "enable_auto_tool_choice",
+    "tool_call_parser",
+    "reasoning_parser",
+    "tokenizer_mode",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "enable_log_requests",
+)
+
+CONFIG = Path(__file__).with_name("kimi_k2_config.json")
+# Messages that only say this host has no GPU or no compiled vLLM kernels.
+HOST_ARTIFACTS = (
+    "vllm._C",
+    "Triton is not installed",
+    "triton-cpu",
+    "Model Runner V2 requires Triton",
+    "Reset SSM cache type",
+    "Pin memory is not supported",
+)
+
+
+def _serve_parser() -> tuple[Any, Any]:
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="vLLM CLI")
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    command = ServeSubcommand()
+    command.subparser_init(subparsers).set_defaults(dispatch_function=command.cmd)
+    return parser, command
+
+
+def _api_server_parser() -> Any:
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(description="vLLM API server"))
+
+
+class _Recorder:
+    """Stands in for a function that would start servers."""
+
+    def __init__(self, sink: dict[str, Any], mode: str) -> None:
+        self.sink = sink
+        self.mode = mode
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.sink.setdefault("mode", self.mode)
+        for arg in args:
+            close = getattr(arg, "close", None)  # an un-awaited coroutine
+            if callable(close):
+                close()
+
+
+class _UvloopStub:
+    def __init__(self, sink: dict[str, Any], mode: str) -> None:
+        self.run = _Recorder(sink, mode)
+
+
+def _launch_mode(args: Any) -> dict[str, Any]:
+    from vllm.entrypoints.cli import serve
+
+    sink: dict[str, Any] = {}
+    stubs = {
+        "run_dp_supervisor": _Recorder(sink, "dp_supervisor"),
+        "run_headless": _Recorder(sink, "headless"),
+        "run_multi_api_server": _Recorder(sink, "multi_api_server"),
+        "uvloop": _UvloopStub(
+            sink, "grpc" if getattr(args, "grpc", False) else "single_api_server"
+        ),
+    }
+    saved = {name: getattr(serve, name) for name in stubs}
+    launch_args = copy.copy(args)
+    try:
+        for name, stub in stubs.items():
+            setattr(serve, name, stub)
+        serve.ServeSubcommand.cmd(launch_args)
+    finally:
+        for name, value in saved.items():
+            setattr(serve, name, value)
+    return {
+        "launch": sink.get("mode"),
+        "api_server_count": getattr(launch_args, "api_server_count", None),
+    }
+
+
+def _reject(exc: BaseException) -> Rejected:
+    return Rejected(f"{type(exc).__name__}: {clean(str(exc))}")
+
+
+def check(
+    argv: list[str], api_server: bool, options: dict[str, Any], result: dict[str, Any]
+) -> None:
+    notes: list[str] = result["notes"]
+    with collect_warnings(["vllm"], result["warnings"], ["/vllm/"]):
+        with argparse_errors_raise():
+            result["stage"] = "parse"
+            try:
+                if api_server:
+                    from vllm.entrypoints.common.cli_args import validate_parsed_serve_args
+
+                    result["warnings"].append(
+                        "DeprecationWarning: `python -m vllm.entrypoints.openai.api_server` "
+                        "is deprecated (the module says so when run as a script)"
+                    )
+                    args = _api_server_parser().parse_args(argv)
+                    validate_parsed_serve_args(args)
+                else:
+                    parser, command = _serve_parser()
+                    args = parser.parse_args(["serve", *argv])
+                    command.validate(args)
+                if not getattr(args, "headless", False):
+                    # What the API server checks before it binds its port.
+                    from vllm.entrypoints.common.cli_args import validate_api_server_args
+
+                    validate_api_server_args(args)
+            except Rejected:
+                raise
+            except (ValueError, TypeError, KeyError) as exc:
+                raise _reject(exc) from exc
+        if getattr(args, "model_tag", None) is not None:
+            args.model = args.model_tag  # what ServeSubcommand.cmd does first
+        result["parsed"] = pick(args, FIELDS)
+
+        result["stage"] = "engine_args"
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        model = args.model
+        stand_in = None
+        if options.get("fake_model", True) and model and not Path(model).is_dir():
+            stand_in = tempfile.mkdtemp(prefix="k2-model-")
+            shutil.copy(CONFIG, Path(stand_in) / "config.json")
+            args.model = stand_in
+            if not args.served_model_name:
+                args.served_model_name = [model]
+            notes.append(
+                f"model {model} is not a local directory: EngineArgs built with a "
+                "stand-in holding Kimi-K2-Instruct's config.json"
+            )
+        try:
+            engine_args = AsyncEngineArgs.from_cli_args(args)
+            result["engine_args"] = pick(engine_args, FIELDS)
+            if stand_in:
+                result["engine_args"]["model"] = model
+            if not api_server:
+                result["stage"] = "launch"
+                result["parsed"].update(_launch_mode(args))
+            if options.get("engine_config", False):
+                result["stage"] = "config"
+                notes.append("engine config created on vLLM's CPU platform")
+                engine_args.create_engine_config()
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as exc:
+            raise _reject(exc) from exc
+        finally:
+            if stand_in:
+                shutil.rmtree(stand_in, ignore_errors=True)
+        result["stage"] = None
+
+
+def main() -> None:
+    out = take_stdout()
+    try:
+        request = read_request(sys.stdin)
+        raw = request["argv"]
+        api_server = False
+        try:
+            argv = strip_launcher(raw, SERVE_LAUNCHERS)
+        except BadRequest:
+            argv = strip_launcher(raw, API_SERVER_LAUNCHERS)
+            api_server = True
+    except BadRequest as exc:
+        internal_failure(out, exc)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.update(request["env"])
+    result: dict[str, Any] = {
+        "ok": False,
+        "error": "",
+        "stage": None,
+        "parsed": {},
+        "warnings": [],
+        "notes": [],
+        "engine": "vllm",
+    }
+    try:
+        import vllm
+
+        result["version"] = vllm.__version__
+        check(argv, api_server, request["options"], result)
+        result["ok"] = True
+    except Rejected as exc:
+        result["error"] = str(exc)
+    except Exception as exc:
+        internal_failure(out, exc)
+    result["warnings"] = dedupe(result["warnings"], HOST_ARTIFACTS)
+    finish(out, result)
+
+
+if __name__ == "__main__":
+    main()
