@@ -205,7 +205,8 @@ def init_script(cfg: LabConfig, name: str) -> str:
             "pivot_root . .oldroot",
             "exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
             "LANG=C.UTF-8 /usr/sbin/chroot . /bin/sh -c "
-            "'umount -l /.oldroot && rmdir /.oldroot && exec /usr/bin/tini -- /usr/sbin/sshd -D -e'",
+            "'umount -l /.oldroot && rmdir /.oldroot && "
+            "exec /usr/bin/tini -- /usr/sbin/sshd -D -e'",
         ]
     )
 
