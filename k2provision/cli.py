@@ -33,6 +33,15 @@ def _mount_lab() -> None:
 
 _mount_lab()
 
+
+def _mount_weights() -> None:
+    from k2provision.weights.cli import weights_cmd
+
+    app.command("weights")(weights_cmd)
+
+
+_mount_weights()
+
 InventoryArg = Annotated[
     Path, typer.Argument(help="Ansible INI inventory, e.g. inventory/prod.ini")
 ]

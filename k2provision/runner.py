@@ -6,11 +6,14 @@ files are suppressed so secrets passed through the environment never land in the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,11 @@ from k2provision.events import Event, HostResult, Stats, Tally, parse_event
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 COLLECTIONS = Path(__file__).resolve().parent / "ansible" / "collections"
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# ansible-runner writes its whole environment into the run record (artifacts/*/command), so
+# the hub token never stays in the environment of a run: it goes to a private file instead,
+# whose path the k2_weights role reads.
+TOKEN_FILE_ENV = "K2_WEIGHTS_HF_TOKEN_FILE"
+TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,30 @@ def new_record_dir(command: str) -> Path:
         path = base.with_name(f"{base.name}-{n}")
     path.mkdir(parents=True)
     return path
+
+
+@contextlib.contextmanager
+def token_moved_to_file() -> Iterator[None]:
+    """For one run: the hub token out of the environment, into a private 0600 file."""
+    saved = {k: os.environ.pop(k) for k in TOKEN_ENV_VARS if k in os.environ}
+    token = next((v.strip() for v in saved.values() if v.strip()), "")
+    previous = os.environ.pop(TOKEN_FILE_ENV, None)
+    private = Path(tempfile.mkdtemp(prefix="k2-token-")) if token else None
+    try:
+        if private is not None:
+            path = private / "token"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(token)
+            os.environ[TOKEN_FILE_ENV] = str(path)
+        yield
+    finally:
+        os.environ.pop(TOKEN_FILE_ENV, None)
+        if previous is not None:
+            os.environ[TOKEN_FILE_ENV] = previous
+        os.environ.update(saved)
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
 
 
 def _env() -> dict[str, str]:
@@ -108,27 +139,30 @@ def run_playbook(
             on_event(event)
         return True
 
-    result = ansible_runner.run(
-        private_data_dir=str(record_dir),
-        project_dir=str(PROJECT_ROOT),
-        playbook=f"playbooks/{playbook}",
-        inventory=str(inventory.resolve()),
-        extravars=extravars or {},
-        tags=",".join(tags) or None,
-        limit=limit,
-        cmdline=" ".join(cmdline) or None,
-        envvars=_env(),
-        event_handler=handle,
-        quiet=True,
-        suppress_env_files=True,
-        json_mode=False,
-    )
+    with token_moved_to_file():
+        result = ansible_runner.run(
+            private_data_dir=str(record_dir),
+            project_dir=str(PROJECT_ROOT),
+            playbook=f"playbooks/{playbook}",
+            inventory=str(inventory.resolve()),
+            extravars=extravars or {},
+            tags=",".join(tags) or None,
+            limit=limit,
+            cmdline=" ".join(cmdline) or None,
+            envvars=_env(),
+            event_handler=handle,
+            quiet=True,
+            suppress_env_files=True,
+            json_mode=False,
+        )
+    rc = int(result.rc or 0)
     run = RunResult(
         status=str(result.status),
-        rc=int(result.rc or 0),
+        rc=rc,
         record_dir=record_dir,
         tally=tally,
         stats=stats,
+        error_tail=_output_tail(record_dir) if rc and not tally.failures else "",
     )
     _write_summary(run)
     return run

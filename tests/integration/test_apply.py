@@ -198,3 +198,24 @@ def test_a_down_host_stops_the_run_before_launch_and_rerun_converges(
     rerun = k2("apply", str(inventory), runs=tmp_path)
     assert rerun.returncode == 0, rerun.stdout[-4000:]
     assert served_models(state.hosts[0].address, 8000) == ["kimi-k2"]
+
+
+def test_hub_token_in_the_environment_never_reaches_the_run_record(
+    cluster: tuple[Any, Path], tmp_path: Path
+) -> None:
+    _, inventory = cluster
+    token = "hf_" + "Q" * 34
+    out = subprocess.run(
+        [str(BIN / "k2provision"), "apply", str(inventory), "--tags", "verify"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "K2_RUNS_DIR": str(tmp_path), "HF_TOKEN": token},
+    )
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert token not in out.stdout + out.stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "command" for p in files)  # ansible-runner's env dump exists
+    for path in files:
+        assert token not in path.read_text(errors="replace"), path
