@@ -9,6 +9,7 @@ k2provision.nccl, so the verdicts are tested without a host:
   across hosts (one driver version everywhere).
 - ``topo_text | k2.cluster.ib_devices_from_topology(ibstat_text)``: each GPU's nearest RDMA
   device with an Active port (the per-host ``k2_ib_devices`` when the inventory gives none).
+- ``ids_by_host | k2.cluster.image_id_mismatches``: hosts whose copy of an image differs.
 - ``hosts | k2.cluster.nccl_pair_rounds``: every host pair once, in rounds of disjoint pairs.
 - ``outputs | k2.cluster.nccl_report(fraction, min_busbw)``: bus bandwidth per pair and the slow
   pairs, from ``{"a|b": all_reduce_perf output}``.
@@ -24,6 +25,7 @@ from k2provision.expectations import (
     evaluate_cluster,
     evaluate_host,
     ib_devices_from_texts,
+    image_id_mismatches,
 )
 from k2provision.facts import FactParseError
 from k2provision.models import Plan
@@ -87,6 +89,11 @@ def ib_devices_from_topology(topology_text: str, ibstat_text: str | None = None)
         raise ValueError(f"cannot derive k2_ib_devices: {exc}") from exc
 
 
+def image_ids_differ(ids_by_host: Mapping[str, Mapping[str, str] | None]) -> list[str]:
+    """One line per group of hosts whose copy of an image differs from the others'."""
+    return image_id_mismatches(_plain(ids_by_host))
+
+
 def nccl_pair_rounds(hosts: list[str]) -> list[list[list[str]]]:
     """Rounds of disjoint host pairs covering every pair once."""
     return [[list(pair) for pair in round_] for round_ in pair_rounds([str(h) for h in hosts])]
@@ -130,6 +137,7 @@ class FilterModule:
             "preflight_problems": preflight_problems,
             "preflight_cluster_problems": preflight_cluster_problems,
             "ib_devices_from_topology": ib_devices_from_topology,
+            "image_id_mismatches": image_ids_differ,
             "nccl_pair_rounds": nccl_pair_rounds,
             "nccl_report": nccl_report,
         }

@@ -1,0 +1,73 @@
+"""Start and stop the lab hosts of one molecule scenario: its own lab instance (name, subnet),
+beside the default `k2lab` instance and any other scenario's, sharing the lab's rootfs, image
+store and stand-in engine image.
+
+    python .config/molecule/lab.py up --name mrdma --subnet 10.83.0.0/24 --hosts 2 \
+        --inventory INV --group prefill=1 --group decode=1 --var k2_engine=sglang ...
+    python .config/molecule/lab.py down --name mrdma --subnet 10.83.0.0/24
+
+`up` writes the inventory (connection variables, [all:vars] with k2_lab=true and the --var
+pairs) and builds the stand-in image the lab plan runs (`localhost/k2-standin:lab`) unless it
+is current. Root is required, as for every lab operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from k2provision import lab
+from k2provision.lab.config import LabConfig, default_lab_dir
+from k2provision.lab.errors import LabError
+from k2provision.lab.inventory import VarValue
+from k2provision.lab.standin import build_standin
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{what} {item!r}: expected NAME=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def _value(text: str) -> VarValue:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return int(text) if text.isdigit() else text
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("up", "down"))
+    parser.add_argument("--name", required=True, help="lab instance name (1-8 of [a-z0-9])")
+    parser.add_argument("--subnet", required=True, help="its /24, e.g. 10.83.0.0/24")
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--inventory", type=Path)
+    parser.add_argument("--group", action="append", default=[], help="NAME=COUNT, in order")
+    parser.add_argument("--var", action="append", default=[], help="KEY=VALUE for [all:vars]")
+    args = parser.parse_args(argv)
+    cfg = LabConfig(lab_dir=default_lab_dir(), name=args.name, subnet=args.subnet)
+    try:
+        if args.action == "down":
+            lab.down(cfg=cfg)
+            return 0
+        if args.inventory is None:
+            parser.error("up needs --inventory")
+        groups = {k: int(v) for k, v in _pairs(args.group, "--group").items()} or None
+        all_vars = {k: _value(v) for k, v in _pairs(args.var, "--var").items()} or None
+        args.inventory.parent.mkdir(parents=True, exist_ok=True)
+        lab.up(args.hosts, inventory=args.inventory, groups=groups, all_vars=all_vars, cfg=cfg)
+        build_standin()
+    except LabError as exc:
+        for problem in exc.problems:
+            print(f"lab: {problem}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
