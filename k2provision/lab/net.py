@@ -7,6 +7,7 @@ does, and that hides the cgroup mounts podman needs).
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from pathlib import Path
 
@@ -24,8 +25,31 @@ def netns_exists(name: str) -> bool:
     return Path("/run/netns", name).exists()
 
 
+def subnet_users(cfg: LabConfig) -> list[str]:
+    """Interfaces other than this lab's bridge that hold an address in the lab's subnet."""
+    net = ipaddress.ip_network(cfg.subnet)
+    users = []
+    for line in run(["ip", "-o", "-4", "addr", "show"]).stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] != cfg.bridge:
+            address = ipaddress.ip_interface(fields[3]).ip
+            if address in net:
+                users.append(fields[1])
+    return users
+
+
 def ensure_bridge(cfg: LabConfig) -> bool:
-    """Create the bridge with the controller address; True when it was created now."""
+    """Create the bridge with the controller address; True when it was created now.
+
+    Refuses a subnet that another interface (another lab instance, say) already uses: two labs
+    on one subnet answer each other's addresses with the wrong host keys.
+    """
+    users = subnet_users(cfg)
+    if users:
+        raise LabError(
+            f"lab {cfg.name}: subnet {cfg.subnet} is already used by {', '.join(users)}; "
+            "fix: pick another subnet for this lab instance, or take the other one down"
+        )
     created = False
     if not link_exists(cfg.bridge):
         run(["ip", "link", "add", cfg.bridge, "type", "bridge"])
