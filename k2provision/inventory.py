@@ -8,7 +8,6 @@ Every problem found is reported at once, one line each, before anything touches 
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -94,23 +93,20 @@ def read_inventory(path: str | Path) -> tuple[dict[str, list[str]], dict[str, di
                 "(see inventory/prod.ini)"
             ]
         )
-    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "1")
-    from ansible.errors import AnsibleError
+    reason = _ini_parse_error(path)
+    if reason:
+        raise InventoryError(
+            [
+                f"{path}: not a valid INI inventory: {reason}; fix: correct the file "
+                "(ansible-inventory -i FILE --list shows what Ansible reads)"
+            ]
+        )
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
-    try:
-        manager = InventoryManager(loader=loader, sources=[str(path)])
-    except AnsibleError:
-        raise InventoryError(
-            [
-                f"{path}: not a valid INI inventory: {_ini_parse_error(path)}; "
-                "fix: correct the file (ansible-inventory -i FILE --list "
-                "shows what Ansible reads)"
-            ]
-        ) from None
+    manager = InventoryManager(loader=loader, sources=[str(path)])
     variables = VariableManager(loader=loader, inventory=manager)
     groups = {name: [h.name for h in group.get_hosts()] for name, group in manager.groups.items()}
     host_vars = {
@@ -125,17 +121,19 @@ def read_inventory(path: str | Path) -> tuple[dict[str, list[str]], dict[str, di
 
 
 def _ini_parse_error(path: Path) -> str:
-    """The INI plugin's own reason for rejecting `path`."""
+    """The INI plugin's own reason for rejecting `path` ("" when it parses).
+
+    Asked directly, because InventoryManager only warns about an unparsable source."""
     from ansible.inventory.data import InventoryData
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import inventory_loader
 
     plugin = inventory_loader.get("ini")
     try:
-        plugin.parse(InventoryData(), DataLoader(), str(path))
+        plugin.parse(InventoryData(), DataLoader(), str(path.resolve()))
     except Exception as exc:  # the plugin's error is the message we want to show
         return str(exc).splitlines()[0]
-    return "no hosts were parsed"
+    return ""
 
 
 def load_cluster(path: str | Path) -> Cluster:
