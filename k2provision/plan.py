@@ -270,6 +270,11 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         for r in reports
         if r.kv_tokens_per_gpu < 2 * context
     ]
+    if cluster.engine == "trtllm" and not cluster.tunables.image and not cluster.lab:
+        warnings.append(
+            f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
+            "build containers/trtllm from it and set k2_image to the result"
+        )
     if cluster.engine == "ktransformers":
         warnings.append(
             f"ktransformers keeps routed experts in host memory: the host needs about "
