@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from k2provision import lab as lab_api
+from k2provision.inventory import load_cluster
 from k2provision.lab.standin import build_standin
+from k2provision.plan import build_plan
 
 pytestmark = pytest.mark.lab
 
@@ -121,22 +123,28 @@ def test_check_predicts_a_changed_launch_script(cluster: tuple[Any, Path], tmp_p
     assert "edited by hand" not in on_host(state, decode0, "cat /etc/k2provision/launch/*.sh")
 
 
-def files_on_hosts(state: Any) -> dict[str, str]:
+def rendered_paths(inventory: Path) -> dict[str, list[str]]:
+    """Per host, the files the plan renders (keys made by the ssh mesh are not the plan's)."""
+    plan = build_plan(load_cluster(inventory))
+    return {h.name: sorted(h.files) for h in plan.hosts}
+
+
+def files_on_hosts(state: Any, paths: dict[str, list[str]]) -> dict[str, str]:
     return {
-        host.name: on_host(
-            state, host.name, "cd /etc/k2provision && find . -type f | sort | xargs sha256sum"
-        )
+        host.name: on_host(state, host.name, "sha256sum " + " ".join(paths[host.name]))
         for host in state.hosts
     }
 
 
 def test_ansible_playbook_does_the_same_work(cluster: tuple[Any, Path], tmp_path: Path) -> None:
     state, inventory = cluster
+    paths = rendered_paths(inventory)
+    assert sum(len(p) for p in paths.values()) >= len(state.hosts)
     assert k2("apply", str(inventory), runs=tmp_path).returncode == 0
-    via_wrapper = files_on_hosts(state)
+    via_wrapper = files_on_hosts(state, paths)
     assert k2("stop", str(inventory), runs=tmp_path).returncode == 0
     for host in state.hosts:
-        on_host(state, host.name, "rm -rf /etc/k2provision")
+        on_host(state, host.name, "rm -f " + " ".join(paths[host.name]))
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     out = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml"],
@@ -147,7 +155,7 @@ def test_ansible_playbook_does_the_same_work(cluster: tuple[Any, Path], tmp_path
         env=env,
     )
     assert out.returncode == 0, out.stdout[-4000:]
-    assert files_on_hosts(state) == via_wrapper
+    assert files_on_hosts(state, paths) == via_wrapper
     assert served_models(state.hosts[0].address, 8000) == ["kimi-k2"]
 
 
