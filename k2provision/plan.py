@@ -270,6 +270,12 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         for r in reports
         if r.kv_tokens_per_gpu < 2 * context
     ]
+    if cluster.engine == "vllm" and len(cluster.hosts) > 1 and not cluster.tunables.socket_ifname:
+        warnings.append(
+            "k2_socket_ifname is unset: multi-node vLLM lets GLOO and NCCL pick a socket "
+            "interface, a common cause of hangs at start; set it to the cluster network's "
+            "interface (e.g. k2_socket_ifname=bond0)"
+        )
     if cluster.engine == "trtllm" and not cluster.tunables.image and not cluster.lab:
         warnings.append(
             f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "

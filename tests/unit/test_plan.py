@@ -126,3 +126,12 @@ def test_every_process_gets_a_launch_script(tmp_path: Path) -> None:
             script = host.files[f"/etc/k2provision/launch/{proc.name}.sh"]
             assert script.startswith("#!/bin/sh\n")
             assert proc.argv[0] in script
+
+
+def test_multi_node_vllm_without_socket_ifname_warns(tmp_path: Path) -> None:
+    plan = build_plan(load_cluster(nodes_inventory(tmp_path, 2, "vllm", "tp")))
+    assert any("k2_socket_ifname is unset" in w for w in plan.warnings)
+    pinned = build_plan(
+        load_cluster(nodes_inventory(tmp_path, 2, "vllm", "tp", "k2_socket_ifname=bond0\n"))
+    )
+    assert not any("k2_socket_ifname" in w for w in pinned.warnings)
