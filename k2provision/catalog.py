@@ -155,7 +155,16 @@ def gpu(key: str) -> GpuSpec:
 
 def model_from_config(base: ModelSpec, config_json: Path) -> ModelSpec:
     """`base` with architecture numbers replaced by those of a local config.json."""
-    raw = json.loads(config_json.read_text())
+    try:
+        raw = json.loads(config_json.read_text())
+    except (OSError, ValueError) as exc:
+        raise InventoryError(
+            [
+                f"k2_model_config_json={config_json}: cannot read a config.json there "
+                f"({exc}); fix: point it at the model's config.json on the controller, "
+                "or unset it"
+            ]
+        ) from None
     fields = set(_KIMI_K2_CONFIG) - {"weight_block_size", "architectures"}
     update: dict[str, Any] = {k: raw[k] for k in fields if k in raw}
     if "architectures" in raw:

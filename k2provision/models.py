@@ -76,6 +76,9 @@ class Tunables(Record):
     ktransformers_optimize_config: str | None = None
     decode_redundant_experts: int | None = None
     reserve_gib: float = 4.0
+    # A config.json (on the controller, e.g. in a local mirror of the model) whose
+    # architecture numbers override the catalog's.
+    model_config_json: str | None = None
     socket_ifname: str | None = None
     image: str | None = None
 

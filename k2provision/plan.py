@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from k2provision import catalog
 from k2provision.catalog import GIB
@@ -232,7 +233,10 @@ def _smallest_fit(
 
 def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     """Decide everything about a deployment; raise PlanError when it cannot work."""
-    spec = spec or catalog.model(cluster.model)
+    if spec is None:
+        spec = catalog.model(cluster.model)
+        if cluster.tunables.model_config_json:
+            spec = catalog.model_from_config(spec, Path(cluster.tunables.model_config_json))
     gpu = catalog.gpu(cluster.gpu)
     release = catalog.RELEASES[cluster.engine]
     context = cluster.context_length or spec.max_position_embeddings

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from k2provision import catalog
-from k2provision.errors import PlanError
+from k2provision.errors import K2Error, PlanError
 from k2provision.inventory import load_cluster
 from k2provision.plan import build_plan, plan_digest
 
@@ -135,3 +135,18 @@ def test_multi_node_vllm_without_socket_ifname_warns(tmp_path: Path) -> None:
         load_cluster(nodes_inventory(tmp_path, 2, "vllm", "tp", "k2_socket_ifname=bond0\n"))
     )
     assert not any("k2_socket_ifname" in w for w in pinned.warnings)
+
+
+def test_a_local_config_json_overrides_the_catalog(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        '{"num_hidden_layers": 31, "n_routed_experts": 192, "max_position_embeddings": 65536}'
+    )
+    inv = nodes_inventory(tmp_path, 2, "vllm", "tp", f"k2_model_config_json={config}\n")
+    plan = build_plan(load_cluster(inv))
+    base = build_plan(load_cluster(nodes_inventory(tmp_path, 2, "vllm", "tp")))
+    assert plan.fit[0].weights_gib < base.fit[0].weights_gib / 1.9
+    assert plan.fit[0].context_length == 65536
+    missing = nodes_inventory(tmp_path, 2, "vllm", "tp", "k2_model_config_json=/nope/config.json\n")
+    with pytest.raises(K2Error, match=r"k2_model_config_json=/nope/config\.json"):
+        build_plan(load_cluster(missing))
