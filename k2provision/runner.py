@@ -90,13 +90,14 @@ def token_moved_to_file() -> Iterator[None]:
 def _env() -> dict[str, str]:
     """Environment for ansible-playbook: our config and plugins, our Python's bin on PATH."""
     bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "/usr/bin:/bin")
     return {
         "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
         "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
         "ANSIBLE_ROLES_PATH": str(PROJECT_ROOT / "roles"),
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_NOCOLOR": "1",
-        "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "PATH": path if bin_dir in path.split(":") else f"{bin_dir}:{path}",
     }
 
 
