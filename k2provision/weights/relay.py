@@ -1790,6 +1790,22 @@ def run_check(args: argparse.Namespace, opts: Options, emit: Emitter) -> int:
 # ----------------------------------------------------------------------------- CLI
 
 
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON-lines events in a relay's output (other lines and broken JSON skipped)."""
+    events: list[dict[str, Any]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and "event" in data:
+            events.append(data)
+    return events
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="relay.py", description=__doc__.split("\n")[0] if __doc__ else ""

@@ -23,28 +23,19 @@ from typing import Any
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
+from k2provision.weights import relay
+
 ALIVE = "K2RELAY-ALIVE="
 TAIL_LINES = 400
 
 
 def parse_log(text: str) -> tuple[list[dict[str, Any]], bool | None]:
     """The relay events in ``text`` (unparsable lines skipped) and the liveness marker."""
-    events: list[dict[str, Any]] = []
     alive: bool | None = None
     for line in text.splitlines():
         if line.startswith(ALIVE):
             alive = line[len(ALIVE) :].strip() == "1"
-            continue
-        text = line.strip()
-        if not text.startswith("{"):
-            continue
-        try:
-            data = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(data, dict) and "event" in data:
-            events.append(data)
-    return events, alive
+    return relay.parse_events(text), alive
 
 
 def _append(path: str, record: dict[str, Any]) -> None:

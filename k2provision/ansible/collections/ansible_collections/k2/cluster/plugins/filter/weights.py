@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,17 +55,8 @@ def weights_targets(
 
 def weights_last_summary(stdout: str) -> dict[str, Any]:
     """The last ``summary`` event of relay JSON-lines output ({} when there is none)."""
-    for line in reversed(str(stdout).splitlines()):
-        text = line.strip()
-        if not text.startswith("{"):
-            continue
-        try:
-            data = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(data, dict) and data.get("event") == "summary":
-            return dict(data)
-    return {}
+    summaries = [e for e in relay.parse_events(str(stdout)) if e.get("event") == "summary"]
+    return dict(summaries[-1]) if summaries else {}
 
 
 def _names(value: Any) -> list[str]:
