@@ -20,24 +20,8 @@ from pathlib import Path
 from k2provision import lab
 from k2provision.lab.config import LabConfig, default_lab_dir
 from k2provision.lab.errors import LabError
-from k2provision.lab.inventory import VarValue
+from k2provision.lab.inventory import parse_pairs, parse_var_value
 from k2provision.lab.standin import build_standin
-
-
-def _pairs(items: list[str], what: str) -> dict[str, str]:
-    pairs: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"{what} {item!r}: expected NAME=VALUE")
-        pairs[key] = value
-    return pairs
-
-
-def _value(text: str) -> VarValue:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return int(text) if text.isdigit() else text
 
 
 def main(argv: list[str]) -> int:
@@ -57,8 +41,10 @@ def main(argv: list[str]) -> int:
             return 0
         if args.inventory is None:
             parser.error("up needs --inventory")
-        groups = {k: int(v) for k, v in _pairs(args.group, "--group").items()} or None
-        all_vars = {k: _value(v) for k, v in _pairs(args.var, "--var").items()} or None
+        groups = {k: int(v) for k, v in parse_pairs(args.group, "--group").items()} or None
+        all_vars = {
+            k: parse_var_value(v) for k, v in parse_pairs(args.var, "--var").items()
+        } or None
         args.inventory.parent.mkdir(parents=True, exist_ok=True)
         lab.up(args.hosts, inventory=args.inventory, groups=groups, all_vars=all_vars, cfg=cfg)
         build_standin()

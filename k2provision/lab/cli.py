@@ -17,7 +17,7 @@ from rich.table import Table
 
 from k2provision.lab import core
 from k2provision.lab.errors import LabError
-from k2provision.lab.inventory import VarValue
+from k2provision.lab.inventory import VarValue, parse_pairs, parse_var_value
 from k2provision.lab.state import LabState
 
 lab_app = typer.Typer(
@@ -34,22 +34,6 @@ def _fail(exc: LabError) -> typer.Exit:
     for problem in exc.problems:
         _err.print(f"[bold red]lab:[/] {escape(problem)}", highlight=False)
     return typer.Exit(2)
-
-
-def _pairs(items: list[str], what: str) -> dict[str, str]:
-    pairs: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise LabError(f"{what} {item!r}: expected NAME=VALUE")
-        pairs[key] = value
-    return pairs
-
-
-def _var_value(text: str) -> VarValue:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return int(text) if text.isdigit() else text
 
 
 def _parse_rate(text: str) -> float | None:
@@ -75,7 +59,9 @@ def demo_layout(n: int) -> tuple[dict[str, int] | None, dict[str, VarValue]]:
     if n == 1:
         return None, {**common, "k2_engine": "ktransformers", "k2_layout": "single"}
     return {"prefill": n // 2, "decode": n - n // 2}, {
-        **common, "k2_engine": "sglang", "k2_layout": "pd",
+        **common,
+        "k2_engine": "sglang",
+        "k2_layout": "pd",
     }
 
 
@@ -106,12 +92,12 @@ def up_cmd(
 ) -> None:
     """Start N hosts (idempotent: running hosts are kept, dead ones restarted)."""
     try:
-        counts = {k: int(v) for k, v in _pairs(group or [], "--group").items()} or None
+        counts = {k: int(v) for k, v in parse_pairs(group or [], "--group").items()} or None
         kids = {
             k: [g for g in v.split(",") if g]
-            for k, v in _pairs(children or [], "--children").items()
+            for k, v in parse_pairs(children or [], "--children").items()
         }
-        all_vars = {k: _var_value(v) for k, v in _pairs(var or [], "--var").items()}
+        all_vars = {k: parse_var_value(v) for k, v in parse_pairs(var or [], "--var").items()}
         if counts is None and not all_vars:
             counts, all_vars = demo_layout(n)
         state = core.up(

@@ -59,6 +59,24 @@ def _check_group_name(group: str) -> None:
         )
 
 
+def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
+    """NAME=VALUE command-line items as a dict (LabError naming the bad item)."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise LabError(f"{what} {item!r}: expected NAME=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def parse_var_value(text: str) -> VarValue:
+    """A command-line variable value: true/false as booleans, digits as integers."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return int(text) if text.isdigit() else text
+
+
 def ini_value(value: VarValue) -> str:
     """A value as Ansible's INI loader reads it back unchanged."""
     if isinstance(value, bool):

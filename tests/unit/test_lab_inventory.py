@@ -17,6 +17,8 @@ from k2provision.lab.inventory import (
     ini_value,
     known_hosts_text,
     layout_groups,
+    parse_pairs,
+    parse_var_value,
     render_inventory,
     update_hosts_file,
 )
@@ -173,3 +175,12 @@ def test_hosts_block_is_appended_then_replaced_in_place() -> None:
 def test_hosts_block_on_a_file_without_final_newline() -> None:
     block = hosts_block([], ("k2lab-proxy", "10.77.0.1"))
     assert update_hosts_file("127.0.0.1 localhost", block) == "127.0.0.1 localhost\n" + block
+
+
+def test_command_line_pairs_and_values() -> None:
+    assert parse_pairs(["a=1", "b=x=y"], "--var") == {"a": "1", "b": "x=y"}
+    with pytest.raises(LabError, match="--var 'bad': expected NAME=VALUE"):
+        parse_pairs(["bad"], "--var")
+    assert parse_var_value("True") is True
+    assert parse_var_value("8") == 8
+    assert parse_var_value("pd") == "pd"
