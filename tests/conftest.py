@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.lab_support"]
+pytest_plugins = ["tests.lab_support", "tests.main_install"]

@@ -81,7 +81,13 @@ class LabConfig:
 
     @classmethod
     def default(cls) -> LabConfig:
-        return cls(lab_dir=default_lab_dir())
+        """The default instance, or the one `$K2_LAB_NAME` / `$K2_LAB_SUBNET` name (so two
+        checkouts on one machine can each run their own lab)."""
+        return cls(
+            lab_dir=default_lab_dir(),
+            name=os.environ.get("K2_LAB_NAME") or "k2lab",
+            subnet=os.environ.get("K2_LAB_SUBNET") or "10.77.0.0/24",
+        )
 
     # ---------------------------------------------------------------- names and addresses
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -136,7 +137,17 @@ def files_on_hosts(state: Any, paths: dict[str, list[str]]) -> dict[str, str]:
     }
 
 
-def test_ansible_playbook_does_the_same_work(cluster: tuple[Any, Path], tmp_path: Path) -> None:
+def recap_changed(stdout: str) -> int:
+    """Total `changed=N` over ansible-playbook's PLAY RECAP lines."""
+    recap = stdout[stdout.rindex("PLAY RECAP") :]
+    return sum(int(n) for n in re.findall(r"\bchanged=(\d+)", recap))
+
+
+def test_ansible_playbook_does_the_same_work_with_the_main_install_alone(
+    cluster: tuple[Any, Path], tmp_path: Path, main_install: Path
+) -> None:
+    """Plain ansible-playbook from a venv holding only `pip install -e .` (no test extra)
+    converges the same files as the wrapper, then re-applies with zero changes."""
     state, inventory = cluster
     paths = rendered_paths(inventory)
     assert sum(len(p) for p in paths.values()) >= len(state.hosts)
@@ -145,18 +156,26 @@ def test_ansible_playbook_does_the_same_work(cluster: tuple[Any, Path], tmp_path
     assert k2("stop", str(inventory), runs=tmp_path).returncode == 0
     for host in state.hosts:
         on_host(state, host.name, "rm -f " + " ".join(paths[host.name]))
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    out = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert out.returncode == 0, out.stdout[-4000:]
+    env = {**os.environ, "PATH": f"{main_install}:{os.environ['PATH']}"}
+
+    def plain_run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(main_install / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+
+    first = plain_run()
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert recap_changed(first.stdout) > 0
     assert files_on_hosts(state, paths) == via_wrapper
     assert served_models(state.hosts[0].address, 8000) == ["kimi-k2"]
+    again = plain_run()
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert recap_changed(again.stdout) == 0, again.stdout[-4000:]
 
 
 def test_bad_inventory_touches_no_host(cluster: tuple[Any, Path], tmp_path: Path) -> None:
