@@ -239,10 +239,12 @@ def sglang_reserve(f: PoolFit) -> MemoryReserve:
     if f.pool == "decode":
         tokens = t.cuda_graph_max_bs_decode
         graph_rows = t.cuda_graph_max_bs_decode
-        # DeepEP low-latency mode: its RDMA buffer, and inside the graphs the received
-        # tokens of every local expert from every rank plus the experts' outputs.
+        # DeepEP low-latency mode: its RDMA buffer, and inside the graphs, for every row a
+        # local expert can receive (tokens per rank from every rank), the grouped GEMM
+        # pipeline's tensors: the received row, gate/up output, activation, down output.
         local_experts = (spec.n_routed_experts + p.redundant_experts) / p.ep
-        received = 2 * local_experts * p.ep * tokens * spec.hidden_size * 2 / GIB
+        row = (2 * spec.hidden_size + 3 * spec.moe_intermediate_size) * 2
+        received = local_experts * p.ep * tokens * row / GIB
         comm = deepep_low_latency_gib(spec, p, tokens)
         graphs = _graph_gib(tokens, graph_rows, spec, p) + received
     elif f.pool == "prefill":
@@ -387,3 +389,75 @@ def vllm_kv_tokens(f: PoolFit, release: VllmRelease, utilization: float) -> int:
     ) * -(-f.spec.num_hidden_layers // f.parallel.pp)
     blocks = int(max(kv, 0.0) * GIB // (per_token * VLLM_MLA_BLOCK_SIZE))
     return blocks * VLLM_MLA_BLOCK_SIZE * f.parallel.dcp
+
+
+# ---------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """A figure an engine published, and the settings it was measured at."""
+
+    name: str
+    source: str
+    settings: str
+    published: int
+    unit: str
+    fit: PoolFit
+    release: VllmRelease
+    utilization: float
+
+    def predicted(self) -> int:
+        """What the fit predicts at the same settings."""
+        return vllm_kv_tokens(self.fit, self.release, self.utilization)
+
+
+def _k2_thinking_tp8(dcp: int) -> PoolFit:
+    return PoolFit(
+        engine="vllm",
+        layout="tp",
+        pool="nodes",
+        nodes=1,
+        gpus=8,
+        gpus_per_node=8,
+        parallel=Parallel(tp=8, dcp=dcp),
+        spec=catalog.model("moonshotai/Kimi-K2-Thinking"),
+        gpu=catalog.gpu("h200"),
+        context_length=262144,
+        kv_dtype="bf16",
+        vision_loaded=False,
+        tunables=Tunables(),
+    )
+
+
+# The vLLM nightly of 2025-11-06 (0.11.1rc) that the Kimi-K2-Thinking recipe was measured on:
+# --gpu-memory-utilization defaulted to 0.90, and CUDA graph memory was not yet deducted
+# from the KV budget (vLLM logs it as "default since v0.21.0").
+VLLM_2025_11 = VllmRelease(version="0.11.1rc", default_utilization=0.90, counts_cuda_graphs=False)
+_RECIPE = (
+    "vllm-project/recipes moonshotai/Kimi-K2-Think.md (PR #115 startup logs: "
+    '"Available KV cache memory: 46.80 GiB")'
+)
+CALIBRATION: tuple[CalibrationPoint, ...] = (
+    CalibrationPoint(
+        name="vllm-k2-thinking-tp8",
+        source=_RECIPE,
+        settings="Kimi-K2-Thinking, 8xH200, TP8, BF16 KV, default max-model-len (262144), "
+        "utilization 0.90, max-num-seqs 1024, max-num-batched-tokens 8192",
+        published=715072,
+        unit='tokens ("GPU KV cache size")',
+        fit=_k2_thinking_tp8(1),
+        release=VLLM_2025_11,
+        utilization=0.90,
+    ),
+    CalibrationPoint(
+        name="vllm-k2-thinking-tp8-dcp8",
+        source=_RECIPE,
+        settings="as above with --decode-context-parallel-size 8",
+        published=5721088,
+        unit='tokens ("GPU KV cache size", x DCP)',
+        fit=_k2_thinking_tp8(8),
+        release=VLLM_2025_11,
+        utilization=0.90,
+    ),
+)

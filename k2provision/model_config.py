@@ -111,8 +111,10 @@ def _int_field(
 def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
     """`base` with the numbers and weight formats of a config.json; ConfigProblems if wrong.
 
-    Numbers the config omits keep the catalog's values; the weight formats come from the
-    config alone (its quantization_config, or its dtype when the weights are unquantized).
+    Numbers the config omits keep the catalog's values. The weight formats of a model's
+    config.json (it names its architectures) come from the config alone: its
+    quantization_config, or its dtype when the weights are unquantized; a config that has
+    neither cannot be sized. A partial override (numbers only) keeps `base`'s formats.
     """
     if not isinstance(raw, dict):
         raise ConfigProblems(
@@ -162,7 +164,11 @@ def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
             value = _int_field(text, key, least, prefix, problems)
             if value is not None:
                 update[key] = value
-    quantization = _quantization(raw, text, prefix, problems)
+    if _declares_formats(raw, text) or "architectures" in raw:
+        quantization = _quantization(raw, text, prefix, problems)
+    else:
+        # A partial override (numbers only, no architectures): the k2_model entry's formats.
+        quantization = base.quantization
     vision = _vision(raw, problems)
     if problems:
         raise ConfigProblems(problems)
@@ -171,6 +177,11 @@ def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
     update["vision"] = vision
     merged = {**base.model_dump(), **update}
     return ModelSpec.model_validate({**merged, "quantization": quantization, "vision": vision})
+
+
+def _declares_formats(raw: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
+    keys = ("quantization_config", "torch_dtype", "dtype")
+    return any(k in config for config in (raw, text) for k in keys)
 
 
 def _vision(raw: Mapping[str, Any], problems: list[str]) -> VisionSpec | None:
