@@ -77,7 +77,7 @@ def plan(
 @app.command()
 def models(
     output_format: Annotated[
-        str, typer.Option("--format", help="table (default) or json")
+        str, typer.Option("--format", help="table (default), json or markdown")
     ] = "table",
     gpu: Annotated[
         list[str] | None, typer.Option("--gpu", help="only these GPU types (repeatable)")
@@ -90,10 +90,10 @@ def models(
     """The model catalog: sizes, formats, context, pinned engines' support, and per GPU type
     the fewest nodes each engine layout needs."""
     from k2provision import catalog
-    from k2provision.models_table import rows, tables
+    from k2provision.models_table import markdown, rows, tables
 
-    problems = [f"--format {output_format}: expected table or json"] * (
-        output_format not in {"table", "json"}
+    problems = [f"--format {output_format}: expected table, json or markdown"] * (
+        output_format not in {"table", "json", "markdown"}
     )
     problems += [
         f"--gpu {g}: unknown GPU; expected one of {', '.join(catalog.GPUS)}"
@@ -108,6 +108,9 @@ def models(
     data = rows(tuple(g.lower() for g in gpu) if gpu else None, context_length)
     if output_format == "json":
         typer.echo(json.dumps(data, indent=2))
+        return
+    if output_format == "markdown":
+        typer.echo(markdown(data), nl=False)
         return
     for table in tables(data):
         console.print(table)

@@ -9,7 +9,12 @@ from rich.table import Table
 
 from k2provision import catalog
 from k2provision.models import ENGINES, LAYOUTS, Cluster, EngineName, ModelSpec, Tunables
-from k2provision.plan import TEXT_ONLY_ENGINES, model_problems, smallest_for_layout
+from k2provision.plan import (
+    MAX_SEARCH_NODES,
+    TEXT_ONLY_ENGINES,
+    model_problems,
+    smallest_for_layout,
+)
 from k2provision.preflight import version_at_least
 
 GPUS_PER_NODE = 8
@@ -43,11 +48,15 @@ def _cluster(
     )
 
 
-def smallest_nodes(spec: ModelSpec, gpu: str, context: int | None = None) -> dict[str, int | None]:
-    """engine/layout -> the fewest nodes of `gpu` that serve one request of the context
-    (the model's maximum unless given); None where the engine cannot serve the model there."""
+UNSERVED = "unsupported"
+
+
+def smallest_nodes(spec: ModelSpec, gpu: str, context: int | None = None) -> dict[str, int | str]:
+    """engine/layout -> the fewest nodes of `gpu` that serve one request of the context (the
+    model's maximum unless given); UNSERVED where the pinned release cannot serve the model
+    on this GPU, "over N" where no layout of up to N nodes fits."""
     gpu_spec = catalog.gpu(gpu)
-    out: dict[str, int | None] = {}
+    out: dict[str, int | str] = {}
     for engine in ENGINES:
         for layout in LAYOUTS[engine]:
             key = f"{engine}/{layout}"
@@ -55,11 +64,16 @@ def smallest_nodes(spec: ModelSpec, gpu: str, context: int | None = None) -> dic
             ctx = context or spec.max_position_embeddings
             problems, _ = model_problems(cluster, spec, gpu_spec, ctx)
             if problems:
-                out[key] = None
+                out[key] = UNSERVED
                 continue
             found = smallest_for_layout(cluster, layout, spec, gpu_spec, ctx, 10**9)
-            out[key] = sum(found[0].values()) if found else None
+            limit = 1 if layout == "single" else MAX_SEARCH_NODES // (2 if layout == "pd" else 1)
+            out[key] = sum(found[0].values()) if found else f"over {limit}"
     return out
+
+
+def _cell(value: int | str) -> str:
+    return "-" if value == UNSERVED else str(value)
 
 
 def rows(gpus: tuple[str, ...] | None = None, context: int | None = None) -> list[dict[str, Any]]:
@@ -118,7 +132,8 @@ def tables(data: list[dict[str, Any]]) -> list[Table]:
     layouts = [f"{e}/{layout}" for e in ENGINES for layout in LAYOUTS[e]]
     for gpu in data[0]["smallest_nodes"] if data else ():
         table = Table(
-            title=f"smallest node count on {GPUS_PER_NODE} x {gpu} per node (full context)",
+            title=f"fewest nodes of {GPUS_PER_NODE} x {gpu} for one request of the full "
+            "context (-: the pinned release cannot serve it)",
             title_justify="left",
         )
         table.add_column("model", no_wrap=True)
@@ -126,8 +141,43 @@ def tables(data: list[dict[str, Any]]) -> list[Table]:
             table.add_column(key)
         for row in data:
             nodes = row["smallest_nodes"][gpu]
-            table.add_row(
-                row["model"], *("-" if nodes[k] is None else str(nodes[k]) for k in layouts)
-            )
+            table.add_row(row["model"], *(_cell(nodes[k]) for k in layouts))
         out.append(table)
     return out
+
+
+def markdown(data: list[dict[str, Any]]) -> str:
+    """The rows as Markdown tables (the README's model table)."""
+    lines = [
+        "| model | GiB | shards | weights | context | vision | reasoning parser | "
+        + " | ".join(f"{e} {catalog.RELEASES[e].version}" for e in ENGINES)
+        + " |",
+        "|" + " --- |" * (7 + len(ENGINES)),
+    ]
+    for row in data:
+        lines.append(
+            f"| `{row['model']}` | {row['checkpoint_gib']:g} | {row['shards']} | "
+            f"{row['quantization']} | {row['context']:,} | "
+            f"{'yes' if row['multimodal'] else 'no'} | {row['reasoning_parser'] or '-'} | "
+            + " | ".join(row["engines"][e]["support"] for e in ENGINES)
+            + " |"
+        )
+    layouts = [f"{e}/{layout}" for e in ENGINES for layout in LAYOUTS[e]]
+    for gpu in data[0]["smallest_nodes"] if data else ():
+        lines += [
+            "",
+            f"Fewest nodes of {GPUS_PER_NODE} x {gpu} for one request of the full context "
+            "(`-`: the pinned release cannot serve it; `over N`: no layout of up to N nodes "
+            "fits):",
+            "",
+            "| model | " + " | ".join(layouts) + " |",
+            "|" + " --- |" * (1 + len(layouts)),
+        ]
+        for row in data:
+            nodes = row["smallest_nodes"][gpu]
+            lines.append(
+                f"| `{row['model']}` | "
+                + " | ".join(_cell(nodes[k]) for k in layouts)
+                + " |"
+            )
+    return "\n".join(lines) + "\n"

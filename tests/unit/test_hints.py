@@ -5,6 +5,8 @@ never offered."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -169,3 +171,22 @@ def test_refusals_are_single_lines_per_problem(tmp_path: Path) -> None:
         for line in problems(setup, tmp_path):
             assert "\n" not in line, name
             assert "fix:" in line, name
+
+
+def test_the_readmes_refusal_examples_are_what_plan_prints(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    examples = {
+        "vllm-tp-thinking-1xh100": "error: [nodes] (1 node x 8 h100)",
+        "sglang-pd-2p5d": "error: [decode] (5 nodes x 8 h200)",
+    }
+    for name, start in examples.items():
+        inv = SETUPS[name].write(tmp_path / f"{name}.ini")
+        out = subprocess.run(
+            [sys.executable, "-m", "k2provision.cli", "plan", str(inv)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert out.returncode == 2
+        (line,) = [line for line in out.stderr.splitlines() if line.startswith(start)]
+        assert f"  {line}\n" in readme, line
