@@ -85,7 +85,7 @@ class Tunables(Record):
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     # vLLM decode context parallelism (None: the GPUs of a node where the model's recipes
     # show it pays; 1: off).
-    vllm_decode_context_parallel_size: int | None = None
+    vllm_decode_context_parallel_size: int | None = Field(default=None, ge=1)
     # A config.json (on the controller, e.g. in a local mirror of the model) whose
     # architecture numbers override the catalog's.
     model_config_json: str | None = None

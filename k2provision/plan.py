@@ -447,6 +447,23 @@ def fixes(
                     f"{_describe_layout(cluster, layout, alt_sizes, spec, gpu)} "
                     f"({alt_gpus} GPUs) fits"
                 )
+    # vLLM decode context parallelism that divides the TP group (more tokens per replica).
+    if cluster.engine == "vllm" and cluster.layout in DCP_LAYOUTS:
+        current = dcp_size(cluster, spec, SHAPES[("vllm", cluster.layout)](1, gpn))
+        for size in (gpn, 4, 2, 1):
+            if size == current:
+                continue
+            trial = cluster.model_copy(
+                update={
+                    "tunables": t.model_copy(update={"vllm_decode_context_parallel_size": size})
+                }
+            )
+            if works(trial):
+                shared.append(
+                    f"k2_vllm_decode_context_parallel_size={size} (each token's KV on one "
+                    f"GPU of {size})"
+                )
+                break
     # An FP8 KV cache, where the engine renders one for MLA.
     c = choices(cluster, spec, gpu)
     if c.kv_dtype == "bf16" and gpu.fp8 and cluster.engine in ("sglang", "vllm"):
@@ -549,7 +566,12 @@ def model_problems(
         problems.append(
             f"k2_kv_cache_dtype=fp8: {gpu.key} has no FP8; fix: set k2_kv_cache_dtype=auto"
         )
-    if t.kv_cache_dtype == "fp8" and cluster.engine not in FP8_KV_ENGINES:
+    if t.kv_cache_dtype == "fp8" and cluster.engine == "trtllm":
+        problems.append(
+            "k2_kv_cache_dtype=fp8: TensorRT-LLM's KV dtype is k2_trtllm_kv_cache_dtype "
+            f"({t.trtllm_kv_cache_dtype}); fix: unset k2_kv_cache_dtype"
+        )
+    elif t.kv_cache_dtype == "fp8" and cluster.engine not in FP8_KV_ENGINES:
         problems.append(
             f"k2_kv_cache_dtype=fp8: {cluster.engine} renders no FP8 KV cache; fix: set "
             "k2_kv_cache_dtype=auto"

@@ -190,3 +190,9 @@ def test_the_readmes_refusal_examples_are_what_plan_prints(tmp_path: Path) -> No
         assert out.returncode == 2
         (line,) = [line for line in out.stderr.splitlines() if line.startswith(start)]
         assert f"  {line}\n" in readme, line
+
+
+def test_decode_context_parallelism_is_offered_where_it_fixes(tmp_path: Path) -> None:
+    (line,) = problems(SETUPS["vllm-tp-1xh200-dcp-off"], tmp_path)
+    assert "k2_vllm_decode_context_parallel_size=8" in line
+    assert "vllm tp fits on 2 nodes x 8 h200 (tp 16; 16 GPUs)" in line
