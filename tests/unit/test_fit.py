@@ -139,3 +139,18 @@ def test_decode_pools_reserve_more_than_prefill_pools() -> None:
     assert decode.reserve.cuda_graphs > prefill.reserve.cuda_graphs == 0
     assert decode.reserve.comm_buffers > prefill.reserve.comm_buffers
     assert decode.mem_fraction < prefill.mem_fraction
+
+
+def test_the_docs_fractions_beside_upstream_are_the_plans(tmp_path: Path) -> None:
+    text = FIT_DOC.read_text()
+    tp8 = tmp_path / "tp8.ini"
+    tp8.write_text(
+        "[nodes]\nn1 ansible_host=10.9.0.1\n[all:vars]\nk2_engine=sglang\nk2_layout=tp\n"
+        "k2_context_length=32768\n"
+    )
+    single = build_plan(load_cluster(tp8)).fit[0].mem_fraction
+    prod = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
+    prefill, decode = (f.mem_fraction for f in prod.fit)
+    assert f"| 0.9 | {single:g} at `k2_context_length=32768` |" in text
+    assert f"| 0.85 | {prefill:g} (4096 tokens per rank) |" in text
+    assert text.count(f"| {decode:g} |") == 2
