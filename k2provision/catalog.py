@@ -1,19 +1,59 @@
 """What k2provision knows without asking a host: models, GPUs, and the engine releases it targets.
 
-Model numbers are Kimi-K2's config.json values. A config.json in a local mirror of the
-model can override them (`model_from_config`), so a new revision needs no code change.
+Model numbers are the models' own config.json values (sources on each entry). A config.json
+in a local mirror of the model can override them (`model_from_config`), so a new revision
+needs no code change. Weight sizes are computed per weight class from the quantization the
+config declares, never assumed to be FP8.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from k2provision.errors import InventoryError
-from k2provision.models import EngineName, EngineRelease, GpuSpec, ModelSpec
+from k2provision.model_config import ConfigProblems, spec_from_config
+from k2provision.models import (
+    EngineName,
+    EngineRelease,
+    EngineSupport,
+    GpuSpec,
+    ModelSpec,
+    Quantization,
+    VisionSpec,
+    WeightFormat,
+)
 
 GIB = 1024**3
+
+# ---------------------------------------------------------------- weight formats
+
+BF16 = WeightFormat(scheme="bf16", bits=16)
+# DeepSeek-V3 FP8: e4m3 weights, one float32 scale per 128x128 block.
+FP8_BLOCK_128 = WeightFormat(scheme="fp8_block", bits=8, group_size=128 * 128, scale_bytes=4)
+# compressed-tensors pack-quantized INT4: eight values per int32, one BF16 scale per 32.
+INT4_G32 = WeightFormat(scheme="int4_group", bits=4, group_size=32, scale_bytes=2)
+
+FP8_EVERYWHERE = Quantization(
+    routed_experts=FP8_BLOCK_128,
+    attention=FP8_BLOCK_128,
+    shared_experts=FP8_BLOCK_128,
+    dense_mlp=FP8_BLOCK_128,
+    source="quantization_config",
+)
+# Routed experts INT4; attention, shared experts and the dense layer stay BF16 (the config's
+# ignore list: "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\.(gate|up|...)_proj.*").
+INT4_EXPERTS = Quantization(
+    routed_experts=INT4_G32,
+    attention=BF16,
+    shared_experts=BF16,
+    dense_mlp=BF16,
+    source="quantization_config",
+)
+
+# ---------------------------------------------------------------- models
 
 _KIMI_K2_CONFIG: dict[str, Any] = {
     "architectures": ("DeepseekV3ForCausalLM",),
@@ -34,29 +74,174 @@ _KIMI_K2_CONFIG: dict[str, Any] = {
     "intermediate_size": 18432,
     "vocab_size": 163840,
     "max_position_embeddings": 131072,
-    "weight_block_size": (128, 128),
 }
+
+# MoonViT of Kimi-K2.5 and later (config.json vision_config: vt_* fields).
+MOONVIT = VisionSpec(
+    hidden_size=1152, num_hidden_layers=27, intermediate_size=4304, patch_size=14
+)
+
+RECIPES = "vllm-project/recipes models/moonshotai"
+_K2_SUPPORT = {
+    "sglang": EngineSupport(min_version="0.5.23", source="the pinned release (parser-checked)"),
+    "vllm": EngineSupport(min_version="0.12.0", source=f"{RECIPES}/Kimi-K2-Instruct.yaml"),
+    "trtllm": EngineSupport(min_version="1.2.1", source="the pinned release (schema-checked)"),
+    "ktransformers": EngineSupport(
+        min_version="0.3.2", source="kvcache-ai/ktransformers doc/en/Kimi-K2.md"
+    ),
+}
+_TRTLLM_INT4 = EngineSupport(
+    min_version=None,
+    source="TensorRT-LLM documents the family only as NVFP4 checkpoints on Blackwell "
+    "(nvidia/Kimi-K2-Thinking-NVFP4), not these INT4 compressed-tensors weights",
+)
+_KTRANSFORMERS_INT4 = EngineSupport(
+    min_version=None,
+    source="KTransformers serves the INT4 family through SGLang with kt-kernel "
+    "(kvcache-ai/ktransformers doc/en/Kimi-K2-Thinking.md), not its own 0.3 server",
+)
+_SGLANG_K25 = EngineSupport(
+    min_version="0.5.9",
+    source="the first sglang wheel with sglang/srt/models/kimi_k25.py (0.5.8 has none)",
+)
+# What a multimodal Kimi checkpoint carries besides weights and tokenizer: the MoonViT
+# processor's code, its configs and the chat template.
+_MULTIMODAL_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.tiktoken", "*.jinja", "*.md")
+
+
+def _k25_family(model_id: str, vllm: str, vllm_source: str, note: str) -> ModelSpec:
+    return ModelSpec(
+        id=model_id,
+        **{
+            **_KIMI_K2_CONFIG,
+            "architectures": ("KimiK25ForConditionalGeneration",),
+            "model_type": "kimi_k25",
+            "max_position_embeddings": 262144,
+        },
+        quantization=INT4_EXPERTS.model_copy(update={"source": "text_config.quantization_config"}),
+        vision=MOONVIT,
+        checkpoint_gib=554.3,
+        shard_count=64,
+        allow_patterns=_MULTIMODAL_PATTERNS,
+        reasoning_parser="kimi_k2",
+        decode_context_parallel=True,
+        support={
+            "sglang": _SGLANG_K25,
+            "vllm": EngineSupport(min_version=vllm, source=vllm_source),
+            "trtllm": _TRTLLM_INT4,
+            "ktransformers": _KTRANSFORMERS_INT4,
+        },
+        sources=(
+            f"https://huggingface.co/{model_id} config.json: KimiK25ForConditionalGeneration, "
+            "text_config (DeepSeek-V3 numbers, max_position_embeddings 262144) and its "
+            "compressed-tensors INT4 group-32 quantization_config, vision_config MoonViT 27 x 1152",
+            "64 shards model-000NN-of-000064.safetensors, 554.3 GiB (about 595 GB)",
+            note,
+        ),
+    )
+
+
+def _k2_fp8(model_id: str, shards: int, context: int, *sources: str) -> ModelSpec:
+    return ModelSpec(
+        id=model_id,
+        **{**_KIMI_K2_CONFIG, "max_position_embeddings": context},
+        quantization=FP8_EVERYWHERE,
+        checkpoint_gib=959.0,
+        shard_count=shards,
+        decode_context_parallel=True,
+        support=_K2_SUPPORT,
+        sources=sources,
+    )
+
 
 MODELS: dict[str, ModelSpec] = {
-    "moonshotai/Kimi-K2-Instruct": ModelSpec(
-        id="moonshotai/Kimi-K2-Instruct", checkpoint_gib=959.0, shard_count=61, **_KIMI_K2_CONFIG
+    "moonshotai/Kimi-K2-Instruct": _k2_fp8(
+        "moonshotai/Kimi-K2-Instruct",
+        61,
+        131072,
+        "https://huggingface.co/moonshotai/Kimi-K2-Instruct config.json (FP8 e4m3, "
+        "128x128 blocks); 61 shards, about 959 GiB",
+        f"{RECIPES}/Kimi-K2-Instruct.yaml (supports_dcp: true, -dcp 8 on H200)",
     ),
-    "moonshotai/Kimi-K2-Base": ModelSpec(
-        id="moonshotai/Kimi-K2-Base", checkpoint_gib=959.0, shard_count=61, **_KIMI_K2_CONFIG
+    "moonshotai/Kimi-K2-Base": _k2_fp8(
+        "moonshotai/Kimi-K2-Base",
+        61,
+        131072,
+        "https://huggingface.co/moonshotai/Kimi-K2-Base config.json, as Instruct",
     ),
-    "moonshotai/Kimi-K2-Instruct-0905": ModelSpec(
-        id="moonshotai/Kimi-K2-Instruct-0905",
-        checkpoint_gib=959.0,
-        shard_count=62,
+    "moonshotai/Kimi-K2-Instruct-0905": _k2_fp8(
+        "moonshotai/Kimi-K2-Instruct-0905",
+        62,
+        262144,
+        "https://huggingface.co/moonshotai/Kimi-K2-Instruct-0905 config.json "
+        "(262144 context); 62 shards model-000NN-of-000062",
+    ),
+    "moonshotai/Kimi-K2-Thinking": ModelSpec(
+        id="moonshotai/Kimi-K2-Thinking",
         **{**_KIMI_K2_CONFIG, "max_position_embeddings": 262144},
+        quantization=INT4_EXPERTS,
+        checkpoint_gib=553.3,
+        shard_count=62,
+        reasoning_parser="kimi_k2",
+        decode_context_parallel=True,
+        support={
+            "sglang": EngineSupport(
+                min_version="0.5.5",
+                source="the first sglang release with the kimi_k2 reasoning parser and "
+                "CompressedTensorsWNA16MoEMethod (wheel of 2025-11-06)",
+            ),
+            "vllm": EngineSupport(min_version="0.12.0", source=f"{RECIPES}/Kimi-K2-Thinking.yaml"),
+            "trtllm": _TRTLLM_INT4,
+            "ktransformers": _KTRANSFORMERS_INT4,
+        },
+        sources=(
+            "https://huggingface.co/moonshotai/Kimi-K2-Thinking config.json: compressed-tensors "
+            "pack-quantized INT4 group 32 for routed experts, BF16 elsewhere; 262144 context",
+            "about 594 GB (553.3 GiB) in 62 shards",
+            f"{RECIPES}/Kimi-K2-Thinking.yaml: TP8 on 8xH200, --reasoning-parser kimi_k2, "
+            "supports_dcp (TP8 KV cache 715,072 tokens; TP8+DCP8 5,721,088)",
+        ),
+    ),
+    "moonshotai/Kimi-K2.5": _k25_family(
+        "moonshotai/Kimi-K2.5",
+        "0.19.1",
+        f"{RECIPES}/Kimi-K2.5.yaml min_vllm_version",
+        f"{RECIPES}/Kimi-K2.5.yaml: TP8 on 8xH200, --language-model-only for text only",
+    ),
+    "moonshotai/Kimi-K2.6": _k25_family(
+        "moonshotai/Kimi-K2.6",
+        "0.25.0",
+        f"{RECIPES}/Kimi-K2.6.yaml min_vllm_version",
+        f"{RECIPES}/Kimi-K2.6.yaml: same architecture as K2.5",
+    ),
+    "moonshotai/Kimi-K2.7-Code": _k25_family(
+        "moonshotai/Kimi-K2.7-Code",
+        "0.19.1",
+        f"{RECIPES}/Kimi-K2.7-Code.yaml min_vllm_version",
+        f"{RECIPES}/Kimi-K2.7-Code.yaml: built on K2.6, thinking only (keep the reasoning "
+        "parser)",
     ),
 }
 
+# Models people ask for that are not Kimi-K2 variants: refused with the reason.
+NOT_K2: dict[str, str] = {
+    "moonshotai/Kimi-K3": "Kimi-K3 is a different architecture (Kimi Delta Attention, 896 "
+    "experts, 2.8T parameters), not a Kimi-K2 variant",
+    "moonshotai/Kimi-Linear-48B-A3B-Instruct": "Kimi-Linear is a hybrid linear-attention "
+    "model, not a Kimi-K2 variant",
+}
+
+# ---------------------------------------------------------------- GPUs
+
 GPUS: dict[str, GpuSpec] = {
+    # driver_reserved_mib: nvidia-smi total minus the total vLLM logs from cudaMemGetInfo
+    # ("total_gpu_memory"): H200 143771 MiB vs 139.81 GiB, H100 81559 MiB vs 79.22 GiB.
+    # For the others the H100's 438 MiB is used until a measurement says otherwise.
     "h200": GpuSpec(
         key="h200",
         product_pattern=r"\bH200\b",
         memory_mib=143771,
+        driver_reserved_mib=605,
         fp8=True,
         nvswitch=True,
         min_driver="550.54",
@@ -65,6 +250,7 @@ GPUS: dict[str, GpuSpec] = {
         key="h100",
         product_pattern=r"\bH100\b",
         memory_mib=81559,
+        driver_reserved_mib=438,
         fp8=True,
         nvswitch=True,
         min_driver="525.60",
@@ -73,6 +259,7 @@ GPUS: dict[str, GpuSpec] = {
         key="h800",
         product_pattern=r"\bH800\b",
         memory_mib=81559,
+        driver_reserved_mib=438,
         fp8=True,
         nvswitch=True,
         min_driver="525.60",
@@ -81,6 +268,7 @@ GPUS: dict[str, GpuSpec] = {
         key="h20",
         product_pattern=r"\bH20\b",
         memory_mib=97871,
+        driver_reserved_mib=438,
         fp8=True,
         nvswitch=True,
         min_driver="535.104",
@@ -89,7 +277,9 @@ GPUS: dict[str, GpuSpec] = {
         key="b200",
         product_pattern=r"\bB200\b",
         memory_mib=183359,
+        driver_reserved_mib=438,
         fp8=True,
+        fp4=True,
         nvswitch=True,
         min_driver="570.124",
     ),
@@ -97,6 +287,7 @@ GPUS: dict[str, GpuSpec] = {
         key="a100",
         product_pattern=r"\bA100\b.*80GB",
         memory_mib=81920,
+        driver_reserved_mib=438,
         fp8=False,
         nvswitch=True,
         min_driver="450.80",
@@ -133,7 +324,15 @@ def model(model_id: str) -> ModelSpec:
     try:
         return MODELS[model_id]
     except KeyError:
-        known = ", ".join(sorted(MODELS))
+        known = ", ".join(MODELS)
+        reason = NOT_K2.get(model_id)
+        if reason:
+            raise InventoryError(
+                [
+                    f"k2_model={model_id}: {reason}; k2provision plans the Kimi-K2 family "
+                    f"only ({known}); fix: set k2_model to one of them"
+                ]
+            ) from None
         raise InventoryError(
             [
                 f"k2_model: unknown model {model_id!r}; expected one of {known}; fix: set k2_model "
@@ -154,39 +353,142 @@ def gpu(key: str) -> GpuSpec:
 
 
 def model_from_config(base: ModelSpec, config_json: Path) -> ModelSpec:
-    """`base` with architecture numbers replaced by those of a local config.json."""
+    """`base` with the numbers and weight formats of a local config.json."""
+    where = f"k2_model_config_json={config_json}"
     try:
         raw = json.loads(config_json.read_text())
     except (OSError, ValueError) as exc:
         raise InventoryError(
             [
-                f"k2_model_config_json={config_json}: cannot read a config.json there "
+                f"{where}: cannot read a config.json there "
                 f"({exc}); fix: point it at the model's config.json on the controller, "
                 "or unset it"
             ]
         ) from None
-    fields = set(_KIMI_K2_CONFIG) - {"weight_block_size", "architectures"}
-    update: dict[str, Any] = {k: raw[k] for k in fields if k in raw}
-    if "architectures" in raw:
-        update["architectures"] = tuple(raw["architectures"])
-    block = raw.get("quantization_config", {}).get("weight_block_size")
-    if block:
-        update["weight_block_size"] = tuple(block)
-    return base.model_copy(update=update)
+    try:
+        spec = spec_from_config(base, raw)
+    except ConfigProblems as exc:
+        raise InventoryError(
+            f"{where}: {problem}; fix: correct the config.json, or unset k2_model_config_json "
+            "to use the catalog's numbers"
+            for problem in exc.problems
+        ) from None
+    if spec.quantization != base.quantization or spec.vision != base.vision or any(
+        getattr(spec, k) != getattr(base, k) for k in _KIMI_K2_CONFIG
+    ):
+        spec = spec.model_copy(update={"checkpoint_gib": round(weights(spec).total / GIB, 1)})
+    return spec
 
 
-# ---------------------------------------------------------------- derived model sizes
+def config_json(spec: ModelSpec) -> dict[str, Any]:
+    """A config.json of the model's form (flat, or text_config + vision_config for K2.5+)
+    that `model_from_config` reads back to the same numbers and weight formats."""
+    numbers: dict[str, Any] = {
+        k: getattr(spec, k) for k in _KIMI_K2_CONFIG if k not in ("architectures", "model_type")
+    }
+    numbers["num_key_value_heads"] = spec.num_attention_heads
+    text: dict[str, Any] = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3" if spec.multimodal else spec.model_type,
+        **numbers,
+        "torch_dtype": "bfloat16",
+        "quantization_config": _quantization_config(spec.quantization),
+    }
+    if spec.vision is None:
+        return {**text, "architectures": list(spec.architectures)}
+    v = spec.vision
+    return {
+        "architectures": list(spec.architectures),
+        "model_type": spec.model_type,
+        "torch_dtype": "bfloat16",
+        "text_config": text,
+        "quantization_config": text["quantization_config"],
+        "vision_config": {
+            "vt_hidden_size": v.hidden_size,
+            "vt_num_hidden_layers": v.num_hidden_layers,
+            "vt_intermediate_size": v.intermediate_size,
+            "vt_num_attention_heads": 16,
+            "patch_size": v.patch_size,
+            "merge_kernel_size": list(v.merge_kernel),
+            "init_pos_emb_height": v.pos_emb_height,
+            "init_pos_emb_width": v.pos_emb_width,
+            "mm_hidden_size": v.hidden_size,
+            "text_hidden_size": spec.hidden_size,
+        },
+    }
+
+
+def _quantization_config(q: Quantization) -> dict[str, Any]:
+    experts = q.routed_experts
+    if q.schemes() == {"fp8_block"}:
+        side = round(experts.group_size**0.5)
+        return {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [side, side],
+        }
+    if experts.scheme == "int4_group" and {q.attention.scheme, q.dense_mlp.scheme} == {"bf16"}:
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 4,
+                        "type": "int",
+                        "strategy": "group",
+                        "group_size": experts.group_size,
+                        "symmetric": True,
+                    },
+                    "input_activations": None,
+                }
+            },
+            "ignore": [
+                "lm_head",
+                "re:.*self_attn.*",
+                "re:.*shared_experts.*",
+                r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
+            ],
+        }
+    raise ValueError(f"no config.json form for {q.label}")
+
+
+# ---------------------------------------------------------------- weight sizes
+
+
+@dataclass(frozen=True)
+class WeightClasses:
+    """Bytes of each class of weights in the whole checkpoint."""
+
+    routed_experts: float
+    attention_replicated: float  # q_a_proj and kv_a_proj_with_mqa: never split by TP
+    attention_split: float  # q_b, kv_b and o projections: split over attention TP
+    shared_experts: float
+    dense_mlp: float
+    gates: float  # routers, BF16
+    embeddings: float  # embed_tokens and lm_head, BF16
+    vision: float  # vision tower and projector, BF16
+
+    @property
+    def total(self) -> float:
+        """The whole checkpoint."""
+        return (
+            self.routed_experts
+            + self.attention_replicated
+            + self.attention_split
+            + self.shared_experts
+            + self.dense_mlp
+            + self.gates
+            + self.embeddings
+            + self.vision
+        )
 
 
 def kv_bytes_per_token_per_layer(spec: ModelSpec, dtype_bytes: int = 2) -> int:
     """MLA caches one compressed latent plus the rope key per token and layer."""
     return (spec.kv_lora_rank + spec.qk_rope_head_dim) * dtype_bytes
-
-
-def _fp8_bytes(params: int, spec: ModelSpec) -> float:
-    """FP8 weights plus one float32 scale per weight block."""
-    block = spec.weight_block_size[0] * spec.weight_block_size[1]
-    return params * (1 + 4 / block)
 
 
 def routed_expert_params_per_layer(spec: ModelSpec) -> int:
@@ -199,54 +501,77 @@ def moe_layers(spec: ModelSpec) -> int:
     return spec.num_hidden_layers - spec.first_k_dense_replace
 
 
-def routed_expert_bytes(spec: ModelSpec) -> float:
-    """Bytes of all routed experts over all MoE layers (FP8 with block scales)."""
-    params = routed_expert_params_per_layer(spec) * spec.n_routed_experts * moe_layers(spec)
-    return _fp8_bytes(params, spec)
+def attention_params(spec: ModelSpec) -> tuple[int, int]:
+    """Parameters of the MLA projections over all layers: (replicated, split over TP)."""
+    h = spec.hidden_size
+    heads = spec.num_attention_heads
+    replicated = h * spec.q_lora_rank + h * (spec.kv_lora_rank + spec.qk_rope_head_dim)
+    split = (
+        spec.q_lora_rank * heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
+        + spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+        + heads * spec.v_head_dim * h
+    )
+    return replicated * spec.num_hidden_layers, split * spec.num_hidden_layers
+
+
+def vision_params(vision: VisionSpec, text_hidden: int) -> int:
+    """MoonViT: patch embedding, position embedding, encoder blocks, and the projector."""
+    h, i = vision.hidden_size, vision.intermediate_size
+    block = 4 * h * h + 2 * h * i + 9 * h + i  # wqkv, wo, two MLP matrices, biases, norms
+    merged = h * vision.merge_kernel[0] * vision.merge_kernel[1]
+    projector = merged * merged + merged * text_hidden + 2 * h + merged + text_hidden
+    return (
+        3 * vision.patch_size**2 * h
+        + h
+        + vision.pos_emb_height * vision.pos_emb_width * h
+        + vision.num_hidden_layers * block
+        + projector
+    )
+
+
+def weights(spec: ModelSpec) -> WeightClasses:
+    """Bytes per weight class, each in the format the model's quantization gives it."""
+    q = spec.quantization
+    h = spec.hidden_size
+    replicated, split = attention_params(spec)
+    routed = routed_expert_params_per_layer(spec) * spec.n_routed_experts * moe_layers(spec)
+    shared = routed_expert_params_per_layer(spec) * spec.n_shared_experts * moe_layers(spec)
+    dense = 3 * h * spec.intermediate_size * spec.first_k_dense_replace
+    return WeightClasses(
+        routed_experts=routed * q.routed_experts.bytes_per_param,
+        attention_replicated=replicated * q.attention.bytes_per_param,
+        attention_split=split * q.attention.bytes_per_param,
+        shared_experts=shared * q.shared_experts.bytes_per_param,
+        dense_mlp=dense * q.dense_mlp.bytes_per_param,
+        gates=spec.n_routed_experts * h * moe_layers(spec) * 2,
+        embeddings=2 * spec.vocab_size * h * 2,
+        vision=vision_params(spec.vision, h) * 2 if spec.vision else 0.0,
+    )
 
 
 def one_expert_all_layers_bytes(spec: ModelSpec) -> float:
     """Bytes that one extra (redundant) expert slot costs a GPU: one expert in every MoE layer."""
-    return _fp8_bytes(routed_expert_params_per_layer(spec) * moe_layers(spec), spec)
+    params = routed_expert_params_per_layer(spec) * moe_layers(spec)
+    return params * spec.quantization.routed_experts.bytes_per_param
 
 
-def attention_params(spec: ModelSpec) -> int:
-    """Parameters of the MLA attention projections over all layers."""
-    h = spec.hidden_size
-    heads = spec.num_attention_heads
-    per_layer = (
-        h * spec.q_lora_rank
-        + spec.q_lora_rank * heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
-        + h * (spec.kv_lora_rank + spec.qk_rope_head_dim)
-        + spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim)
-        + heads * spec.v_head_dim * h
-    )
-    return per_layer * spec.num_hidden_layers
-
-
-def dense_bytes(spec: ModelSpec) -> float:
-    """Bytes of everything that is not a routed expert: attention, dense MLPs, shared experts,
-    router gates (FP8) and the embedding and LM head (BF16)."""
-    h = spec.hidden_size
-    attn = attention_params(spec)
-    dense_mlp = 3 * h * spec.intermediate_size * spec.first_k_dense_replace
-    shared = routed_expert_params_per_layer(spec) * spec.n_shared_experts * moe_layers(spec)
-    gates = spec.n_routed_experts * h * moe_layers(spec)
-    embeddings = 2 * spec.vocab_size * h * 2
-    return _fp8_bytes(attn + dense_mlp + shared + gates, spec) + embeddings
+def routed_expert_bytes(spec: ModelSpec) -> float:
+    """Bytes of all routed experts over all MoE layers."""
+    return weights(spec).routed_experts
 
 
 def total_params(spec: ModelSpec) -> int:
-    """Approximate parameter count (about 1.03e12 for Kimi-K2)."""
+    """Parameter count of the language model (about 1.03e12 for Kimi-K2)."""
     h = spec.hidden_size
-    attn = attention_params(spec)
+    replicated, split = attention_params(spec)
     experts = (
         routed_expert_params_per_layer(spec)
         * (spec.n_routed_experts + spec.n_shared_experts)
         * moe_layers(spec)
     )
     return (
-        attn
+        replicated
+        + split
         + experts
         + 3 * h * spec.intermediate_size * spec.first_k_dense_replace
         + spec.n_routed_experts * h * moe_layers(spec)

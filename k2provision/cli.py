@@ -75,6 +75,48 @@ def plan(
 
 
 @app.command()
+def models(
+    output_format: Annotated[
+        str, typer.Option("--format", help="table (default), json or markdown")
+    ] = "table",
+    gpu: Annotated[
+        list[str] | None, typer.Option("--gpu", help="only these GPU types (repeatable)")
+    ] = None,
+    context_length: Annotated[
+        int | None,
+        typer.Option("--context-length", help="size layouts for this context, not the model's"),
+    ] = None,
+) -> None:
+    """The model catalog: sizes, formats, context, pinned engines' support, and per GPU type
+    the fewest nodes each engine layout needs."""
+    from k2provision import catalog
+    from k2provision.models_table import markdown, rows, tables
+
+    problems = [f"--format {output_format}: expected table, json or markdown"] * (
+        output_format not in {"table", "json", "markdown"}
+    )
+    problems += [
+        f"--gpu {g}: unknown GPU; expected one of {', '.join(catalog.GPUS)}"
+        for g in gpu or []
+        if g.lower() not in catalog.GPUS
+    ]
+    if context_length is not None and context_length < 1:
+        problems.append(f"--context-length {context_length}: expected a positive integer")
+    if problems:
+        print_errors(K2Error(problems))
+        raise typer.Exit(2)
+    data = rows(tuple(g.lower() for g in gpu) if gpu else None, context_length)
+    if output_format == "json":
+        typer.echo(json.dumps(data, indent=2))
+        return
+    if output_format == "markdown":
+        typer.echo(markdown(data), nl=False)
+        return
+    for table in tables(data):
+        console.print(table)
+
+
+@app.command()
 def render(
     inventory: InventoryArg,
     out: Annotated[Path, typer.Option("--out", help="directory to write into")] = Path(

@@ -53,15 +53,16 @@ def plan_table(plan: Plan) -> Table:
 
 
 def fit_table(plan: Plan) -> Table:
-    """Memory fit per pool, per GPU."""
+    """Memory fit per pool, per GPU: the derived fraction, weights, reserve and KV cache."""
     table = Table(title="memory fit per GPU", title_justify="left")
     for column in (
         "pool",
         "parallel",
+        "fraction",
         "weights GiB",
-        "budget GiB",
+        "reserve GiB",
         "KV GiB",
-        "KV tokens/GPU",
+        "KV tokens/replica",
         "context",
         "fits",
     ):
@@ -70,12 +71,42 @@ def fit_table(plan: Plan) -> Table:
         table.add_row(
             r.pool,
             _sizes(plan, r.pool),
+            f"{r.mem_fraction:g}",
             f"{r.weights_gib}",
-            f"{r.budget_gib}",
-            f"{r.kv_gib}",
-            f"{r.kv_tokens_per_gpu:,}",
+            f"{r.reserve_gib}",
+            f"{r.kv_gib} ({r.kv_dtype})",
+            f"{r.kv_tokens_per_replica:,}",
             f"{r.context_length:,}",
             "[green]yes[/]" if r.fits else "[red]no[/]",
+        )
+    return table
+
+
+def reserve_table(plan: Plan) -> Table:
+    """What the reserve holds, per GPU: CUDA graphs and buffers for the chosen sizes."""
+    table = Table(title="reserve per GPU (GiB): graphs and buffers", title_justify="left")
+    for column in (
+        "pool",
+        "CUDA graphs",
+        "comm buffers",
+        "activations",
+        "runtime",
+        "encoder",
+        "margin",
+        "total",
+    ):
+        table.add_column(column)
+    for r in plan.fit:
+        m = r.reserve
+        table.add_row(
+            r.pool,
+            f"{m.cuda_graphs}",
+            f"{m.comm_buffers}",
+            f"{m.activations}",
+            f"{m.runtime}",
+            f"{m.encoder}",
+            f"{m.margin}",
+            f"{r.reserve_gib}",
         )
     return table
 
@@ -89,6 +120,7 @@ def print_plan(plan: Plan) -> None:
         )
     console.print(plan_table(plan))
     console.print(fit_table(plan))
+    console.print(reserve_table(plan))
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     console.print(f"endpoint: [bold]{plan.endpoint}[/]")

@@ -250,7 +250,7 @@ def expectations_for(
     if options.disk_gib is not None:
         weights = int(options.disk_gib * GIB)
     else:
-        weights = int(catalog.model(plan.model).checkpoint_gib * GIB)
+        weights = int(plan.weights.checkpoint_gib * GIB)
     spans_hosts = len(_gpu_hosts(plan)) > 1
     if options.min_active_ib_ports is not None:
         min_ports = options.min_active_ib_ports

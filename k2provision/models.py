@@ -75,7 +75,17 @@ class Tunables(Record):
     ktransformers_cache_lens: int = 30000
     ktransformers_optimize_config: str | None = None
     decode_redundant_experts: int | None = None
+    # GiB per GPU kept free beyond what the fit counts (activations, CUDA graphs,
+    # communication buffers): allocator fragmentation, other processes, estimate error.
     reserve_gib: float = 4.0
+    # Serve images with a multimodal model (None: on when the model has a vision tower).
+    multimodal: bool | None = None
+    # KV cache dtype for SGLang and vLLM ("auto": the engines' default, BF16 for these
+    # checkpoints); TensorRT-LLM keeps trtllm_kv_cache_dtype.
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    # vLLM decode context parallelism (None: the GPUs of a node where the model's recipes
+    # show it pays; 1: off).
+    vllm_decode_context_parallel_size: int | None = Field(default=None, ge=1)
     # A config.json (on the controller, e.g. in a local mirror of the model) whose
     # architecture numbers override the catalog's.
     model_config_json: str | None = None
@@ -114,6 +124,83 @@ class Cluster(Record):
 # ---------------------------------------------------------------- catalog
 
 
+QuantScheme = Literal["bf16", "fp16", "fp8_block", "fp8_channel", "int4_group", "nvfp4", "mxfp4"]
+KvDtype = Literal["bf16", "fp8"]
+
+
+class WeightFormat(Record):
+    """How one class of weights is stored: element width plus one scale per group of elements."""
+
+    scheme: QuantScheme
+    bits: int = Field(gt=0, le=32)
+    group_size: int = Field(default=0, ge=0)  # elements sharing one scale; 0: no scales
+    scale_bytes: float = Field(default=0.0, ge=0)  # bytes of one scale
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Average bytes one weight element takes, its share of the scales included."""
+        scales = self.scale_bytes / self.group_size if self.group_size else 0.0
+        return self.bits / 8 + scales
+
+    @property
+    def label(self) -> str:
+        """Short human name, e.g. "INT4 g32" or "FP8 128x128"."""
+        if self.scheme == "fp8_block":
+            side = round(self.group_size**0.5)
+            return f"FP8 {side}x{side}"
+        names = {"int4_group": "INT4", "nvfp4": "NVFP4", "mxfp4": "MXFP4"}
+        if self.scheme in names:
+            return f"{names[self.scheme]} g{self.group_size}"
+        return {"bf16": "BF16", "fp16": "FP16", "fp8_channel": "FP8"}[self.scheme]
+
+
+class Quantization(Record):
+    """The storage format of every weight class, as read from a config.json."""
+
+    routed_experts: WeightFormat
+    attention: WeightFormat
+    shared_experts: WeightFormat
+    dense_mlp: WeightFormat  # the first dense layers' MLPs
+    # The config.json field this was read from ("quantization_config",
+    # "text_config.quantization_config", or "torch_dtype" for unquantized weights).
+    source: str
+
+    @property
+    def label(self) -> str:
+        """The routed experts' format (most of the bytes), plus the rest's when it differs."""
+        rest = sorted({self.attention.label, self.shared_experts.label, self.dense_mlp.label})
+        experts = self.routed_experts.label
+        if rest == [experts]:
+            return experts
+        return f"{experts} + {'/'.join(rest)}"
+
+    def schemes(self) -> set[str]:
+        """Every storage scheme used."""
+        return {
+            w.scheme
+            for w in (self.routed_experts, self.attention, self.shared_experts, self.dense_mlp)
+        }
+
+
+class VisionSpec(Record):
+    """A vision tower (MoonViT) and its projector into the language model."""
+
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    patch_size: int = Field(gt=0)
+    merge_kernel: tuple[int, int] = (2, 2)
+    pos_emb_height: int = Field(default=64, gt=0)
+    pos_emb_width: int = Field(default=64, gt=0)
+
+
+class EngineSupport(Record):
+    """The first release of an engine that serves a model (None: no release known to)."""
+
+    min_version: str | None
+    source: str
+
+
 class ModelSpec(Record):
     """A model's architecture numbers (from its config.json) and checkpoint facts."""
 
@@ -137,9 +224,33 @@ class ModelSpec(Record):
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
-    weight_block_size: tuple[int, int] = (128, 128)
+    quantization: Quantization
+    vision: VisionSpec | None = None
     checkpoint_gib: float
     shard_count: int
+    # Default download patterns (hub file names): multimodal checkpoints also carry the
+    # vision processor's code and configs.
+    allow_patterns: tuple[str, ...] = ("*.safetensors", "*.json", "*.py", "*.tiktoken")
+    tool_parser: str = "kimi_k2"
+    reasoning_parser: str | None = None
+    # vLLM decode context parallelism pays for this model (the vLLM recipes' supports_dcp).
+    decode_context_parallel: bool = False
+    support: dict[EngineName, EngineSupport] = {}
+    sources: tuple[str, ...] = ()
+
+    @property
+    def multimodal(self) -> bool:
+        """True when the checkpoint carries a vision tower."""
+        return self.vision is not None
+
+    @property
+    def weight_block_size(self) -> tuple[int, int]:
+        """The block of FP8 block-quantized weights ((128, 128) when none are)."""
+        for w in (self.quantization.routed_experts, self.quantization.attention):
+            if w.scheme == "fp8_block":
+                side = round(w.group_size**0.5)
+                return (side, side)
+        return (128, 128)
 
 
 class GpuSpec(Record):
@@ -148,9 +259,18 @@ class GpuSpec(Record):
     key: str
     product_pattern: str
     memory_mib: int
+    # nvidia-smi's total minus the total cudaMemGetInfo reports: memory the driver keeps
+    # before any process allocates, which no engine's memory fraction can use.
+    driver_reserved_mib: int
     fp8: bool
+    fp4: bool = False
     nvswitch: bool
     min_driver: str
+
+    @property
+    def usable_gib(self) -> float:
+        """GPU memory as CUDA, and so every engine's memory fraction, sees it."""
+        return (self.memory_mib - self.driver_reserved_mib) / 1024
 
 
 class EngineRelease(Record):
@@ -174,6 +294,9 @@ class Parallel(Record):
     pp: int = 1
     dp_attention: bool = False
     redundant_experts: int = 0
+    # Decode context parallelism (vLLM): each token's KV lives on one of `dcp` GPUs of a
+    # tensor-parallel group instead of on all of them.
+    dcp: int = 1
 
     @property
     def attention_tp(self) -> int:
@@ -193,20 +316,57 @@ class PoolPlan(Record):
     mem_fraction: float
 
 
+class MemoryReserve(Record):
+    """GiB per GPU an engine holds besides weights and KV cache, by what holds it."""
+
+    activations: float  # the largest forward pass (prefill chunk or batch) and the sampler
+    cuda_graphs: float  # captured graphs for the chosen batch sizes
+    comm_buffers: float  # NCCL, custom all-reduce and DeepEP buffers
+    runtime: float  # CUDA context growth, kernel modules, library workspaces
+    encoder: float = 0.0  # vision encoder profiling and its embedding cache
+    margin: float  # k2_reserve_gib: what no engine accounts for (fragmentation, other users)
+
+    @property
+    def total(self) -> float:
+        """Everything reserved."""
+        return (
+            self.activations
+            + self.cuda_graphs
+            + self.comm_buffers
+            + self.runtime
+            + self.encoder
+            + self.margin
+        )
+
+
 class FitReport(Record):
     """Memory arithmetic for one pool, per GPU, in GiB and tokens."""
 
     pool: PoolName
-    gpu_memory_gib: float
-    budget_gib: float
+    gpu_memory_gib: float  # nvidia-smi's total
+    usable_gib: float  # what CUDA reports (the driver keeps the rest)
+    mem_fraction: float  # the engine's memory fraction as rendered, derived from this fit
+    budget_gib: float  # what that fraction grants weights and KV cache
     weights_gib: float
-    reserve_gib: float
+    vision_gib: float = 0.0  # of weights_gib: the vision tower and projector
+    reserve: MemoryReserve
+    reserve_gib: float  # reserve.total, rounded
     kv_gib: float
-    kv_bytes_per_token: int
-    kv_tokens_per_gpu: int
+    kv_dtype: KvDtype = "bf16"
+    kv_bytes_per_token: int  # per GPU, over the layers it holds
+    kv_tokens_per_gpu: int  # tokens one GPU's cache stores
+    kv_tokens_per_replica: int  # tokens one serving replica holds (x dcp)
     kv_tokens_total: int
     context_length: int
     fits: bool
+
+
+class WeightsInfo(Record):
+    """The checkpoint the plan serves: what the weights phase moves and preflight makes room for."""
+
+    checkpoint_gib: float
+    shard_count: int
+    allow_patterns: tuple[str, ...]
 
 
 class HealthGate(Record):
@@ -296,6 +456,7 @@ class Plan(Record):
     container: ContainerOptions
     pools: tuple[PoolPlan, ...]
     fit: tuple[FitReport, ...]
+    weights: WeightsInfo
     warnings: tuple[str, ...]
     hosts: tuple[HostPlan, ...]
 

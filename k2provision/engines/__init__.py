@@ -12,6 +12,7 @@ from typing import Protocol
 from k2provision.models import (
     Cluster,
     EngineRelease,
+    KvDtype,
     ModelSpec,
     PoolName,
     PoolPlan,
@@ -29,6 +30,10 @@ class Deployment(Record):
     pools: tuple[PoolPlan, ...]
     context_length: int
     image: str
+    # Decided by the plan's memory fit (the fit counts exactly what is rendered):
+    kv_cache_dtype: KvDtype = "bf16"
+    multimodal: bool = False  # the vision tower is loaded and image input is served
+    language_model_only: bool = False  # a multimodal model served text-only (vLLM)
 
     def pool(self, name: PoolName) -> PoolPlan:
         """The pool called `name` (KeyError if the layout has none)."""

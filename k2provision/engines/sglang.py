@@ -55,6 +55,9 @@ def _common_args(deployment: Deployment) -> tuple[str, ...]:
     t = deployment.cluster.tunables
     parser = tool_parser("sglang")
     assert parser is not None  # sglang has a Kimi-K2 tool-call parser
+    # The plan's memory fit counts an FP8 KV cache at 1 byte per value (MLA on Hopper and
+    # Blackwell: fp8_e4m3).
+    kv = ("--kv-cache-dtype", "fp8_e4m3") if deployment.kv_cache_dtype == "fp8" else ()
     return (
         "--model-path",
         deployment.cluster.model_dir,
@@ -65,6 +68,7 @@ def _common_args(deployment: Deployment) -> tuple[str, ...]:
         parser,
         "--context-length",
         str(deployment.context_length),
+        *kv,
     )
 
 

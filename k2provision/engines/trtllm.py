@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import yaml
 
-from k2provision import catalog
 from k2provision.engines import Deployment, HostRender
 from k2provision.engines.common import TOOL_PARSER, http_gate
 from k2provision.engines.trtllm_schema import (
@@ -112,9 +111,8 @@ def extra_llm_api_options(deployment: Deployment) -> ExtraLlmApiOptions:
     """The typed options every rank reads; only the keys set here are written out."""
     pool = deployment.pool("nodes")
     t = deployment.cluster.tunables
-    kv_dtype = t.trtllm_kv_cache_dtype
-    if not catalog.gpu(deployment.cluster.gpu).fp8:
-        kv_dtype = "auto"
+    # The plan decided it (k2_trtllm_kv_cache_dtype on an FP8-capable GPU) and counted it.
+    kv_dtype = "fp8" if deployment.kv_cache_dtype == "fp8" else "auto"
     return ExtraLlmApiOptions(
         # Padding rounds a decode batch up to the next captured size instead of running it
         # without a graph (the seed's `padding_enabled`, renamed enable_padding in 1.x).

@@ -106,6 +106,21 @@ def _serve_args(deployment: Deployment, pool: PoolPlan, parallel: list[str]) -> 
         "--gpu-memory-utilization",
         f"{pool.mem_fraction:g}",
     ]
+    args += _fit_args(deployment, pool)
+    return args
+
+
+def _fit_args(deployment: Deployment, pool: PoolPlan) -> list[str]:
+    """Flags the plan's memory fit counts: decode context parallelism (each token's KV on one
+    GPU of the TP group; vllm-project/recipes Kimi-K2-Thinking TP8+DCP8), an FP8 KV cache,
+    and text-only serving of a multimodal model (the vision tower is not loaded)."""
+    args: list[str] = []
+    if pool.parallel.dcp > 1:
+        args += ["--decode-context-parallel-size", str(pool.parallel.dcp)]
+    if deployment.kv_cache_dtype == "fp8":
+        args += ["--kv-cache-dtype", "fp8"]
+    if deployment.language_model_only:
+        args.append("--language-model-only")
     return args
 
 

@@ -18,7 +18,8 @@ Options:
 * ``fake_model`` (default true): resolution reads ``config.json`` from the
   model path. When the model path is not a local directory, resolution uses a
   stand-in directory holding Kimi-K2-Instruct's ``config.json``
-  (kimi_k2_config.json next to this file); the parse itself never reads it.
+  (kimi_k2_config.json next to this file), or ``config`` when given (the
+  served model's own config.json as an object); the parse never reads it.
 
 Result: ``ok``, ``error`` (the engine's message), ``stage`` (``parse`` or
 ``resolve`` when rejected), ``parsed`` (selected fields as given on the
@@ -29,6 +30,7 @@ parsing and resolving), ``notes`` (what the checker assumed).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -185,9 +187,12 @@ def _ib_sysfs(argv: list[str], options: dict[str, Any], notes: list[str]) -> Ite
         validation_hook.os = real_os
 
 
-def _model_stand_in() -> str:
+def _model_stand_in(config: dict[str, Any] | None) -> str:
     tmp = tempfile.mkdtemp(prefix="k2-model-")
-    shutil.copy(CONFIG, Path(tmp) / "config.json")
+    if config is None:
+        shutil.copy(CONFIG, Path(tmp) / "config.json")
+    else:
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
     return tmp
 
 
@@ -216,13 +221,14 @@ def check(argv: list[str], options: dict[str, Any], result: dict[str, Any]) -> N
             and model_path.lower() not in ("dummy", "none")
             and not Path(model_path).is_dir()
         ):
-            stand_in = _model_stand_in()
+            stand_in = _model_stand_in(options.get("config"))
             server_args.model_path = stand_in
             if server_args.served_model_name is None:
                 server_args.served_model_name = model_path
+            held = "the given" if options.get("config") else "Kimi-K2-Instruct's"
             notes.append(
                 f"model path {model_path} is not a local directory: resolved with "
-                "a stand-in holding Kimi-K2-Instruct's config.json"
+                f"a stand-in holding {held} config.json"
             )
         try:
             with _ib_sysfs(argv, options, notes):

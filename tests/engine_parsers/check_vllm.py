@@ -15,8 +15,9 @@ Steps:
 2. ``engine_args``: ``AsyncEngineArgs.from_cli_args`` (its ``__post_init__``
    resolves the model path). When the model is not a local directory it is
    replaced by a stand-in directory holding Kimi-K2-Instruct's ``config.json``
-   (kimi_k2_config.json next to this file); ``options.fake_model = false``
-   turns that off.
+   (kimi_k2_config.json next to this file), or ``options.config`` when given
+   (the served model's own config.json as an object); ``options.fake_model =
+   false`` turns that off.
 3. ``launch``: ``ServeSubcommand.cmd`` itself, on a copy of the arguments,
    with the functions that would start servers replaced by recorders: its
    pre-launch checks run (e.g. ``--headless`` with ``--api-server-count``,
@@ -37,6 +38,7 @@ parsed namespace), ``engine_args`` (the same fields after EngineArgs), and
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import sys
@@ -106,6 +108,7 @@ FIELDS = (
     "dtype",
     "quantization",
     "kv_cache_dtype",
+    "language_model_only",
     "enable_log_requests",
 )
 
@@ -231,13 +234,18 @@ def check(
         stand_in = None
         if options.get("fake_model", True) and model and not Path(model).is_dir():
             stand_in = tempfile.mkdtemp(prefix="k2-model-")
-            shutil.copy(CONFIG, Path(stand_in) / "config.json")
+            config = options.get("config")
+            if config is None:
+                shutil.copy(CONFIG, Path(stand_in) / "config.json")
+            else:
+                (Path(stand_in) / "config.json").write_text(json.dumps(config))
             args.model = stand_in
             if not args.served_model_name:
                 args.served_model_name = [model]
+            held = "the given" if config is not None else "Kimi-K2-Instruct's"
             notes.append(
                 f"model {model} is not a local directory: EngineArgs built with a "
-                "stand-in holding Kimi-K2-Instruct's config.json"
+                f"stand-in holding {held} config.json"
             )
         try:
             engine_args = AsyncEngineArgs.from_cli_args(args)

@@ -105,7 +105,9 @@ def test_tp_every_host_runs_one_rank_of_one_server() -> None:
         assert flag(argv, "--host") == "0.0.0.0"
         assert flag(argv, "--port") == "30000"
         assert flag(argv, "--context-length") == "131072"
-        assert flag(argv, "--mem-fraction-static") == "0.85"
+        # Derived by the plan's memory fit, as the fit reports it.
+        assert flag(argv, "--mem-fraction-static") == str(plan.pools[0].mem_fraction)
+        assert plan.pools[0].mem_fraction == plan.fit[0].mem_fraction
         assert "--trust-remote-code" in argv
         assert "--disaggregation-mode" not in argv
         assert "--moe-a2a-backend" not in argv
@@ -183,7 +185,7 @@ def test_prod_prefill_flags(prod: Plan) -> None:
         assert flag(argv, "--chunked-prefill-size") == "131072"
         assert flag(argv, "--max-running-requests") == "1024"
         assert flag(argv, "--disaggregation-bootstrap-port") == "8998"
-        assert flag(argv, "--mem-fraction-static") == "0.85"
+        assert flag(argv, "--mem-fraction-static") == str(prod.pools[0].mem_fraction)
         assert "--ep-num-redundant-experts" not in argv
         assert "--cuda-graph-max-bs-decode" not in argv
         assert "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK" not in proc.env
@@ -198,7 +200,7 @@ def test_prod_decode_flags(prod: Plan) -> None:
         assert flag(argv, "--cuda-graph-max-bs-decode") == "480"
         # dp x cuda-graph batch: the seed's 46080.
         assert flag(argv, "--max-running-requests") == str(96 * 480)
-        assert flag(argv, "--mem-fraction-static") == "0.8"
+        assert flag(argv, "--mem-fraction-static") == str(prod.pools[1].mem_fraction)
         assert "--chunked-prefill-size" not in argv
         assert "--disaggregation-bootstrap-port" not in argv
         assert proc.env["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"] == "480"

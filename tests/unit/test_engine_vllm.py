@@ -161,7 +161,7 @@ def test_dp_ep_ranks_and_headless_workers() -> None:
         assert "--enable-expert-parallel" in proc.argv
         assert opt(proc.argv, "--max-num-batched-tokens") == "8192"
         assert opt(proc.argv, "--max-num-seqs") == "256"
-        assert opt(proc.argv, "--gpu-memory-utilization") == "0.85"
+        assert opt(proc.argv, "--gpu-memory-utilization") == f"{p.pools[0].mem_fraction:g}"
         assert "--distributed-executor-backend" not in proc.argv
     assert not any(proc.argv[0] == "ray" for _, proc in procs(p))
 

@@ -1,0 +1,183 @@
+"""The catalog as a table: every model's size, format and context, which pinned engine
+releases serve it, and per GPU type the fewest nodes each engine layout needs. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from k2provision import catalog
+from k2provision.models import ENGINES, LAYOUTS, Cluster, EngineName, ModelSpec, Tunables
+from k2provision.plan import (
+    MAX_SEARCH_NODES,
+    TEXT_ONLY_ENGINES,
+    model_problems,
+    smallest_for_layout,
+)
+from k2provision.preflight import version_at_least
+
+GPUS_PER_NODE = 8
+
+
+def support(spec: ModelSpec, engine: EngineName) -> str:
+    """How the pinned release of `engine` stands with the model, in a few words."""
+    release = catalog.RELEASES[engine]
+    s = spec.support.get(engine)
+    if s is None or s.min_version is None:
+        return "no"
+    if version_at_least(release.version, s.min_version):
+        return "yes"
+    return f"needs >= {s.min_version}"
+
+
+def _cluster(
+    spec: ModelSpec, engine: EngineName, layout: str, gpu: str, context: int | None
+) -> Cluster:
+    return Cluster(
+        inventory="(catalog)",
+        engine=engine,
+        layout=layout,
+        model=spec.id,
+        model_dir=f"/models/{spec.id.rsplit('/', 1)[-1]}",
+        gpu=gpu,
+        gpus_per_node=GPUS_PER_NODE,
+        context_length=context,
+        hosts=(),
+        tunables=Tunables(),
+    )
+
+
+UNSERVED = "unsupported"
+
+
+def smallest_nodes(spec: ModelSpec, gpu: str, context: int | None = None) -> dict[str, int | str]:
+    """engine/layout -> the fewest nodes of `gpu` that serve one request of the context (the
+    model's maximum unless given); UNSERVED where the pinned release cannot serve the model
+    on this GPU, "over N" where no layout of up to N nodes fits."""
+    gpu_spec = catalog.gpu(gpu)
+    out: dict[str, int | str] = {}
+    for engine in ENGINES:
+        for layout in LAYOUTS[engine]:
+            key = f"{engine}/{layout}"
+            cluster = _cluster(spec, engine, layout, gpu, context)
+            ctx = context or spec.max_position_embeddings
+            problems, _ = model_problems(cluster, spec, gpu_spec, ctx)
+            if problems:
+                out[key] = UNSERVED
+                continue
+            found = smallest_for_layout(cluster, layout, spec, gpu_spec, ctx, 10**9)
+            limit = 1 if layout == "single" else MAX_SEARCH_NODES // (2 if layout == "pd" else 1)
+            out[key] = sum(found[0].values()) if found else f"over {limit}"
+    return out
+
+
+def _cell(value: int | str) -> str:
+    return "-" if value == UNSERVED else str(value)
+
+
+def rows(gpus: tuple[str, ...] | None = None, context: int | None = None) -> list[dict[str, Any]]:
+    """One dict per catalog model: its facts, engine support and smallest layouts per GPU."""
+    keys = gpus or tuple(catalog.GPUS)
+    out = []
+    for spec in catalog.MODELS.values():
+        out.append(
+            {
+                "model": spec.id,
+                "checkpoint_gib": spec.checkpoint_gib,
+                "shards": spec.shard_count,
+                "quantization": spec.quantization.label,
+                "context": spec.max_position_embeddings,
+                "multimodal": spec.multimodal,
+                "reasoning_parser": spec.reasoning_parser,
+                "tool_parser": spec.tool_parser,
+                "text_only_engines": [e for e in TEXT_ONLY_ENGINES if spec.multimodal],
+                "engines": {
+                    engine: {
+                        "pinned": catalog.RELEASES[engine].version,
+                        "support": support(spec, engine),
+                        "min_version": spec.support[engine].min_version
+                        if engine in spec.support
+                        else None,
+                        "source": spec.support[engine].source if engine in spec.support else "",
+                    }
+                    for engine in ENGINES
+                },
+                "smallest_nodes": {gpu: smallest_nodes(spec, gpu, context) for gpu in keys},
+            }
+        )
+    return out
+
+
+def tables(data: list[dict[str, Any]]) -> list[Table]:
+    """The rows as rich tables: the catalog, then one table of smallest layouts per GPU."""
+    catalog_table = Table(title="Kimi-K2 family (catalog)", title_justify="left")
+    catalog_table.add_column("model", no_wrap=True)
+    for column in ("GiB", "shards", "weights", "context", "vision", "reasoning"):
+        catalog_table.add_column(column)
+    for engine in ENGINES:
+        catalog_table.add_column(f"{engine} {catalog.RELEASES[engine].version}")
+    for row in data:
+        catalog_table.add_row(
+            row["model"],
+            f"{row['checkpoint_gib']:g}",
+            str(row["shards"]),
+            row["quantization"],
+            f"{row['context']:,}",
+            "yes" if row["multimodal"] else "no",
+            row["reasoning_parser"] or "-",
+            *(row["engines"][engine]["support"] for engine in ENGINES),
+        )
+    out = [catalog_table]
+    layouts = [f"{e}/{layout}" for e in ENGINES for layout in LAYOUTS[e]]
+    for gpu in data[0]["smallest_nodes"] if data else ():
+        table = Table(
+            title=f"fewest nodes of {GPUS_PER_NODE} x {gpu} for one request of the full "
+            "context (-: the pinned release cannot serve it)",
+            title_justify="left",
+        )
+        table.add_column("model", no_wrap=True)
+        for key in layouts:
+            table.add_column(key)
+        for row in data:
+            nodes = row["smallest_nodes"][gpu]
+            table.add_row(row["model"], *(_cell(nodes[k]) for k in layouts))
+        out.append(table)
+    return out
+
+
+def markdown(data: list[dict[str, Any]]) -> str:
+    """The rows as Markdown tables (the README's model table)."""
+    lines = [
+        "| model | GiB | shards | weights | context | vision | reasoning parser | "
+        + " | ".join(f"{e} {catalog.RELEASES[e].version}" for e in ENGINES)
+        + " |",
+        "|" + " --- |" * (7 + len(ENGINES)),
+    ]
+    for row in data:
+        lines.append(
+            f"| `{row['model']}` | {row['checkpoint_gib']:g} | {row['shards']} | "
+            f"{row['quantization']} | {row['context']:,} | "
+            f"{'yes' if row['multimodal'] else 'no'} | {row['reasoning_parser'] or '-'} | "
+            + " | ".join(row["engines"][e]["support"] for e in ENGINES)
+            + " |"
+        )
+    layouts = [f"{e}/{layout}" for e in ENGINES for layout in LAYOUTS[e]]
+    for gpu in data[0]["smallest_nodes"] if data else ():
+        lines += [
+            "",
+            f"Fewest nodes of {GPUS_PER_NODE} x {gpu} for one request of the full context "
+            "(`-`: the pinned release cannot serve it; `over N`: no layout of up to N nodes "
+            "fits):",
+            "",
+            "| model | " + " | ".join(layouts) + " |",
+            "|" + " --- |" * (1 + len(layouts)),
+        ]
+        for row in data:
+            nodes = row["smallest_nodes"][gpu]
+            lines.append(
+                f"| `{row['model']}` | "
+                + " | ".join(_cell(nodes[k]) for k in layouts)
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
