@@ -23,10 +23,10 @@ shaping option, or real machines). FILE is JSON::
     {"seed": {"netns": "k2lab-c"},
      "hosts": [{"address": "10.77.0.11", "netns": "k2lab-h1", "dest": "/var/tmp/k2w"},
                {"address": "10.0.0.12", "ssh": "root@10.0.0.12",
-                "remote_script": "/opt/k2provision/relay.py", "dest": "/data/k2w"}]}
+                "remote_script": "/opt/k2provision/relay.pyz", "dest": "/data/k2w"}]}
 
 where each entry gives one launcher: ``netns`` (nsenter into that network namespace on
-this machine), ``ssh`` (relay.py already copied to ``remote_script``) or ``"local": true``.
+this machine), ``ssh`` (relay.pyz already copied to ``remote_script``) or ``"local": true``.
 The seed's link must be shaped to the same ``--mbit`` for the numbers to mean anything.
 
 Example (as root)::
@@ -53,7 +53,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from k2provision.weights.broadcast import (
+from k2provision.weights.manifest import Manifest, manifest_from_dir
+from tests.relay_harness import (
     BroadcastResult,
     Launcher,
     Target,
@@ -62,9 +63,8 @@ from k2provision.weights.broadcast import (
     local_launcher,
     nsenter_launcher,
     ssh_launcher,
+    write_shards,
 )
-from k2provision.weights.manifest import Manifest, manifest_from_dir
-from k2provision.weights.synthetic import write_synthetic_shards
 
 PREFIX = "k2wb"
 PORT = 29517
@@ -166,7 +166,7 @@ def launcher_of(spec: dict[str, Any], python: str) -> tuple[Launcher, str]:
         return nsenter_launcher(str(spec["netns"]), python=python), ""
     if spec.get("ssh"):
         remote = str(spec["ssh"])
-        script = str(spec.get("remote_script", "/opt/k2provision/relay.py"))
+        script = str(spec.get("remote_script", "/opt/k2provision/relay.pyz"))
         return ssh_launcher(
             remote, remote_script=script, python=spec.get("python", "python3")
         ), remote
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source = workdir / "source"
     print(f"writing {args.files} synthetic shards, {size / 1e6:g} MB ...", flush=True)
-    write_synthetic_shards(source, args.files, shard)
+    write_shards(source, args.files, shard)
     (source / "config.json").unlink()
     manifest = manifest_from_dir(source, model="bench/synthetic", revision="bench")
     total = manifest.total_bytes

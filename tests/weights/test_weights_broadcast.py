@@ -18,16 +18,13 @@ from typing import Any
 
 import pytest
 
-from k2provision.weights import relay
-from k2provision.weights.broadcast import (
-    Broadcast,
-    BroadcastResult,
-    RelayEvent,
-    Target,
-    broadcast,
-    fanout,
-    local_launcher,
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights.relay.output import (  # noqa: E501
+    Emitter,
 )
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights.relay.receiver import (  # noqa: E501
+    EXIT_INCOMPLETE,
+)
+from k2provision.weights import kernel
 from k2provision.weights.manifest import (
     Manifest,
     ManifestError,
@@ -35,7 +32,17 @@ from k2provision.weights.manifest import (
     manifest_from_dir,
     manifest_from_hub_info,
 )
-from k2provision.weights.synthetic import write_synthetic_shards
+from tests.relay_harness import (
+    RELAY_SCRIPT,
+    Broadcast,
+    BroadcastResult,
+    RelayEvent,
+    Target,
+    broadcast,
+    fanout,
+    local_launcher,
+    write_shards,
+)
 
 SHARD = 1 << 20
 OPTIONS: dict[str, Any] = {
@@ -52,7 +59,7 @@ OPTIONS: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
     src = tmp_path_factory.mktemp("source")
-    write_synthetic_shards(src, 4, SHARD, seed=7)
+    write_shards(src, 4, SHARD, seed=7)
     return src, manifest_from_dir(src, model="test/k2-mini", revision="r1")
 
 
@@ -324,15 +331,15 @@ def test_manifest_larger_than_free_space_is_refused_before_any_byte(tmp_path: Pa
         assert h.address in h.message
         assert h.bytes_written == 0
     free = shutil.disk_usage(tmp_path).free
-    message = relay.check_disk_space(str(tmp_path), free + (1 << 30), "hostX")
+    message = kernel.store.check_disk_space(str(tmp_path), free + (1 << 30), "hostX")
     assert message is not None
     assert message.startswith("hostX: not enough disk space")
-    assert relay.check_disk_space(str(tmp_path), 1, "hostX") is None
+    assert kernel.store.check_disk_space(str(tmp_path), 1, "hostX") is None
 
 
 def test_shard_with_wrong_header_length_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    write_synthetic_shards(src, 2, 64 << 10)
+    write_shards(src, 2, 64 << 10)
     bad = src / "model-2-of-2.safetensors"
     with bad.open("r+b") as f:
         (length,) = struct.unpack("<Q", f.read(8))
@@ -356,19 +363,21 @@ def test_shard_with_wrong_header_length_is_refused(tmp_path: Path) -> None:
 
 
 def test_receiving_side_checks_headers_even_when_sha256_matches(tmp_path: Path) -> None:
-    write_synthetic_shards(tmp_path / "s", 1, 64 << 10)
+    write_shards(tmp_path / "s", 1, 64 << 10)
     raw = bytearray((tmp_path / "s" / "model-1-of-1.safetensors").read_bytes())
     (length,) = struct.unpack("<Q", raw[0:8])
     raw[0:8] = struct.pack("<Q", length + 8)
-    assert relay.check_safetensors_header(raw, len(raw)) is not None
+    assert kernel.safetensors.check_safetensors_header(raw, len(raw)) is not None
     dest = tmp_path / "dest"
     dest.mkdir()
-    meta = relay.FileMeta("model-1-of-1.safetensors", len(raw), hashlib.sha256(raw).hexdigest())
+    meta = kernel.manifest.FileMeta(
+        "model-1-of-1.safetensors", len(raw), hashlib.sha256(raw).hexdigest()
+    )
     (dest / meta.name).write_bytes(bytes(raw))
-    store = relay.LocalStore(str(dest))
+    store = kernel.store.LocalStore(str(dest))
     with open(os.devnull, "w") as sink:
-        emit = relay.Emitter("h", "serve", sink)
-        states = store.scan(relay.RelayManifest("t", "r", (meta,)), True, 1, emit)
+        emit = Emitter("h", "serve", sink)
+        states = store.scan(kernel.manifest.RelayManifest("t", "r", (meta,)), True, 1, emit)
     assert states[meta.name].startswith("wrong: safetensors header length")
 
 
@@ -407,8 +416,11 @@ def test_token_in_environment_never_reaches_relays_or_logs(
 
 
 def _python39() -> str | None:
+    """A Python 3.9 interpreter: K2_RELAY_FLOOR_PYTHON, python3.9 on PATH, or pyenv's."""
     found = [
+        os.environ.get("K2_RELAY_FLOOR_PYTHON"),
         shutil.which("python3.9"),
+        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9"))),
         *sorted(glob.glob("/root/.pyenv/versions/3.9*/bin/python3.9")),
     ]
     for candidate in found:
@@ -425,11 +437,14 @@ def _python39() -> str | None:
     return None
 
 
-def test_relay_runs_on_python39(source: tuple[Path, Manifest], tmp_path: Path) -> None:
-    """Hosts bring their own python3; the relay must not need anything newer than 3.9."""
+def test_relay_runs_on_its_python_floor_39(source: tuple[Path, Manifest], tmp_path: Path) -> None:
+    """Hosts bring their own python3; the relay's stated floor is 3.9, so it runs under 3.9
+    here: a chain of two with zero-copy forwarding, then a resume of a cut file."""
     python = _python39()
-    if python is None:
-        pytest.skip("no Python 3.9 interpreter here")
+    assert python is not None, (
+        "the relay's stated floor is Python 3.9 and no 3.9 interpreter was found; fix: install"
+        " one (pyenv install 3.9) or point K2_RELAY_FLOOR_PYTHON at it"
+    )
     src, manifest = source
     launcher = local_launcher(python)
     ts = [
@@ -448,7 +463,7 @@ def test_relay_cli_links_around_a_host_that_is_down(
     source: tuple[Path, Manifest], tmp_path: Path
 ) -> None:
     src, manifest = source
-    script = str(relay.__file__)
+    script = str(RELAY_SCRIPT)
     procs = []
     ports = []
     for i in (1, 2):
@@ -481,6 +496,6 @@ def test_relay_cli_links_around_a_host_that_is_down(
         f"127.0.0.1:{dead}": "skipped",
         f"127.0.0.1:{ports[1]}": "ok",
     }
-    assert sent.returncode == relay.EXIT_INCOMPLETE
+    assert sent.returncode == EXIT_INCOMPLETE
     assert [p.returncode for p in procs] == [0, 0]
     assert tree(tmp_path / "h2") == expected(manifest)
