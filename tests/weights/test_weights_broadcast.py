@@ -257,6 +257,86 @@ def test_killed_receiver_is_skipped_and_completed_by_a_rerun(
         assert rerun.host(name).bytes_written == 0
 
 
+def test_file_cut_mid_way_resumes_from_its_verified_prefix(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """A relay killed in the middle of a file leaves its synced prefix and hash state; the
+    re-run streams only the bytes after that point, and the file still verifies."""
+    src, manifest = source
+    ts = targets(tmp_path, 2)
+    resume = {**OPTIONS, "extra_args": ["--checkpoint", str(64 << 10)]}
+    killed: list[int] = []
+    with Broadcast(manifest, src, ts, max_rate=3e6, **resume) as run:
+
+        def on_event(event: RelayEvent) -> None:
+            if (
+                not killed
+                and event.source == "h2"
+                and event.event == "progress"
+                and event.data["rx"] >= 2 * SHARD + 3 * SHARD // 4
+            ):
+                killed.append(event.data["rx"])
+                run.kill("h2")
+
+        run.on_event = on_event
+        run.start()
+        result = run.wait()
+    assert killed and result.host("h2").status == "skipped"
+    dead = Path(ts[1].dest)
+    missing = [f for f in manifest.files if f.name not in tree(dead)]
+    cut = missing[0]
+    points = list(dead.glob(".k2-resume.*.json"))
+    assert [p.name for p in points] == [f".k2-resume.{cut.name}.json"]
+    offset = json.loads(points[0].read_text())["offset"]
+    assert 0 < offset < cut.size
+
+    rerun = broadcast(manifest, src, ts, **resume)
+    assert rerun.ok, rerun
+    h2 = rerun.host("h2")
+    assert h2.resumed == ({"name": cut.name, "offset": offset},)
+    wanted = sum(f.size for f in missing) - offset
+    assert rerun.bytes_sent == wanted  # only the missing bytes crossed the wire
+    assert h2.bytes_received == wanted
+    assert h2.bytes_written == wanted
+    assert rerun.host("h1").bytes_written == 0
+    assert tree(dead) == expected(manifest)
+    assert partials(dead) == [] and list(dead.glob(".k2-resume.*")) == []
+
+
+def test_verify_re_reads_a_resumed_prefix_and_catches_its_corruption(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """With --verify the prefix is hashed again from disk instead of trusting the saved state:
+    a prefix changed on disk fails the file, and the next run sends it whole."""
+    src, manifest = source
+    name = manifest.files[1].name
+    dest = tmp_path / "h1"
+    dest.mkdir()
+    meta = kernel.manifest.FileMeta(name, manifest.files[1].size, manifest.files[1].sha256)
+    data = (src / name).read_bytes()
+    offset = 256 << 10
+    partial = Path(kernel.names.partial_path(str(dest), name))
+    bad = data[: 128 << 10] + b"\0" * 64 + data[(128 << 10) + 64 : offset]  # past the header
+    partial.write_bytes(bad)
+    prefix = kernel.hashing.Sha256()
+    prefix.update(data[:offset])  # the state as if the right bytes had been written
+    kernel.store.save_resume_point(str(dest), meta, offset, prefix.state())
+    ts = targets(tmp_path, 1)
+    trusted = broadcast(manifest, src, ts, **OPTIONS)
+    assert trusted.host("h1").resumed == ({"name": name, "offset": offset},)
+    # Without --verify the saved state is trusted like the stored manifest's size and mtime:
+    # the sha256 matches although bytes on disk changed. --verify is the full check.
+    assert trusted.ok
+    partial.write_bytes(bad)
+    kernel.store.save_resume_point(str(dest), meta, offset, prefix.state())
+    (dest / name).unlink()
+    checked = broadcast(manifest, src, ts, verify=True, **OPTIONS)
+    assert [f.name for f in checked.host("h1").failed] == [name]
+    again = broadcast(manifest, src, ts, **OPTIONS)
+    assert again.ok and again.bytes_sent == meta.size
+    assert tree(dest) == expected(manifest)
+
+
 def test_fanout_baseline_delivers_to_every_host(
     source: tuple[Path, Manifest], tmp_path: Path
 ) -> None:
