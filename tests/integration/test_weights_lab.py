@@ -38,6 +38,7 @@ BASE_VARS: dict[str, lab_api.VarValue] = {
     "k2_weights_synthetic_shard_bytes": SHARD_BYTES,
     "k2_weights_poll_interval": 1,
     "k2_weights_relink_timeout": 30,
+    "k2_weights_checkpoint_bytes": 1 << 20,
 }
 
 
@@ -284,6 +285,62 @@ def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
     assert changed["lab2"] == changed["lab4"] == 0
     copies_match_manifest(state, record["manifest"], MODEL_DIR)
     assert ".partial" not in on_host(state, "lab3", f"ls -a {MODEL_DIR}")
+
+
+def test_relay_killed_mid_file_resumes_and_sends_only_the_missing_bytes(
+    cluster: tuple[Any, Path], tmp_path: Path
+) -> None:
+    """Kill lab3's relay in the middle of a shard: the re-run streams that shard from lab3's
+    last resume point (1 MiB checkpoints here) and the shards it never started, nothing else:
+    the seed's and lab3's byte counters say so."""
+    state, inventory = cluster
+    for host in ("lab2", "lab3", "lab4"):
+        on_host(state, host, f"rm -rf {MODEL_DIR}")
+    runs = tmp_path / "runs"
+    lab_api.shape(40)  # about 5 MB/s per link: each 8 MiB shard takes well over a second
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "k2provision.weights.cli", str(inventory)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "200"},
+        )
+        try:
+            wait_for_progress(runs, "lab3", SHARD_BYTES + SHARD_BYTES // 2)
+            on_host(state, "lab3", f"kill -KILL $(cat {STATE_DIR}/serve.pid)")
+            output, _ = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        lab_api.shape(None)
+    assert proc.returncode == 1, output[-4000:]
+    manifest = record_of(runs)["manifest"]
+    sizes = {f["name"]: f["size"] for f in manifest["files"]}
+    listing = on_host(state, "lab3", f"ls -A {MODEL_DIR}").split()
+    missing = [n for n in sizes if n not in listing]
+    points = [n for n in listing if n.startswith(".k2-resume.")]
+    assert len(points) == 1, listing
+    cut = points[0][len(".k2-resume.") : -len(".json")]
+    assert cut in missing
+    point = json.loads(on_host(state, "lab3", f"cat {MODEL_DIR}/{points[0]}"))
+    assert 0 < point["offset"] < sizes[cut]
+
+    rerun = weights(inventory, runs=runs)
+    assert rerun.returncode == 0, rerun.stdout[-4000:]
+    record = record_of(runs)
+    assert record["chain"] == ["lab3"]
+    lab3 = hosts_of(record)["lab3"]
+    assert lab3["resumed"] == [{"name": cut, "offset": point["offset"]}]
+    wanted = sum(sizes[n] for n in missing) - point["offset"]
+    assert record["seed_summary"]["bytes_sent"] == wanted
+    assert lab3["bytes_on_wire"] == wanted
+    assert lab3["bytes_received"] == wanted  # written
+    copies_match_manifest(state, manifest, MODEL_DIR)
+    assert ".k2-resume." not in on_host(state, "lab3", f"ls -A {MODEL_DIR}")
 
 
 def test_full_disk_is_refused_before_anything_changes(

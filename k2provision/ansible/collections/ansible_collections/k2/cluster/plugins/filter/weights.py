@@ -143,6 +143,8 @@ def weights_host_result(
             failed=list(summary.get("failed", [])),
             missing=_names(summary.get("missing")),
             bytes_received=int(summary.get("bytes_written", 0)),
+            bytes_on_wire=int(summary.get("bytes_received", 0)),
+            resumed=[r for r in summary.get("resumed", []) if isinstance(r, dict)],
             message=str(summary.get("message", "")),
         )
     if base["status"] != "ok" and address in skipped:

@@ -58,15 +58,15 @@ bytes from offset to the end. ``Z`` end of stream, down. ``R`` report, up: the s
 this host and every host below. ``K`` keepalive, up, while a host waits on its own downstream
 or its disk. ``X`` error, up: the receiver refused the hello (bad manifest, wrong protocol).
 
-Received bytes are handed on as they arrive (every 128 KiB to 4 MiB, long before a frame is
-complete): a writer thread writes them to ``<dest>/.<name>.partial`` and has the forwarder
-send them on from the page cache with sendfile(2); one hashing thread per file computes its
-sha256. A file gets its final name only when size, sha256 and (for ``*.safetensors``) the
-header check agree with the manifest. ``<dest>/.k2-manifest.json`` records what was verified
-(with each file's mtime), so a re-run checks sizes and mtimes instead of re-hashing;
-``--verify`` re-hashes everything. Every ``--checkpoint`` bytes the writer syncs the partial
-file, drops its forwarded pages from the page cache and saves a resume point (bytes on disk,
-sha256 state); a re-run continues an interrupted file from there.
+Received bytes are handed on as they arrive (every 10 ms, 64 KiB to 4 MiB at a time, long
+before a frame is complete): a writer thread writes them to ``<dest>/.<name>.partial`` and
+has the forwarder send them on from the page cache with sendfile(2); one hashing thread per
+file computes its sha256. A file gets its final name only when size, sha256 and (for
+``*.safetensors``) the header check agree with the manifest. ``<dest>/.k2-manifest.json``
+records what was verified (with each file's mtime), so a re-run checks sizes and mtimes
+instead of re-hashing; ``--verify`` re-hashes everything. Every ``--checkpoint`` bytes the
+writer syncs the partial file, drops its forwarded pages from the page cache and saves a
+resume point (bytes on disk, sha256 state); a re-run continues an interrupted file there.
 
 Faults: if a downstream host dies, the host above it links to the next host of the chain,
 reports the dead one as skipped, forwards the rest of the stream, and afterwards sends

@@ -48,9 +48,9 @@ EXIT_INCOMPLETE = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
 EXIT_CANCELLED = 4
-SLICE_MIN = 128 << 10  # forward at least this much at once...
-SLICE_MAX = 4 << 20  # ... and at most this much, or what came in 5 ms
-SLICE_WAIT = 0.005
+SLICE_MIN = 64 << 10  # forward at least this much at once...
+SLICE_MAX = 4 << 20  # ... and at most this much, or what came in 10 ms
+SLICE_WAIT = 0.01
 
 
 class Results:
