@@ -311,3 +311,27 @@ def test_progress_feed_and_views(tmp_path: Path) -> None:
     }
     table = cli.results_table(record)
     assert table.row_count == 2
+
+
+@pytest.mark.parametrize(
+    "plugin",
+    [
+        "lookup.weights_relay",
+        "modules.weights_source",
+        "modules.weights_state",
+        "modules.weights_hub_download",
+    ],
+)
+def test_plugin_documentation_is_yaml(plugin: str) -> None:
+    """Ansible parses these blocks when it loads the plugin; broken YAML fails the play."""
+    import importlib
+
+    import yaml
+
+    module = importlib.import_module(
+        f"k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.{plugin}"
+    )
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    assert doc["short_description"]
+    if hasattr(module, "RETURN"):
+        assert isinstance(yaml.safe_load(module.RETURN), dict)

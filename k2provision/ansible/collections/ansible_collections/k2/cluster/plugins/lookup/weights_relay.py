@@ -13,7 +13,7 @@ name: weights_relay
 short_description: Path of the weight relay (relay.pyz), built from the collection's sources
 description:
   - The stdlib-only relay that moves weights host to host, as one zipapp built from the
-    collection's module_utils/k2_weights package (reproducibly: the same sources give the same
+    collection's module_utils/k2_weights package, reproducibly (the same sources give the same
     bytes). The k2_weights role copies it to every host.
 author: k2provision
 """
