@@ -297,7 +297,13 @@ def test_relay_killed_mid_file_resumes_and_sends_only_the_missing_bytes(
     for host in ("lab2", "lab3", "lab4"):
         on_host(state, host, f"rm -rf {MODEL_DIR}")
     runs = tmp_path / "runs"
-    lab_api.shape(40)  # about 5 MB/s per link: each 8 MiB shard takes well over a second
+    lab_api.shape(24)  # about 3 MB/s per link: each 8 MiB shard takes about 3 s
+    partial = f"{MODEL_DIR}/.{shard(2)}.partial"
+    kill_mid_file = (  # on lab3 itself, so the kill lands 2-3 MiB into the second shard
+        f"for i in $(seq 1200); do"
+        f" [ $(stat -c %s {partial} 2>/dev/null || echo 0) -ge {2 << 20} ] && break; sleep 0.05;"
+        f" done; kill -KILL $(cat {STATE_DIR}/serve.pid)"
+    )
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "k2provision.weights.cli", str(inventory)],
@@ -308,8 +314,8 @@ def test_relay_killed_mid_file_resumes_and_sends_only_the_missing_bytes(
             env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "200"},
         )
         try:
-            wait_for_progress(runs, "lab3", SHARD_BYTES + SHARD_BYTES // 2)
-            on_host(state, "lab3", f"kill -KILL $(cat {STATE_DIR}/serve.pid)")
+            wait_for_progress(runs, "lab3", 1)
+            on_host(state, "lab3", kill_mid_file)
             output, _ = proc.communicate(timeout=600)
         finally:
             if proc.poll() is None:
@@ -323,8 +329,8 @@ def test_relay_killed_mid_file_resumes_and_sends_only_the_missing_bytes(
     listing = on_host(state, "lab3", f"ls -A {MODEL_DIR}").split()
     missing = [n for n in sizes if n not in listing]
     points = [n for n in listing if n.startswith(".k2-resume.")]
-    assert len(points) == 1, listing
-    cut = points[0][len(".k2-resume.") : -len(".json")]
+    assert points == [f".k2-resume.{shard(2)}.json"], listing
+    cut = shard(2)
     assert cut in missing
     point = json.loads(on_host(state, "lab3", f"cat {MODEL_DIR}/{points[0]}"))
     assert 0 < point["offset"] < sizes[cut]

@@ -3,7 +3,8 @@
 The receiving thread reads each data frame into a pooled chunk and hands it on at once:
 
 - to the file's **hasher** (one thread per file, so consecutive files hash in parallel; each
-  update is a whole frame, large enough for the hash to run without the GIL);
+  update is one slice as it arrived, 64 KiB or more, large enough for the hash to run
+  without the GIL);
 - to the **writer** (one thread), which writes each slice at its offset in
   ``.<name>.partial`` and then routes the forwarding of that slice: ``sendfile`` straight from
   the page cache it just filled (no copy through this process), or, for a file this host does

@@ -53,6 +53,26 @@ SLICE_MAX = 4 << 20  # ... and at most this much, or what came in 10 ms
 SLICE_WAIT = 0.01
 
 
+class Lowat:
+    """The socket's receive low-water mark: a slow stream wakes the receiving thread once per
+    slice instead of once per packet (SO_RCVLOWAT, where the platform has it)."""
+
+    OPTION = getattr(socket, "SO_RCVLOWAT", None)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.value = 1
+
+    def set(self, value: int) -> None:
+        if value != self.value and self.OPTION is not None:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, self.OPTION, value)
+            except OSError:
+                self.OPTION = None
+                return
+            self.value = value
+
+
 class Results:
     """Per-process fate of every manifest file, across sessions."""
 
@@ -484,6 +504,7 @@ class Receiver:
         counters = self.counters
         sock = conn.sock
         put = writer.q.put
+        lowat = Lowat(sock)
         start = job.start if job is not None else meta.size
         pos = offset
         while pos < meta.size:
@@ -500,6 +521,7 @@ class Receiver:
             direct = job is not None and pos >= start  # written, then sent from the page cache
             # A broken upstream leaves this chunk referenced; the session's pool dies with it.
             while off < end:
+                lowat.set(min(SLICE_MIN, end - off))
                 k = sock.recv_into(view[off:end])
                 if not k:
                     raise PeerClosed(f"{conn.peer} closed the connection inside {meta.name}")
@@ -511,11 +533,12 @@ class Receiver:
                         last = now
                         self._slice(put, job, chunk, sent, off, pos, direct)
                         sent = off
+            lowat.set(1)  # the next frame header is 5 bytes
             self._slice(put, job, chunk, sent, end, pos, direct)
-            if job is not None and pos + n > start:
-                a = HDR + max(0, start - pos)
-                if not direct:  # the frame crosses this host's resume point
-                    put(("data", job, chunk.hold(), a, end, pos + a - HDR, None, False))
+            if job is not None and not direct and pos + n > start:
+                # the frame crosses this host's resume point: its own part, written unforwarded
+                a = HDR + start - pos
+                put(("data", job, chunk.hold(), a, end, pos + a - HDR, None, False))
                 job.hq.put(("data", chunk.hold(), a, end))
             chunk.release()
             pos += n
@@ -525,8 +548,10 @@ class Receiver:
         put: Any, job: FileJob | None, chunk: Any, a: int, b: int, pos: int, direct: bool
     ) -> None:
         if direct:
+            assert job is not None
             header = bytes(chunk.view[:HDR]) if a == 0 else None
             a = max(a, HDR)
             put(("data", job, chunk.hold(), a, b, pos + a - HDR, header, True))
+            job.hq.put(("data", chunk.hold(), a, b))  # hashed slice by slice, as it arrives
         else:
             put(("route", ("mem", chunk.hold(), a, b)))
