@@ -125,7 +125,7 @@ class NetnsLab:
 
     def shaper(self) -> list[str]:
         burst = max(32 * 1024, int(self.mbit * 1e6 / 8 / 250 * 2))
-        return ["tbf", "rate", f"{self.mbit:.3f}mbit", "burst", str(burst), "latency", "25ms"]
+        return ["tbf", "rate", f"{self.mbit:.3f}mbit", "burst", str(burst), "latency", "100ms"]
 
     def shape(self, mbit: float) -> None:
         """Every link to ``mbit`` in both directions."""
@@ -298,12 +298,12 @@ def run_one(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 8, 16, 32])
-    parser.add_argument("--seconds", type=float, default=20.0, help="one link-time of a set")
+    parser.add_argument("--seconds", type=float, default=30.0, help="one link-time of a set")
     parser.add_argument("--files", type=int, default=6, help="number of shards")
     parser.add_argument("--max-mbit", type=float, default=400.0, help="highest link rate")
     parser.add_argument("--disk-share", type=float, default=0.5,
                         help="share of the write bandwidth N hosts may use")  # fmt: skip
-    parser.add_argument("--cpu-share", type=float, default=0.25,
+    parser.add_argument("--cpu-share", type=float, default=0.4,
                         help="cores the N relaying hops may use")  # fmt: skip
     parser.add_argument("--tmpfs-gb", type=float, default=4.0, help="netns mode: tmpfs size")
     parser.add_argument("--mode", choices=["netns", "lab"], default="netns")
