@@ -10,6 +10,8 @@ Moves one synthetic set down a chain seed -> h1 -> h2 on loopback, destinations 
 - **relay**: relay.pyz as the product runs it: h1 receives, hashes, writes and forwards every
   byte (sendfile from the page cache it wrote), h2 receives, hashes and writes.
 - **relay, no zero-copy**: the same with ``--no-zero-copy`` (forwarding through the process).
+- **relay, S streams**: the same with ``--streams S`` (S lanes per hop, each its own
+  connection with its share of the files, so S threads per stage).
 
 and hashes the set with hashlib alone in one thread (the **hash limit**: one stream's files
 are hashed one after another, so one core's sha256 rate bounds one stream).
@@ -19,9 +21,9 @@ relay's own accounting (receive, hash, write, forward on h1; the seed's read and
 process totals, and the ratios relay/raw and relay/hash-limit. From h1's measured cost it
 projects the per-hop rate on a host with C free cores:
 
-    rate(C) = min(C / (CPU-s per GB of the hop), 1 / (CPU-s per GB of its busiest thread))
+    rate(C, S) = min(C / (CPU-s per GB of the hop), S / (CPU-s per GB of its busiest stage))
 
-since every stage of one stream runs in one thread. Example::
+since every stage of one stream runs in one thread (S streams: S threads). Example::
 
     .venv/bin/python benchmarks/weights_cost.py --size-mb 1024 --files 4 --repeat 3
 """
@@ -113,6 +115,7 @@ u = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"bytes": moved, "user": u.ru_utime, "sys": u.ru_stime}), flush=True)
 """
 
+
 def raw_chain(files: list[Path]) -> dict[str, Any]:
     """seed -> fwd -> sink with the raw hops; seconds from the seed's start to the sink's end."""
     py = sys.executable
@@ -156,7 +159,7 @@ def hash_limit(files: list[Path]) -> dict[str, float]:
 
 
 def relay_chain(
-    manifest: Manifest, source: Path, work: Path, extra: list[str], chunk: int
+    manifest: Manifest, source: Path, work: Path, extra: list[str], chunk: int, streams: int = 1
 ) -> BroadcastResult:
     targets = []
     for name in ("h1", "h2"):
@@ -170,6 +173,7 @@ def relay_chain(
         chunk_size=chunk,
         progress_interval=5.0,
         extra_args=extra,
+        streams=streams,
         io_timeout=60.0,
         connect_timeout=10.0,
         grace=30.0,
@@ -191,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--chunk-mb", type=int, default=8)
+    parser.add_argument("--streams", type=int, default=4, help="lanes of the parallel run")
     parser.add_argument("--workdir", type=Path, default=Path("/dev/shm"))
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     args = parser.parse_args(argv)
@@ -206,13 +211,22 @@ def main(argv: list[str] | None = None) -> int:
         files = [source / f.name for f in manifest.files]
         total = manifest.total_bytes
         load0 = os.getloadavg()
-        runs: dict[str, list[Any]] = {"raw": [], "relay": [], "relay_copy": [], "hash": []}
+        runs: dict[str, list[Any]] = {
+            "raw": [],
+            "relay": [],
+            "relay_copy": [],
+            "relay_streams": [],
+            "hash": [],
+        }
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat} ...", flush=True)
             runs["raw"].append(raw_chain(files))
             runs["relay"].append(relay_chain(manifest, source, work, [], args.chunk_mb << 20))
             runs["relay_copy"].append(
                 relay_chain(manifest, source, work, ["--no-zero-copy"], args.chunk_mb << 20)
+            )
+            runs["relay_streams"].append(
+                relay_chain(manifest, source, work, [], args.chunk_mb << 20, args.streams)
             )
             runs["hash"].append(hash_limit(files))
         load1 = os.getloadavg()
@@ -226,11 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     raw = median_run("raw", lambda r: r["seconds"])
     relay = median_run("relay", lambda r: r.seconds)
     copy = median_run("relay_copy", lambda r: r.seconds)
+    lanes = median_run("relay_streams", lambda r: r.seconds)
     hashed = median_run("hash", lambda r: r["seconds"])
     rate = {
         "raw": total / raw["seconds"] / GB,
         "relay": total / relay.seconds / GB,
         "relay_copy": total / copy.seconds / GB,
+        "relay_streams": total / lanes.seconds / GB,
         "hash": total / hashed["seconds"] / GB,
     }
     spread = {
@@ -246,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     c1, c2 = stages(h1.cpu), stages(h2.cpu)
+    cs = stages(lanes.host("h1").cpu)
     seed_cpu = relay.seed_cpu
     raw_h1 = per_gb(raw["h1"]["user"] + raw["h1"]["sys"], total)
     busiest = max(STAGES, key=lambda s: c1[s])
@@ -259,7 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | --- | --- | --- |")
     print(f"| raw transport (sendfile, splice) | {rate['raw']:.2f} | | |")
     print(f"| hashlib sha256, one thread | {rate['hash']:.2f} | | |")
-    for name, label in (("relay", "relay.pyz"), ("relay_copy", "relay.pyz --no-zero-copy")):
+    for name, label in (
+        ("relay", "relay.pyz"),
+        ("relay_copy", "relay.pyz --no-zero-copy"),
+        ("relay_streams", f"relay.pyz, {args.streams} streams per hop"),
+    ):
         print(f"| {label} | {rate[name]:.2f} | {rate[name] / rate['raw']:.2f}"
               f" | {rate[name] / rate['hash']:.2f} |")  # fmt: skip
     print()
@@ -268,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, c in (("h1 (relaying hop)", c1), ("h2 (last hop)", c2)):
         print(f"| {label} | {c['receive']:.3f} | {c['hash']:.3f} | {c['write']:.3f}"
               f" | {c['forward']:.3f} | {c['process']:.3f} |")  # fmt: skip
+    print(f"| h1, {args.streams} streams | {cs['receive']:.3f} | {cs['hash']:.3f}"
+          f" | {cs['write']:.3f} | {cs['forward']:.3f} | {cs['process']:.3f} |")  # fmt: skip
     print(f"| h1 raw splice forwarder | | | | | {raw_h1:.3f} |")
     print(f"| seed | read {per_gb(seed_cpu.get('read', 0), total):.3f}"
           f" | {per_gb(seed_cpu.get('hash', 0), total):.3f} | |"
@@ -276,26 +299,33 @@ def main(argv: list[str] | None = None) -> int:
     hash_cpu = per_gb(hashed["cpu"], total)
     print(f"| hashlib alone | | {hash_cpu:.3f} | | | |")
     print()
-    print("| free cores C | projected GB/s per hop | bound by |")
-    print("| --- | --- | --- |")
+    print("| free cores C | streams per hop S | projected GB/s per hop | bound by |")
+    print("| --- | --- | --- | --- |")
     projections = {}
     for cores in (8, 32):
-        by_cores = cores / c1["process"]
-        by_thread = 1 / c1[busiest]
-        projections[cores] = min(by_cores, by_thread)
-        bound = (
-            f"{cores} cores x {c1['process']:.3f} CPU-s/GB"
-            if by_cores < by_thread
-            else f"one stream's {busiest} thread ({c1[busiest]:.3f} CPU-s/GB)"
-        )
-        print(f"| {cores} | {projections[cores]:.2f} | {bound} |")
+        for streams in (1, 8):
+            by_cores = cores / c1["process"]
+            by_threads = streams / c1[busiest]
+            projections[f"{cores}x{streams}"] = min(by_cores, by_threads)
+            bound = (
+                f"{cores} cores at {c1['process']:.2f} CPU-s/GB"
+                if by_cores < by_threads
+                else f"{streams} {busiest} thread(s) at {c1[busiest]:.2f} CPU-s/GB"
+            )
+            print(f"| {cores} | {streams} | {min(by_cores, by_threads):.1f} | {bound} |")
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
                     "bytes": total,
                     "rates": rate,
-                    "cpu_per_gb": {"h1": c1, "h2": c2, "raw_h1": raw_h1, "hash": hash_cpu},
+                    "cpu_per_gb": {
+                        "h1": c1,
+                        "h2": c2,
+                        "h1_streams": cs,
+                        "raw_h1": raw_h1,
+                        "hash": hash_cpu,
+                    },
                     "projection": projections,
                     "load": [load0, load1],
                 },

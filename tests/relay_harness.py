@@ -311,6 +311,7 @@ class Broadcast:
         log_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
+        streams: int = 1,
     ) -> None:
         if not targets:
             raise ValueError("a broadcast needs at least one target host")
@@ -335,6 +336,7 @@ class Broadcast:
         self.log_dir = log_dir
         self.env = child_env(env)
         self.extra_args = list(extra_args)
+        self.streams = streams
         self.relays: dict[str, _Relay] = {}
         self.addresses: dict[str, str] = {}
         self.seed: _Relay | None = None
@@ -395,6 +397,8 @@ class Broadcast:
             args.append("--verify")
         if self.max_rate:
             args += ["--max-rate", str(self.max_rate)]
+        if self.streams > 1:
+            args += ["--streams", str(self.streams)]
         self.t0 = time.monotonic()
         self.seed = _Relay(
             "seed", self.seed_launcher(args), self.env, self.log_dir, self._on_line, stdin=True

@@ -206,9 +206,30 @@ def test_silent_corruption_needs_verify(source: tuple[Path, Manifest], tmp_path:
     assert tree(Path(ts[0].dest)) == expected(manifest)
 
 
-@pytest.mark.parametrize("victim", ["h2", "h1"])  # h1: the seed itself re-links
+def test_parallel_streams_share_the_files_and_deliver_everything(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """Three lanes per hop, each with its share of the files on its own connections: every
+    host gets every file once, the counters add up, and a re-run moves nothing."""
+    src, manifest = source
+    ts = targets(tmp_path, 3)
+    result = broadcast(manifest, src, ts, streams=3, **OPTIONS)
+    assert result.ok, result
+    assert result.bytes_sent == manifest.total_bytes
+    assert len(result.hosts) == 3
+    for t in ts:
+        assert tree(Path(t.dest)) == expected(manifest)
+        host = result.host(t.label)
+        assert sorted(host.received) == sorted(manifest.names)
+        assert host.bytes_written == manifest.total_bytes
+    again = broadcast(manifest, src, ts, streams=3, **OPTIONS)
+    assert again.ok
+    assert again.bytes_sent == 0
+
+
+@pytest.mark.parametrize(("victim", "streams"), [("h2", 1), ("h1", 1), ("h2", 2)])
 def test_killed_receiver_is_skipped_and_completed_by_a_rerun(
-    source: tuple[Path, Manifest], tmp_path: Path, victim: str
+    source: tuple[Path, Manifest], tmp_path: Path, victim: str, streams: int
 ) -> None:
     src, manifest = source
     ts = targets(tmp_path, 4)
@@ -216,7 +237,7 @@ def test_killed_receiver_is_skipped_and_completed_by_a_rerun(
     index = int(victim[1]) - 1
     others = [t.label for t in ts if t.label != victim]
 
-    with Broadcast(manifest, src, ts, max_rate=4e6, **OPTIONS) as run:
+    with Broadcast(manifest, src, ts, max_rate=4e6, streams=streams, **OPTIONS) as run:
 
         def on_event(event: RelayEvent) -> None:
             if (

@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--fanout", action="store_true", help="one direct stream per host instead")
     send.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK, help="bytes per data frame")
     send.add_argument("--max-rate", type=float, default=0.0, help="cap in bytes/s (0: none)")
+    send.add_argument(
+        "--streams", type=int, default=1,
+        help="parallel streams (lanes) per hop, each with its share of the files",
+    )  # fmt: skip
     common(send)
 
     check = sub.add_parser("check", help="verify a destination against a manifest, no network")

@@ -306,7 +306,7 @@ class Writer:
                             n = os.pwrite(fd, view, pos)
                             view = view[n:]
                             pos += n
-                        self.counters.written += b - a  # one writer (this thread)
+                        self.counters.add("written", b - a)
                         written = offset + b - a
                 except OSError as exc:
                     job.error = f"write failed: {describe(exc)}"

@@ -73,6 +73,60 @@ class Lowat:
             self.value = value
 
 
+class Lanes:
+    """The parallel streams (lanes) of one broadcast session at this host: each lane is its own
+    connection carrying its own share of the files. They share one scan and one disk check,
+    and each waits for the others before it reports, so every report is the host's result."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.cond = threading.Condition()
+        self.scan_started = False
+        self.scanned = threading.Event()
+        self.scan: dict[str, Any] = {}
+        self.refusal: str | None = None
+        self.done: dict[int, bool] = {}
+        self.streamed: set[int] = set()
+        self.running = 0
+        self.last = time.monotonic()
+
+    def scan_once(self, scan: Any) -> dict[str, Any]:
+        with self.cond:
+            first = not self.scan_started
+            self.scan_started = True
+        if first:
+            self.scan = scan()
+            self.scanned.set()
+        self.scanned.wait()
+        return self.scan
+
+    def started(self) -> None:
+        with self.cond:
+            self.running += 1
+
+    def ended(self, lane: int, ok: bool) -> None:
+        with self.cond:
+            self.done[lane] = ok or self.done.get(lane, False)
+            self.running -= 1
+            self.last = time.monotonic()
+            self.cond.notify_all()
+
+    def complete(self) -> bool:
+        with self.cond:
+            return len(self.done) == self.count and all(self.done.values())
+
+    def idle_for(self) -> float:
+        with self.cond:
+            return 0.0 if self.running else time.monotonic() - self.last
+
+    def all_streamed(self, lane: int, timeout: float) -> None:
+        """Wait (bounded) until every lane has received all its files, before reporting."""
+        with self.cond:
+            self.streamed.add(lane)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: len(self.streamed) >= self.count, timeout)
+
+
 class Results:
     """Per-process fate of every manifest file, across sessions."""
 
@@ -138,12 +192,18 @@ class Receiver:
         progress.start()
         wait = self.args.accept_timeout
         complete = False
+        lanes: dict[str, Lanes] = {}
         try:
             while not complete:
-                lsock.settimeout(wait)
+                lsock.settimeout(0.5 if lanes else wait)
                 try:
                     sock, peer = lsock.accept()
                 except socket.timeout:
+                    if any(g.complete() for g in lanes.values()):
+                        complete = True
+                        break
+                    if lanes and min(g.idle_for() for g in lanes.values()) < wait:
+                        continue
                     self.message = (
                         f"no upstream connected within {wait:g} s"
                         if self.sessions == 0
@@ -159,8 +219,16 @@ class Receiver:
                     conn.close()
                     continue
                 self.sessions += 1
-                complete = self.session(conn, hello)
                 wait = self.args.relink_timeout
+                count = hello.get("lanes", 1)
+                if not isinstance(count, int) or count <= 1:
+                    complete = self.session(conn, hello)
+                    continue
+                group = lanes.setdefault(str(hello.get("session", "")), Lanes(count))
+                group.started()
+                threading.Thread(
+                    target=self._lane, args=(conn, hello, group), name="lane", daemon=True
+                ).start()
         finally:
             progress.stop()
             lsock.close()
@@ -225,6 +293,15 @@ class Receiver:
 
     # -- one upstream connection
 
+    def _lane(self, conn: Conn, hello: Json, group: Lanes) -> None:
+        lane = hello.get("lane", 0)
+        lane = lane if isinstance(lane, int) else 0
+        ok = False
+        try:
+            ok = self.session(conn, hello, group, lane)
+        finally:
+            group.ended(lane, ok)
+
     def _hello(self, conn: Conn, hello: Json) -> tuple[RelayManifest, list[str], int] | None:
         try:
             if hello.get("proto") != PROTOCOL:
@@ -268,8 +345,8 @@ class Receiver:
             starts[meta.name] = point.offset if point else 0
         return own, starts
 
-    def session(self, conn: Conn, hello: Json) -> bool:
-        """One upstream connection. True when the stream ended properly."""
+    def session(self, conn: Conn, hello: Json, group: Lanes | None = None, lane: int = 0) -> bool:
+        """One upstream connection (one lane of it). True when the stream ended properly."""
         parsed = self._hello(conn, hello)
         if parsed is None:
             return False
@@ -281,11 +358,14 @@ class Receiver:
         verify = bool(hello.get("verify")) or self.opts.verify
         scan: dict[str, Any] = {}
 
-        def do_scan() -> None:
+        def scan_all() -> dict[str, Any]:
             try:
-                scan["states"] = self.store.scan(manifest, verify, self.opts.workers(), self.emit)
+                return {"states": self.store.scan(manifest, verify, self.opts.workers(), self.emit)}
             except (OSError, RelayError) as exc:
-                scan["error"] = describe(exc)
+                return {"error": describe(exc)}
+
+        def do_scan() -> None:
+            scan.update(group.scan_once(scan_all) if group is not None else scan_all())
 
         scanner = threading.Thread(target=do_scan, name="scan", daemon=True)
         opts = self.opts
@@ -309,21 +389,14 @@ class Receiver:
             fwd.link()
             scanner.join()
         own, starts = self._own_files(manifest, scan.get("states", {}))
-        self.refusal = ""
-        if "error" in scan:
-            self.refusal = f"{self.emit.host}: cannot check {self.store.dest}: {scan['error']}"
-        else:
-            reclaim = 0
-            for meta in own:
-                paths = [self.store.final(meta.name)]
-                if not starts[meta.name]:
-                    paths.append(self.store.partial(meta.name))
-                for path in paths:
-                    with contextlib.suppress(OSError):
-                        reclaim += os.stat(path).st_size
-            needed = sum(m.size - starts[m.name] for m in own)
-            problem = check_disk_space(self.store.dest, needed, self.emit.host, reclaim)
-            self.refusal = problem or ""
+        if group is None or group.refusal is None:
+            self.refusal = self._refusal(scan, own, starts)  # one disk check for all lanes
+            if group is not None:
+                group.refusal = self.refusal
+        lane_files = hello.get("lane_files")
+        if isinstance(lane_files, list):
+            own = [m for m in own if m.name in set(lane_files)]
+            starts = {m.name: starts[m.name] for m in own}
         if self.refusal:
             self.emit("refused", message=self.refusal)
             own, starts = [], {}
@@ -344,7 +417,8 @@ class Receiver:
             wanted[name] = min(offset, wanted.get(name, offset))
         plan = [m for m in manifest.files if m.name in wanted]
         with self.counters.lock:
-            self.counters.total = sum(m.size - wanted[m.name] for m in plan)
+            lane_total = sum(m.size - wanted[m.name] for m in plan)
+            self.counters.total = lane_total + (self.counters.total if group else 0)
         self.emit(
             "plan",
             need=[m.name for m in own],
@@ -369,7 +443,9 @@ class Receiver:
             self._merge_skips(fwd)
             conn.close()
             return False
-        return self._stream(conn, manifest, chunk, fwd, own_names, starts, verify, plan)
+        return self._stream(
+            conn, manifest, chunk, fwd, own_names, starts, verify, plan, group, lane
+        )
 
     def _stream(
         self,
@@ -381,6 +457,8 @@ class Receiver:
         starts: dict[str, int],
         verify: bool,
         plan: list[FileMeta],
+        group: Lanes | None = None,
+        lane: int = 0,
     ) -> bool:
         pool = ChunkPool(chunk, max(2, self.args.buffers), self.opts.io_timeout)
         writer = Writer(
@@ -464,6 +542,8 @@ class Receiver:
         with Keepalive(conn, self.opts.keepalive):
             writer.thread.join()
             fwd.join()
+            if group is not None:
+                group.all_streamed(lane, self.opts.io_timeout)
         for done in session_jobs:
             done.close_read()
         self._merge_skips(fwd)
@@ -472,6 +552,21 @@ class Receiver:
             conn.send_json(T_REPORT, {"hosts": [report, *fwd.skipped, *fwd.reports]})
         conn.close()
         return True
+
+    def _refusal(self, scan: dict[str, Any], own: list[FileMeta], starts: dict[str, int]) -> str:
+        """Why this host cannot take its files (cannot scan, no room), or ""."""
+        if "error" in scan:
+            return f"{self.emit.host}: cannot check {self.store.dest}: {scan['error']}"
+        reclaim = 0
+        for meta in own:
+            paths = [self.store.final(meta.name)]
+            if not starts[meta.name]:
+                paths.append(self.store.partial(meta.name))
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    reclaim += os.stat(path).st_size
+        needed = sum(m.size - starts[m.name] for m in own)
+        return check_disk_space(self.store.dest, needed, self.emit.host, reclaim) or ""
 
     @staticmethod
     def _file_info(info: Any, by_name: dict[str, FileMeta], payload: bytes) -> tuple[FileMeta, int]:
@@ -526,7 +621,7 @@ class Receiver:
                 if not k:
                     raise PeerClosed(f"{conn.peer} closed the connection inside {meta.name}")
                 off += k
-                counters.rx += k  # one writer (this thread): no lock
+                counters.add("rx", k)  # several lanes may receive at once
                 if off < end and off - sent >= SLICE_MIN:
                     now = time.monotonic()
                     if off - sent >= SLICE_MAX or now - last >= SLICE_WAIT:

@@ -96,11 +96,19 @@ class Seed:
             "io_timeout": self.opts.io_timeout,
             "connect_timeout": self.opts.connect_timeout,
         }
-        chains = [[a] for a in chain] if self.args.fanout else [chain]
+        lanes = 1 if self.args.fanout else max(1, min(self.args.streams, len(manifest.files)))
+        shares = split_files(manifest.files, lanes)
+        hellos = [hello]
+        if lanes > 1:
+            hellos = [
+                dict(hello, lanes=lanes, lane=k, lane_files=[m.name for m in share])
+                for k, share in enumerate(shares)
+            ]
+        chains = [[a] for a in chain] if self.args.fanout else [chain] * lanes
         forwarders = [
             Forwarder(
                 c,
-                hello,
+                hellos[min(i, len(hellos) - 1)],
                 manifest.files,
                 self.opts,
                 self.emit,
@@ -108,7 +116,7 @@ class Seed:
                 lambda name: final_path(self.source, name),
                 QUEUE_LIMIT,
             )
-            for c in chains
+            for i, c in enumerate(chains)
         ]
         linkers = [threading.Thread(target=f.link, daemon=True) for f in forwarders]
         for t in linkers:
@@ -128,19 +136,21 @@ class Seed:
             stream_bytes=self.counters.total,
             resume={m.name: o for m, o in plan if o},
             streams=len(forwarders),
+            lanes=lanes,
             downstream=[f.current for f in forwarders],
         )
         progress = ProgressThread(self.emit, self.counters, self.args.progress_interval)
         progress.start()
-        mismatched = self._stream(plan, forwarders)
+        if lanes > 1:  # each lane carries its own share of the files, on its own connections
+            feeds = [([f], [(m, o) for m, o in plan if m in set(share)]) for f, share in
+                     zip(forwarders, shares)]  # fmt: skip
+        else:
+            feeds = [(forwarders, plan)]
+        mismatched = self._stream(plan, feeds)
         for f in forwarders:
             f.join()
         progress.stop()
-        hosts: list[Json] = []
-        skipped: list[Json] = []
-        for f in forwarders:
-            skipped += f.skipped
-            hosts += f.skipped + f.reports
+        hosts, skipped = merge_reports(forwarders)
         bad = [h for h in hosts if h.get("status") != "ok"]
         status = "ok" if not bad and not mismatched and len(hosts) >= len(chain) else "incomplete"
         message = ""
@@ -181,42 +191,86 @@ class Seed:
         finally:
             self.counters.add_cpu("hash", time.thread_time() - t0)
 
-    def _stream(self, plan: list[tuple[FileMeta, int]], forwarders: list[Forwarder]) -> list[str]:
-        """Queue every planned file to every forwarder; hash the sources meanwhile."""
-        for f in forwarders:
-            f.start([m.name for m, _ in plan])
-        limit = RateLimit(float(self.args.max_rate or 0))
-        chunk = self.opts.chunk
+    def _stream(
+        self,
+        plan: list[tuple[FileMeta, int]],
+        feeds: list[tuple[list[Forwarder], list[tuple[FileMeta, int]]]],
+    ) -> list[str]:
+        """Queue each feed's files to its forwarders (one thread per feed); hash the sources
+        meanwhile. -> the files whose source differs from the manifest."""
+        for forwarders, files in feeds:
+            for f in forwarders:
+                f.start([m.name for m, _ in files])
         with ThreadPoolExecutor(max_workers=self.opts.workers()) as pool:
             digests: list[tuple[FileMeta, Future[str]]] = [
                 (meta, pool.submit(self._hash, meta)) for meta, _ in plan
             ]
-            t0 = time.thread_time()
-            for meta, start in plan:
-                path = final_path(self.source, meta.name)
-                try:
-                    shared = SharedFd(os.open(path, os.O_RDONLY), 1)
-                except OSError as exc:
-                    self.emit(
-                        "error", name=meta.name, reason=f"cannot read source: {describe(exc)}"
-                    )
-                    shared = SharedFd(os.open(os.devnull, os.O_RDONLY), 1)
-                frame = file_frame(meta, start)
-                for f in forwarders:
-                    f.q.put(("file", meta, frame, None))
-                with self.counters.lock:
-                    self.counters.file = meta.name
-                offset = start
-                while offset < meta.size:
-                    n = min(chunk, meta.size - offset)
-                    limit.take(n)
-                    header = FRAME.pack(T_DATA, n)
-                    for f in forwarders:
-                        f.q.put(("bytes", header))
-                        f.q.put(("source", shared.hold(), offset, n))
-                    offset += n
-                shared.release()
-            for f in forwarders:
-                f.q.put(("end",))
-            self.counters.add_cpu("read", time.thread_time() - t0)
+            rate = float(self.args.max_rate or 0) / len(feeds)  # --max-rate is for all lanes
+            feeders = [
+                threading.Thread(target=self._feed, args=(*feed, rate), name="feed", daemon=True)
+                for feed in feeds
+            ]
+            for t in feeders:
+                t.start()
+            for t in feeders:
+                t.join()
             return [meta.name for meta, digest in digests if digest.result() != meta.sha256]
+
+    def _feed(
+        self, forwarders: list[Forwarder], files: list[tuple[FileMeta, int]], rate: float
+    ) -> None:
+        t0 = time.thread_time()
+        limit = RateLimit(rate)
+        chunk = self.opts.chunk
+        for meta, start in files:
+            path = final_path(self.source, meta.name)
+            try:
+                shared = SharedFd(os.open(path, os.O_RDONLY), 1)
+            except OSError as exc:
+                self.emit("error", name=meta.name, reason=f"cannot read source: {describe(exc)}")
+                shared = SharedFd(os.open(os.devnull, os.O_RDONLY), 1)
+            frame = file_frame(meta, start)
+            for f in forwarders:
+                f.q.put(("file", meta, frame, None))
+            with self.counters.lock:
+                self.counters.file = meta.name
+            offset = start
+            while offset < meta.size:
+                n = min(chunk, meta.size - offset)
+                limit.take(n)
+                header = FRAME.pack(T_DATA, n)
+                for f in forwarders:
+                    f.q.put(("bytes", header))
+                    f.q.put(("source", shared.hold(), offset, n))
+                offset += n
+            shared.release()
+        for f in forwarders:
+            f.q.put(("end",))
+        self.counters.add_cpu("read", time.thread_time() - t0)
+
+
+def split_files(files: tuple[FileMeta, ...], lanes: int) -> list[list[FileMeta]]:
+    """Files shared out over ``lanes`` by size (the largest first, each to the lightest lane),
+    each share kept in manifest order."""
+    loads = [0] * lanes
+    owner: dict[str, int] = {}
+    for meta in sorted(files, key=lambda m: -m.size):
+        k = loads.index(min(loads))
+        owner[meta.name] = k
+        loads[k] += meta.size
+    return [[m for m in files if owner[m.name] == k] for k in range(lanes)]
+
+
+def merge_reports(forwarders: list[Forwarder]) -> tuple[list[Json], list[Json]]:
+    """Every host's report once (lanes report the same host; a host not ok in one lane is not
+    ok), and the hosts skipped by any stream."""
+    hosts: dict[str, Json] = {}
+    skipped: dict[str, Json] = {}
+    for f in forwarders:
+        for s in f.skipped:
+            skipped.setdefault(str(s.get("host")), s)
+        for r in f.skipped + f.reports:
+            key = str(r.get("host"))
+            if key not in hosts or (r.get("status") != "ok" and hosts[key].get("status") == "ok"):
+                hosts[key] = r
+    return list(hosts.values()), list(skipped.values())
