@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-mb", type=int, default=4, help="data frame size, MiB")
     parser.add_argument("--workdir", type=Path, help="scratch dir (default: a new temp dir)")
     parser.add_argument("--subnet", default="10.97.0", help="netns mode: first three octets")
-    parser.add_argument("--mtu", type=int, default=9000, help="jumbo frames, as on GPU fabrics")
+    parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--python", default=sys.executable, help="interpreter for relays")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
