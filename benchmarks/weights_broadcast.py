@@ -255,7 +255,7 @@ def pick_mbit(n: int, write_bps: float, hash_bps: float, args: argparse.Namespac
     return min(args.max_mbit * 1e6 / 8, by_disk, by_cpu) * 8 / 1e6
 
 
-def synthetic_set(directory: Path, size: int, files: int) -> Manifest:
+def write_set(directory: Path, size: int, files: int) -> Manifest:
     shutil.rmtree(directory, ignore_errors=True)
     write_shards(directory, files, max(64 << 10, size // files))
     (directory / "config.json").unlink()
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         eff: dict[str, float] = {}
         for mode in args.runs:
             set_size = size if mode == "chain" else max(size // n, args.files << 16)
-            manifest = synthetic_set(workdir / "source", set_size, args.files)
+            manifest = write_set(workdir / "source", set_size, args.files)
             total = manifest.total_bytes
             started = time.monotonic()
             result = run_one(mode, n, manifest, workdir / "source", seed, hosts, args)
