@@ -556,16 +556,24 @@ def broadcast(
     manifest: Manifest, source: Path, targets: Sequence[Target], **options: Any
 ) -> BroadcastResult:
     """Pipelined chain through ``targets`` in order; returns when every host is done."""
-    with Broadcast(manifest, source, targets, mode="chain", **options) as run:
-        run.start()
-        return run.wait()
+    return _run_to_end("chain", manifest, source, targets, options)
 
 
 def fanout(
     manifest: Manifest, source: Path, targets: Sequence[Target], **options: Any
 ) -> BroadcastResult:
     """Baseline: the seed streams the whole set to every host directly, all at once."""
-    with Broadcast(manifest, source, targets, mode="fanout", **options) as run:
+    return _run_to_end("fanout", manifest, source, targets, options)
+
+
+def _run_to_end(
+    mode: Mode,
+    manifest: Manifest,
+    source: Path,
+    targets: Sequence[Target],
+    options: dict[str, Any],
+) -> BroadcastResult:
+    with Broadcast(manifest, source, targets, mode=mode, **options) as run:
         run.start()
         return run.wait()
 

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -238,14 +238,11 @@ def wait_for_progress(runs: Path, host: str, at_least: int, timeout: float = 180
     raise AssertionError(f"{host} never got past {at_least} bytes")
 
 
-def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
-    cluster: tuple[Any, Path], tmp_path: Path
-) -> None:
-    state, inventory = cluster
-    for host in ("lab2", "lab3", "lab4"):
-        on_host(state, host, f"rm -rf {MODEL_DIR}")
-    runs = tmp_path / "runs"
-    lab_api.shape(40)  # about 5 MB/s per link: 24 MiB takes several seconds down the chain
+def weights_with_fault(
+    inventory: Path, runs: Path, mbit: int, fault: Callable[[], None]
+) -> tuple[int, str]:
+    """The weights command on links shaped to ``mbit``, with ``fault`` done while it runs."""
+    lab_api.shape(mbit)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "k2provision.weights.cli", str(inventory)],
@@ -256,8 +253,7 @@ def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
             env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "200"},
         )
         try:
-            wait_for_progress(runs, "lab3", 2 << 20)
-            lab_api.stop_host("lab3")
+            fault()
             output, _ = proc.communicate(timeout=600)
         finally:
             if proc.poll() is None:
@@ -265,8 +261,26 @@ def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
                 proc.wait()
     finally:
         lab_api.shape(None)
+    return proc.returncode, output
+
+
+def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
+    cluster: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = cluster
+    for host in ("lab2", "lab3", "lab4"):
+        on_host(state, host, f"rm -rf {MODEL_DIR}")
+    runs = tmp_path / "runs"
+
+    def kill_host() -> None:
+        wait_for_progress(runs, "lab3", 2 << 20)
+        lab_api.stop_host("lab3")
+
+    try:  # about 5 MB/s per link: 24 MiB takes several seconds down the chain
+        returncode, output = weights_with_fault(inventory, runs, 40, kill_host)
+    finally:
         lab_api.start_host("lab3")
-    assert proc.returncode == 1, output[-4000:]
+    assert returncode == 1, output[-4000:]
     assert "lab3" in output
     hosts = hosts_of(record_of(runs))
     assert hosts["lab2"]["status"] == "ok", hosts["lab2"]
@@ -297,33 +311,20 @@ def test_relay_killed_mid_file_resumes_and_sends_only_the_missing_bytes(
     for host in ("lab2", "lab3", "lab4"):
         on_host(state, host, f"rm -rf {MODEL_DIR}")
     runs = tmp_path / "runs"
-    lab_api.shape(24)  # about 3 MB/s per link: each 8 MiB shard takes about 3 s
     partial = f"{MODEL_DIR}/.{shard(2)}.partial"
     kill_mid_file = (  # on lab3 itself, so the kill lands 2-3 MiB into the second shard
         f"for i in $(seq 1200); do"
         f" [ $(stat -c %s {partial} 2>/dev/null || echo 0) -ge {2 << 20} ] && break; sleep 0.05;"
         f" done; kill -KILL $(cat {STATE_DIR}/serve.pid)"
     )
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "k2provision.weights.cli", str(inventory)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "200"},
-        )
-        try:
-            wait_for_progress(runs, "lab3", 1)
-            on_host(state, "lab3", kill_mid_file)
-            output, _ = proc.communicate(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    finally:
-        lab_api.shape(None)
-    assert proc.returncode == 1, output[-4000:]
+
+    def kill_relay() -> None:
+        wait_for_progress(runs, "lab3", 1)
+        on_host(state, "lab3", kill_mid_file)
+
+    # about 3 MB/s per link: each 8 MiB shard takes about 3 s
+    returncode, output = weights_with_fault(inventory, runs, 24, kill_relay)
+    assert returncode == 1, output[-4000:]
     manifest = record_of(runs)["manifest"]
     sizes = {f["name"]: f["size"] for f in manifest["files"]}
     listing = on_host(state, "lab3", f"ls -A {MODEL_DIR}").split()
