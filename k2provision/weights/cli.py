@@ -29,8 +29,10 @@ from rich.progress_bar import ProgressBar
 from rich.spinner import Spinner
 from rich.table import Table
 
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights.common import (  # noqa: E501
+    human,
+)
 from k2provision.display import console
-from k2provision.weights.relay import human
 
 PROGRESS_FILE = "weights-progress.jsonl"
 RESULT_FILE = "weights.json"

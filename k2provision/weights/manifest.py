@@ -2,7 +2,7 @@
 
 A manifest is built once, either from a local directory (hashed here, several files in
 parallel) or from Hugging Face hub metadata (the hub's LFS sha256 of every file), then
-saved as JSON beside the weights and in the run records. The relay (relay.py) reads the
+saved as JSON beside the weights and in the run records. The relay (relay.pyz) reads the
 same JSON. The number and names of the shards come from the manifest alone.
 
 No network here: ``fetch_hub_manifest`` imports huggingface_hub lazily (optional extra
@@ -11,12 +11,9 @@ No network here: ``fetch_hub_manifest`` imports huggingface_hub lazily (optional
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,13 +21,12 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from k2provision.errors import K2Error
 from k2provision.models import Record
-from k2provision.weights import relay
+from k2provision.weights.kernel import common, hashing, names, safetensors
+from k2provision.weights.kernel import manifest as kernel_manifest
 
 MANIFEST_FORMAT: Literal["k2provision.manifest/1"] = "k2provision.manifest/1"
-STORED_MANIFEST_NAME = relay.STORED_MANIFEST
+STORED_MANIFEST_NAME = common.STORED_MANIFEST
 TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
-assert relay.MANIFEST_FORMAT == MANIFEST_FORMAT
 
 
 class ManifestError(K2Error):
@@ -48,8 +44,8 @@ class ManifestFile(Record):
     @classmethod
     def _safe_name(cls, name: str) -> str:
         try:
-            relay.check_name(name)
-        except relay.RelayError as exc:
+            names.check_name(name)
+        except common.RelayError as exc:
             raise ValueError(str(exc)) from None
         return name
 
@@ -82,7 +78,7 @@ class Manifest(Record):
     @property
     def shards(self) -> tuple[ManifestFile, ...]:
         """The safetensors files (their count is the model's shard count)."""
-        return tuple(f for f in self.files if relay.is_safetensors(f.name))
+        return tuple(f for f in self.files if names.is_safetensors(f.name))
 
     def file(self, name: str) -> ManifestFile:
         for f in self.files:
@@ -93,7 +89,7 @@ class Manifest(Record):
     def select(self, patterns: Sequence[str]) -> Manifest:
         """Only the files matching any of the glob ``patterns``."""
         return self.model_copy(
-            update={"files": tuple(f for f in self.files if _matches(f.name, patterns))}
+            update={"files": tuple(f for f in self.files if names.matches(f.name, patterns))}
         )
 
     def to_json(self) -> str:
@@ -101,7 +97,7 @@ class Manifest(Record):
 
     def digest(self) -> str:
         """sha256 over (name, size, sha256) of every file: equal digests, equal contents."""
-        return relay.parse_manifest(self.model_dump(mode="json")).digest()
+        return kernel_manifest.manifest_digest([f.model_dump(mode="json") for f in self.files])
 
 
 class StoredManifest(Manifest):
@@ -113,25 +109,18 @@ class StoredManifest(Manifest):
 # ----------------------------------------------------------------------------- safetensors
 
 
-def check_safetensors_header(
-    source: Path | str | bytes | bytearray | memoryview, size: int | None = None
-) -> str | None:
-    """Why a safetensors file is inconsistent, or None.
-
-    ``source`` is a path, or the file's first bytes (at least 8 + header length) with
-    ``size`` the whole file's size. The 8-byte little-endian header length, the JSON
-    header's largest ``data_offsets`` end and the file size must add up.
-    """
-    if isinstance(source, bytes | bytearray | memoryview):
-        return relay.check_safetensors_header(source, len(source) if size is None else size)
-    return relay.check_safetensors_file(str(source), size)
-
-
 def safetensors_header_ok(
     source: Path | str | bytes | bytearray | memoryview, size: int | None = None
 ) -> bool:
-    """True when ``check_safetensors_header`` finds nothing wrong."""
-    return check_safetensors_header(source, size) is None
+    """True when a safetensors file's header adds up to its size.
+
+    ``source`` is a path, or the file's first bytes (at least 8 + header length) with
+    ``size`` the whole file's size (the kernel's check_safetensors_header does the work).
+    """
+    if isinstance(source, bytes | bytearray | memoryview):
+        size = len(source) if size is None else size
+        return safetensors.check_safetensors_header(source, size) is None
+    return safetensors.check_safetensors_file(str(source), size) is None
 
 
 # ----------------------------------------------------------------------------- JSON
@@ -184,41 +173,13 @@ def _problems(source: str, exc: ValidationError) -> list[str]:
 # ----------------------------------------------------------------------------- local directory
 
 
-def natural_key(name: str) -> tuple[str | int, ...]:
-    """Sort key putting model-2-of-61 before model-10-of-61."""
-    parts = re.split(r"(\d+)", name)
-    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+natural_key = names.natural_key
 
 
-def _matches(name: str, patterns: Sequence[str] | None) -> bool:
-    return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-def _local_files(directory: Path, patterns: Sequence[str] | None) -> list[str]:
-    names: list[str] = []
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for fname in files:
-            if fname.startswith("."):
-                continue
-            full = Path(root) / fname
-            if not full.is_file():
-                continue
-            name = full.relative_to(directory).as_posix()
-            if _matches(name, patterns):
-                names.append(name)
-    return sorted(names, key=natural_key)
-
-
-def hash_files(paths: Iterable[Path], workers: int | None = None) -> dict[Path, str]:
-    """sha256 of several files at once (threads; hashlib releases the GIL)."""
-    items = list(paths)
-    if not items:
-        return {}
-    n = workers or max(1, min(8, os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=min(n, len(items))) as pool:
-        digests = pool.map(lambda p: relay.sha256_file(str(p)), items)
-        return dict(zip(items, digests, strict=True))
+def _hash_paths(paths: Iterable[Path], workers: int | None = None) -> dict[Path, str]:
+    """The kernel's hash_files, keyed by Path."""
+    digests = hashing.hash_files([str(p) for p in paths], workers or 0)
+    return {Path(p): d for p, d in digests.items()}
 
 
 def manifest_from_dir(
@@ -237,22 +198,22 @@ def manifest_from_dir(
     """
     if not directory.is_dir():
         raise ManifestError([f"{directory}: not a directory"])
-    names = _local_files(directory, patterns)
-    if not names:
+    found = names.list_files(str(directory), patterns)
+    if not found:
         raise ManifestError([f"{directory}: no files match {list(patterns or ['*'])}"])
     if check_headers:
         problems = []
-        for name in names:
-            if relay.is_safetensors(name):
-                problem = relay.check_safetensors_file(str(directory / name))
+        for name in found:
+            if names.is_safetensors(name):
+                problem = safetensors.check_safetensors_file(str(directory / name))
                 if problem:
                     problems.append(f"{directory / name}: safetensors {problem}")
         if problems:
             raise ManifestError(problems)
-    digests = hash_files([directory / n for n in names], workers)
+    digests = _hash_paths([directory / n for n in found], workers)
     files = tuple(
         ManifestFile(name=n, size=(directory / n).stat().st_size, sha256=digests[directory / n])
-        for n in names
+        for n in found
     )
     return Manifest(model=model, revision=revision, files=files)
 
@@ -315,7 +276,7 @@ def manifest_from_hub_info(
     problems: list[str] = []
     for sib in siblings:
         name = _field(sib, "rfilename")
-        if not isinstance(name, str) or not _matches(name, allow_patterns):
+        if not isinstance(name, str) or not names.matches(name, allow_patterns):
             continue
         lfs = _field(sib, "lfs")
         sha = _field(lfs, "sha256") if lfs else None
@@ -349,7 +310,7 @@ def manifest_from_hub_info(
                 for n, _ in plain
                 if not (local_dir / n).is_file()
             )
-            digests = hash_files([local_dir / n for n, _ in present], workers)
+            digests = _hash_paths([local_dir / n for n, _ in present], workers)
             for n, hub_size in present:
                 size = (local_dir / n).stat().st_size
                 if hub_size is not None and hub_size != size:

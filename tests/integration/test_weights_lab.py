@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ BASE_VARS: dict[str, lab_api.VarValue] = {
     "k2_weights_synthetic_shard_bytes": SHARD_BYTES,
     "k2_weights_poll_interval": 1,
     "k2_weights_relink_timeout": 30,
+    "k2_weights_checkpoint_bytes": 1 << 20,
 }
 
 
@@ -237,14 +238,11 @@ def wait_for_progress(runs: Path, host: str, at_least: int, timeout: float = 180
     raise AssertionError(f"{host} never got past {at_least} bytes")
 
 
-def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
-    cluster: tuple[Any, Path], tmp_path: Path
-) -> None:
-    state, inventory = cluster
-    for host in ("lab2", "lab3", "lab4"):
-        on_host(state, host, f"rm -rf {MODEL_DIR}")
-    runs = tmp_path / "runs"
-    lab_api.shape(40)  # about 5 MB/s per link: 24 MiB takes several seconds down the chain
+def weights_with_fault(
+    inventory: Path, runs: Path, mbit: int, fault: Callable[[], None]
+) -> tuple[int, str]:
+    """The weights command on links shaped to ``mbit``, with ``fault`` done while it runs."""
+    lab_api.shape(mbit)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "k2provision.weights.cli", str(inventory)],
@@ -255,8 +253,7 @@ def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
             env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "200"},
         )
         try:
-            wait_for_progress(runs, "lab3", 2 << 20)
-            lab_api.stop_host("lab3")
+            fault()
             output, _ = proc.communicate(timeout=600)
         finally:
             if proc.poll() is None:
@@ -264,8 +261,26 @@ def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
                 proc.wait()
     finally:
         lab_api.shape(None)
+    return proc.returncode, output
+
+
+def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
+    cluster: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = cluster
+    for host in ("lab2", "lab3", "lab4"):
+        on_host(state, host, f"rm -rf {MODEL_DIR}")
+    runs = tmp_path / "runs"
+
+    def kill_host() -> None:
+        wait_for_progress(runs, "lab3", 2 << 20)
+        lab_api.stop_host("lab3")
+
+    try:  # about 5 MB/s per link: 24 MiB takes several seconds down the chain
+        returncode, output = weights_with_fault(inventory, runs, 40, kill_host)
+    finally:
         lab_api.start_host("lab3")
-    assert proc.returncode == 1, output[-4000:]
+    assert returncode == 1, output[-4000:]
     assert "lab3" in output
     hosts = hosts_of(record_of(runs))
     assert hosts["lab2"]["status"] == "ok", hosts["lab2"]
@@ -284,6 +299,55 @@ def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
     assert changed["lab2"] == changed["lab4"] == 0
     copies_match_manifest(state, record["manifest"], MODEL_DIR)
     assert ".partial" not in on_host(state, "lab3", f"ls -a {MODEL_DIR}")
+
+
+def test_relay_killed_mid_file_resumes_and_sends_only_the_missing_bytes(
+    cluster: tuple[Any, Path], tmp_path: Path
+) -> None:
+    """Kill lab3's relay in the middle of a shard: the re-run streams that shard from lab3's
+    last resume point (1 MiB checkpoints here) and the shards it never started, nothing else:
+    the seed's and lab3's byte counters say so."""
+    state, inventory = cluster
+    for host in ("lab2", "lab3", "lab4"):
+        on_host(state, host, f"rm -rf {MODEL_DIR}")
+    runs = tmp_path / "runs"
+    partial = f"{MODEL_DIR}/.{shard(2)}.partial"
+    kill_mid_file = (  # on lab3 itself, so the kill lands 2-3 MiB into the second shard
+        f"for i in $(seq 1200); do"
+        f" [ $(stat -c %s {partial} 2>/dev/null || echo 0) -ge {2 << 20} ] && break; sleep 0.05;"
+        f" done; kill -KILL $(cat {STATE_DIR}/serve.pid)"
+    )
+
+    def kill_relay() -> None:
+        wait_for_progress(runs, "lab3", 1)
+        on_host(state, "lab3", kill_mid_file)
+
+    # about 3 MB/s per link: each 8 MiB shard takes about 3 s
+    returncode, output = weights_with_fault(inventory, runs, 24, kill_relay)
+    assert returncode == 1, output[-4000:]
+    manifest = record_of(runs)["manifest"]
+    sizes = {f["name"]: f["size"] for f in manifest["files"]}
+    listing = on_host(state, "lab3", f"ls -A {MODEL_DIR}").split()
+    missing = [n for n in sizes if n not in listing]
+    points = [n for n in listing if n.startswith(".k2-resume.")]
+    assert points == [f".k2-resume.{shard(2)}.json"], listing
+    cut = shard(2)
+    assert cut in missing
+    point = json.loads(on_host(state, "lab3", f"cat {MODEL_DIR}/{points[0]}"))
+    assert 0 < point["offset"] < sizes[cut]
+
+    rerun = weights(inventory, runs=runs)
+    assert rerun.returncode == 0, rerun.stdout[-4000:]
+    record = record_of(runs)
+    assert record["chain"] == ["lab3"]
+    lab3 = hosts_of(record)["lab3"]
+    assert lab3["resumed"] == [{"name": cut, "offset": point["offset"]}]
+    wanted = sum(sizes[n] for n in missing) - point["offset"]
+    assert record["seed_summary"]["bytes_sent"] == wanted
+    assert lab3["bytes_on_wire"] == wanted
+    assert lab3["bytes_received"] == wanted  # written
+    copies_match_manifest(state, manifest, MODEL_DIR)
+    assert ".k2-resume." not in on_host(state, "lab3", f"ls -A {MODEL_DIR}")
 
 
 def test_full_disk_is_refused_before_anything_changes(

@@ -18,16 +18,13 @@ from typing import Any
 
 import pytest
 
-from k2provision.weights import relay
-from k2provision.weights.broadcast import (
-    Broadcast,
-    BroadcastResult,
-    RelayEvent,
-    Target,
-    broadcast,
-    fanout,
-    local_launcher,
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights.relay.output import (  # noqa: E501
+    Emitter,
 )
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights.relay.receiver import (  # noqa: E501
+    EXIT_INCOMPLETE,
+)
+from k2provision.weights import kernel
 from k2provision.weights.manifest import (
     Manifest,
     ManifestError,
@@ -35,7 +32,17 @@ from k2provision.weights.manifest import (
     manifest_from_dir,
     manifest_from_hub_info,
 )
-from k2provision.weights.synthetic import write_synthetic_shards
+from tests.relay_harness import (
+    RELAY_SCRIPT,
+    Broadcast,
+    BroadcastResult,
+    RelayEvent,
+    Target,
+    broadcast,
+    fanout,
+    local_launcher,
+    write_shards,
+)
 
 SHARD = 1 << 20
 OPTIONS: dict[str, Any] = {
@@ -52,7 +59,7 @@ OPTIONS: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
     src = tmp_path_factory.mktemp("source")
-    write_synthetic_shards(src, 4, SHARD, seed=7)
+    write_shards(src, 4, SHARD, seed=7)
     return src, manifest_from_dir(src, model="test/k2-mini", revision="r1")
 
 
@@ -199,9 +206,30 @@ def test_silent_corruption_needs_verify(source: tuple[Path, Manifest], tmp_path:
     assert tree(Path(ts[0].dest)) == expected(manifest)
 
 
-@pytest.mark.parametrize("victim", ["h2", "h1"])  # h1: the seed itself re-links
+def test_parallel_streams_share_the_files_and_deliver_everything(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """Three lanes per hop, each with its share of the files on its own connections: every
+    host gets every file once, the counters add up, and a re-run moves nothing."""
+    src, manifest = source
+    ts = targets(tmp_path, 3)
+    result = broadcast(manifest, src, ts, streams=3, **OPTIONS)
+    assert result.ok, result
+    assert result.bytes_sent == manifest.total_bytes
+    assert len(result.hosts) == 3
+    for t in ts:
+        assert tree(Path(t.dest)) == expected(manifest)
+        host = result.host(t.label)
+        assert sorted(host.received) == sorted(manifest.names)
+        assert host.bytes_written == manifest.total_bytes
+    again = broadcast(manifest, src, ts, streams=3, **OPTIONS)
+    assert again.ok
+    assert again.bytes_sent == 0
+
+
+@pytest.mark.parametrize(("victim", "streams"), [("h2", 1), ("h1", 1), ("h2", 2)])
 def test_killed_receiver_is_skipped_and_completed_by_a_rerun(
-    source: tuple[Path, Manifest], tmp_path: Path, victim: str
+    source: tuple[Path, Manifest], tmp_path: Path, victim: str, streams: int
 ) -> None:
     src, manifest = source
     ts = targets(tmp_path, 4)
@@ -209,7 +237,7 @@ def test_killed_receiver_is_skipped_and_completed_by_a_rerun(
     index = int(victim[1]) - 1
     others = [t.label for t in ts if t.label != victim]
 
-    with Broadcast(manifest, src, ts, max_rate=4e6, **OPTIONS) as run:
+    with Broadcast(manifest, src, ts, max_rate=4e6, streams=streams, **OPTIONS) as run:
 
         def on_event(event: RelayEvent) -> None:
             if (
@@ -248,6 +276,89 @@ def test_killed_receiver_is_skipped_and_completed_by_a_rerun(
     assert partials(dead) == []
     for name in others:
         assert rerun.host(name).bytes_written == 0
+
+
+def test_file_cut_mid_way_resumes_from_its_verified_prefix(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """A relay killed in the middle of a file leaves its synced prefix and hash state; the
+    re-run streams only the bytes after that point, and the file still verifies."""
+    src, manifest = source
+    ts = targets(tmp_path, 2)
+    resume = {**OPTIONS, "extra_args": ["--checkpoint", str(64 << 10)]}
+    killed: list[int] = []
+    with Broadcast(manifest, src, ts, max_rate=3e6, **resume) as run:
+
+        def on_event(event: RelayEvent) -> None:
+            if (
+                not killed
+                and event.source == "h2"
+                and event.event == "progress"
+                and event.data["rx"] >= 2 * SHARD + 3 * SHARD // 4
+            ):
+                killed.append(event.data["rx"])
+                run.kill("h2")
+
+        run.on_event = on_event
+        run.start()
+        result = run.wait()
+    assert killed
+    assert result.host("h2").status == "skipped"
+    dead = Path(ts[1].dest)
+    missing = [f for f in manifest.files if f.name not in tree(dead)]
+    cut = missing[0]
+    points = list(dead.glob(".k2-resume.*.json"))
+    assert [p.name for p in points] == [f".k2-resume.{cut.name}.json"]
+    offset = json.loads(points[0].read_text())["offset"]
+    assert 0 < offset < cut.size
+
+    rerun = broadcast(manifest, src, ts, **resume)
+    assert rerun.ok, rerun
+    h2 = rerun.host("h2")
+    assert h2.resumed == ({"name": cut.name, "offset": offset},)
+    wanted = sum(f.size for f in missing) - offset
+    assert rerun.bytes_sent == wanted  # only the missing bytes crossed the wire
+    assert h2.bytes_received == wanted
+    assert h2.bytes_written == wanted
+    assert rerun.host("h1").bytes_written == 0
+    assert tree(dead) == expected(manifest)
+    assert partials(dead) == []
+    assert list(dead.glob(".k2-resume.*")) == []
+
+
+def test_verify_re_reads_a_resumed_prefix_and_catches_its_corruption(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """With --verify the prefix is hashed again from disk instead of trusting the saved state:
+    a prefix changed on disk fails the file, and the next run sends it whole."""
+    src, manifest = source
+    name = manifest.files[1].name
+    dest = tmp_path / "h1"
+    dest.mkdir()
+    meta = kernel.manifest.FileMeta(name, manifest.files[1].size, manifest.files[1].sha256)
+    data = (src / name).read_bytes()
+    offset = 256 << 10
+    partial = Path(kernel.names.partial_path(str(dest), name))
+    bad = data[: 128 << 10] + b"\0" * 64 + data[(128 << 10) + 64 : offset]  # past the header
+    partial.write_bytes(bad)
+    prefix = kernel.hashing.Sha256()
+    prefix.update(data[:offset])  # the state as if the right bytes had been written
+    kernel.store.save_resume_point(str(dest), meta, offset, prefix.state())
+    ts = targets(tmp_path, 1)
+    trusted = broadcast(manifest, src, ts, **OPTIONS)
+    assert trusted.host("h1").resumed == ({"name": name, "offset": offset},)
+    # Without --verify the saved state is trusted like the stored manifest's size and mtime:
+    # the sha256 matches although bytes on disk changed. --verify is the full check.
+    assert trusted.ok
+    partial.write_bytes(bad)
+    kernel.store.save_resume_point(str(dest), meta, offset, prefix.state())
+    (dest / name).unlink()
+    checked = broadcast(manifest, src, ts, verify=True, **OPTIONS)
+    assert [f.name for f in checked.host("h1").failed] == [name]
+    again = broadcast(manifest, src, ts, **OPTIONS)
+    assert again.ok
+    assert again.bytes_sent == meta.size
+    assert tree(dest) == expected(manifest)
 
 
 def test_fanout_baseline_delivers_to_every_host(
@@ -324,15 +435,15 @@ def test_manifest_larger_than_free_space_is_refused_before_any_byte(tmp_path: Pa
         assert h.address in h.message
         assert h.bytes_written == 0
     free = shutil.disk_usage(tmp_path).free
-    message = relay.check_disk_space(str(tmp_path), free + (1 << 30), "hostX")
+    message = kernel.store.check_disk_space(str(tmp_path), free + (1 << 30), "hostX")
     assert message is not None
     assert message.startswith("hostX: not enough disk space")
-    assert relay.check_disk_space(str(tmp_path), 1, "hostX") is None
+    assert kernel.store.check_disk_space(str(tmp_path), 1, "hostX") is None
 
 
 def test_shard_with_wrong_header_length_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    write_synthetic_shards(src, 2, 64 << 10)
+    write_shards(src, 2, 64 << 10)
     bad = src / "model-2-of-2.safetensors"
     with bad.open("r+b") as f:
         (length,) = struct.unpack("<Q", f.read(8))
@@ -356,19 +467,21 @@ def test_shard_with_wrong_header_length_is_refused(tmp_path: Path) -> None:
 
 
 def test_receiving_side_checks_headers_even_when_sha256_matches(tmp_path: Path) -> None:
-    write_synthetic_shards(tmp_path / "s", 1, 64 << 10)
+    write_shards(tmp_path / "s", 1, 64 << 10)
     raw = bytearray((tmp_path / "s" / "model-1-of-1.safetensors").read_bytes())
     (length,) = struct.unpack("<Q", raw[0:8])
     raw[0:8] = struct.pack("<Q", length + 8)
-    assert relay.check_safetensors_header(raw, len(raw)) is not None
+    assert kernel.safetensors.check_safetensors_header(raw, len(raw)) is not None
     dest = tmp_path / "dest"
     dest.mkdir()
-    meta = relay.FileMeta("model-1-of-1.safetensors", len(raw), hashlib.sha256(raw).hexdigest())
+    meta = kernel.manifest.FileMeta(
+        "model-1-of-1.safetensors", len(raw), hashlib.sha256(raw).hexdigest()
+    )
     (dest / meta.name).write_bytes(bytes(raw))
-    store = relay.LocalStore(str(dest))
+    store = kernel.store.LocalStore(str(dest))
     with open(os.devnull, "w") as sink:
-        emit = relay.Emitter("h", "serve", sink)
-        states = store.scan(relay.RelayManifest("t", "r", (meta,)), True, 1, emit)
+        emit = Emitter("h", "serve", sink)
+        states = store.scan(kernel.manifest.RelayManifest("t", "r", (meta,)), True, 1, emit)
     assert states[meta.name].startswith("wrong: safetensors header length")
 
 
@@ -407,8 +520,11 @@ def test_token_in_environment_never_reaches_relays_or_logs(
 
 
 def _python39() -> str | None:
+    """A Python 3.9 interpreter: K2_RELAY_FLOOR_PYTHON, python3.9 on PATH, or pyenv's."""
     found = [
+        os.environ.get("K2_RELAY_FLOOR_PYTHON"),
         shutil.which("python3.9"),
+        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9"))),
         *sorted(glob.glob("/root/.pyenv/versions/3.9*/bin/python3.9")),
     ]
     for candidate in found:
@@ -425,11 +541,14 @@ def _python39() -> str | None:
     return None
 
 
-def test_relay_runs_on_python39(source: tuple[Path, Manifest], tmp_path: Path) -> None:
-    """Hosts bring their own python3; the relay must not need anything newer than 3.9."""
+def test_relay_runs_on_its_python_floor_39(source: tuple[Path, Manifest], tmp_path: Path) -> None:
+    """Hosts bring their own python3; the relay's stated floor is 3.9, so it runs under 3.9
+    here: a chain of two with zero-copy forwarding, then a resume of a cut file."""
     python = _python39()
-    if python is None:
-        pytest.skip("no Python 3.9 interpreter here")
+    assert python is not None, (
+        "the relay's stated floor is Python 3.9 and no 3.9 interpreter was found; fix: install"
+        " one (pyenv install 3.9) or point K2_RELAY_FLOOR_PYTHON at it"
+    )
     src, manifest = source
     launcher = local_launcher(python)
     ts = [
@@ -448,7 +567,7 @@ def test_relay_cli_links_around_a_host_that_is_down(
     source: tuple[Path, Manifest], tmp_path: Path
 ) -> None:
     src, manifest = source
-    script = str(relay.__file__)
+    script = str(RELAY_SCRIPT)
     procs = []
     ports = []
     for i in (1, 2):
@@ -481,6 +600,6 @@ def test_relay_cli_links_around_a_host_that_is_down(
         f"127.0.0.1:{dead}": "skipped",
         f"127.0.0.1:{ports[1]}": "ok",
     }
-    assert sent.returncode == relay.EXIT_INCOMPLETE
+    assert sent.returncode == EXIT_INCOMPLETE
     assert [p.returncode for p in procs] == [0, 0]
     assert tree(tmp_path / "h2") == expected(manifest)

@@ -7,13 +7,14 @@ import hashlib
 import json
 import struct
 import sys
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from k2provision.weights import relay
+from k2provision.weights import kernel
 from k2provision.weights.manifest import (
     Manifest,
     ManifestError,
@@ -27,13 +28,14 @@ from k2provision.weights.manifest import (
     safetensors_header_ok,
     save_manifest,
 )
-from k2provision.weights.synthetic import safetensors_header, write_synthetic_shard
+from k2provision.weights.relay_app import relay_app
+from tests.relay_harness import write_shard
 
 SHA = "a" * 64
 
 
 def shard_bytes(data: int = 1000) -> bytes:
-    return safetensors_header(data) + bytes(data)
+    return kernel.synthetic.safetensors_header(data) + bytes(data)
 
 
 # ----------------------------------------------------------------------------- header check
@@ -41,11 +43,11 @@ def shard_bytes(data: int = 1000) -> bytes:
 
 def test_valid_header_passes_as_bytes_and_as_file(tmp_path: Path) -> None:
     raw = shard_bytes()
-    assert relay.check_safetensors_header(raw, len(raw)) is None
+    assert kernel.safetensors.check_safetensors_header(raw, len(raw)) is None
     assert safetensors_header_ok(raw, len(raw))
     prefix = raw[: 8 + struct.unpack("<Q", raw[:8])[0]]
     assert safetensors_header_ok(prefix, len(raw))  # a prefix is enough
-    path = write_synthetic_shard(tmp_path / "a.safetensors", 50_000)
+    path = write_shard(tmp_path / "a.safetensors", 50_000)
     assert path.stat().st_size == 50_000
     assert safetensors_header_ok(path)
     assert safetensors_header_ok(str(path), 50_000)
@@ -64,7 +66,7 @@ def test_valid_header_passes_as_bytes_and_as_file(tmp_path: Path) -> None:
 )
 def test_inconsistent_headers_are_refused(mutate: Any, reason: str) -> None:
     raw = mutate(shard_bytes())
-    problem = relay.check_safetensors_header(raw, len(raw))
+    problem = kernel.safetensors.check_safetensors_header(raw, len(raw))
     assert problem is not None
     assert reason in problem
     assert not safetensors_header_ok(raw, len(raw))
@@ -73,10 +75,10 @@ def test_inconsistent_headers_are_refused(mutate: Any, reason: str) -> None:
 def test_header_json_and_offsets_are_checked() -> None:
     body = b'{"t": {"dtype": "U8", "shape": [4], "data_offsets": [4, 2]}}'
     raw = struct.pack("<Q", len(body)) + body + bytes(4)
-    assert "bad data_offsets" in (relay.check_safetensors_header(raw, len(raw)) or "")
+    assert "bad data_offsets" in (kernel.safetensors.check_safetensors_header(raw, len(raw)) or "")
     body = b"[1, 2, 3]"
     raw = struct.pack("<Q", len(body)) + body
-    assert "not a JSON object" in (relay.check_safetensors_header(raw, len(raw)) or "")
+    assert "not a JSON object" in (kernel.safetensors.check_safetensors_header(raw, len(raw)) or "")
 
 
 # ----------------------------------------------------------------------------- manifests
@@ -84,7 +86,7 @@ def test_header_json_and_offsets_are_checked() -> None:
 
 def test_manifest_from_dir_hashes_in_natural_order_and_skips_hidden(tmp_path: Path) -> None:
     for i in (10, 2, 1):
-        write_synthetic_shard(tmp_path / f"model-{i}-of-10.safetensors", 4096 + i, seed=i)
+        write_shard(tmp_path / f"model-{i}-of-10.safetensors", 4096 + i, seed=i)
     (tmp_path / ".k2-manifest.json").write_text("{}")
     (tmp_path / ".model-3-of-10.safetensors.partial").write_bytes(b"half")
     (tmp_path / "sub").mkdir()
@@ -109,7 +111,7 @@ def test_manifest_round_trips_and_rejects_bad_data(tmp_path: Path) -> None:
     m = Manifest(model="m", revision="r", files=({"name": "a.bin", "size": 3, "sha256": SHA},))  # type: ignore[arg-type]
     path = save_manifest(m, tmp_path / "x" / "m.json")
     assert load_manifest(path) == m
-    assert m.digest() == relay.parse_manifest(json.loads(path.read_text())).digest()
+    assert m.digest() == kernel.manifest.read_manifest(json.loads(path.read_text())).digest()
     data = json.loads(path.read_text())
     for bad, where in [
         ({**data, "extra": 1}, "extra"),
@@ -124,9 +126,9 @@ def test_manifest_round_trips_and_rejects_bad_data(tmp_path: Path) -> None:
 
 
 def test_stored_manifest_shape_matches_what_the_relay_writes(tmp_path: Path) -> None:
-    store = relay.LocalStore(str(tmp_path))
-    meta = relay.FileMeta("model-1-of-2.safetensors", 5, SHA)
-    store.adopt(relay.RelayManifest("m", "r", (meta,)))
+    store = kernel.store.LocalStore(str(tmp_path))
+    meta = kernel.manifest.FileMeta("model-1-of-2.safetensors", 5, SHA)
+    store.adopt(kernel.manifest.RelayManifest("m", "r", (meta,)))
     store.record(meta, 123)
     stored = StoredManifest.model_validate_json((tmp_path / ".k2-manifest.json").read_text())
     assert stored.names == ("model-1-of-2.safetensors",)
@@ -252,35 +254,59 @@ def test_hub_token_comes_from_the_environment() -> None:
     assert hub_token({}) is None
 
 
-# ----------------------------------------------------------------------------- relay.py itself
+# ----------------------------------------------------------------------------- the kernel itself
+
+KERNEL_DIR = Path(kernel.common.__file__).parent
 
 
-def test_relay_script_is_python39_stdlib_only() -> None:
-    source = Path(relay.__file__).read_text()
-    tree = ast.parse(source, feature_version=(3, 9))
-    imported: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            imported.add(node.module.split(".")[0])
-    imported.discard("__future__")
-    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
-    assert source.startswith("#!/usr/bin/env python3\n")
-    assert "from __future__ import annotations" in source  # keeps 3.10 syntax out of runtime
+def test_kernel_is_python39_stdlib_only() -> None:
+    """Every file the relay and the modules carry to hosts parses as Python 3.9 and imports
+    only the standard library or its own package."""
+    files = sorted(KERNEL_DIR.rglob("*.py"))
+    assert len(files) >= 15
+    for path in files:
+        source = path.read_text()
+        tree = ast.parse(source, feature_version=(3, 9))
+        imported: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+        imported.discard("__future__")
+        outside = imported - set(sys.stdlib_module_names)
+        assert not outside, (path, outside)
+        has_annotations = any(
+            isinstance(n, ast.AnnAssign | ast.FunctionDef) for n in ast.walk(tree)
+        )
+        if has_annotations:  # annotations stay strings: 3.10 syntax in them is fine on 3.9
+            assert "from __future__ import annotations" in source, path
+
+
+def test_relay_app_is_reproducible_and_carries_the_kernel(tmp_path: Path) -> None:
+    first = relay_app(tmp_path / "a")
+    second = relay_app(tmp_path / "b")
+    assert first.read_bytes() == second.read_bytes()
+    assert first.read_bytes().startswith(b"#!/usr/bin/env python3\n")
+    with zipfile.ZipFile(first) as zf:
+        names = set(zf.namelist())
+    assert "__main__.py" in names
+    assert {
+        f"k2_weights/{p.relative_to(KERNEL_DIR).as_posix()}" for p in KERNEL_DIR.rglob("*.py")
+    } <= names
 
 
 @pytest.mark.parametrize(
     "name", ["", "/etc/passwd", "a/../b", "./a", "a//b", ".k2-manifest.json", ".x.partial"]
 )
 def test_relay_refuses_unsafe_names(name: str) -> None:
-    with pytest.raises(relay.RelayError):
-        relay.check_name(name)
+    with pytest.raises(kernel.common.RelayError):
+        kernel.names.check_name(name)
 
 
 def test_addresses_parse() -> None:
-    assert relay.parse_address("10.0.0.2:29517") == ("10.0.0.2", 29517)
-    assert relay.parse_address("[fd00::2]:7") == ("fd00::2", 7)
-    assert relay.format_address("fd00::2", 7) == "[fd00::2]:7"
-    with pytest.raises(relay.RelayError):
-        relay.parse_address("host-without-port")
+    assert kernel.common.parse_address("10.0.0.2:29517") == ("10.0.0.2", 29517)
+    assert kernel.common.parse_address("[fd00::2]:7") == ("fd00::2", 7)
+    assert kernel.common.format_address("fd00::2", 7) == "[fd00::2]:7"
+    with pytest.raises(kernel.common.RelayError):
+        kernel.common.parse_address("host-without-port")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,15 +19,15 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.acti
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter import (
     weights as filters,
 )
-from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils import (
-    k2_weights,
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights.relay.cli import (  # noqa: E501
+    main as relay_main,
 )
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.modules import (
     weights_source,
 )
-from k2provision.weights import cli, relay
+from k2provision.weights import cli, kernel
 from k2provision.weights.manifest import ManifestError, manifest_from_dir
-from k2provision.weights.synthetic import write_synthetic_shard
+from tests.relay_harness import write_shard
 
 TOKEN = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"
 
@@ -39,7 +40,7 @@ def entries(directory: Path) -> list[dict[str, Any]]:
 def test_local_state_trusts_only_what_the_relay_recorded(tmp_path: Path) -> None:
     src = tmp_path / "src"
     for i in (1, 2, 3):
-        write_synthetic_shard(src / f"model-{i}-of-3.safetensors", 64 << 10, seed=i)
+        write_shard(src / f"model-{i}-of-3.safetensors", 64 << 10, seed=i)
     files = entries(src)
     (tmp_path / "m.json").write_text(json.dumps({"files": files}))
     dest = tmp_path / "dest"
@@ -48,36 +49,46 @@ def test_local_state_trusts_only_what_the_relay_recorded(tmp_path: Path) -> None
         (dest / f"model-{i}-of-3.safetensors").write_bytes(
             (src / f"model-{i}-of-3.safetensors").read_bytes()
         )
-    state = k2_weights.local_state(str(dest), files)
+    state = kernel.store.local_state(str(dest), files)
     assert state["present"] == []
     assert state["unverified"] == ["model-1-of-3.safetensors", "model-2-of-3.safetensors"]
     assert state["missing"] == ["model-3-of-3.safetensors"]
     assert not state["complete"]
 
     # The relay's own check records what it verified; from then on sizes and mtimes decide.
-    assert relay.main(["check", "--dest", str(dest), "--manifest", str(tmp_path / "m.json")]) == 1
-    state = k2_weights.local_state(str(dest), files)
+    assert relay_main(["check", "--dest", str(dest), "--manifest", str(tmp_path / "m.json")]) == 1
+    state = kernel.store.local_state(str(dest), files)
     assert state["present"] == ["model-1-of-3.safetensors", "model-2-of-3.safetensors"]
     assert state["need_bytes"] == 64 << 10
     (dest / ".model-3-of-3.safetensors.partial").write_bytes(b"x" * 100)
     (dest / "model-2-of-3.safetensors").write_bytes(b"short")
-    state = k2_weights.local_state(str(dest), files)
+    state = kernel.store.local_state(str(dest), files)
     assert [w["name"] for w in state["wrong"]] == ["model-2-of-3.safetensors"]
     assert state["reclaim_bytes"] == 5 + 100
     assert state["free_bytes"] > 0
 
 
-def test_synthetic_module_content_is_the_synthetic_writer_s(tmp_path: Path) -> None:
+def test_synthetic_set_is_valid_deterministic_and_seeded(tmp_path: Path) -> None:
     params = {"shards": 2, "shard_bytes": 100_000, "seed": 3, "config": {"hidden_size": 7168}}
-    for name, blocks in weights_source.synthetic_files(params):
+    first = weights_source.synthetic(FakeModule(path=str(tmp_path / "a"), **params))
+    again = weights_source.synthetic(FakeModule(path=str(tmp_path / "b"), **params))
+    other = weights_source.synthetic(FakeModule(path=str(tmp_path / "c"), **{**params, "seed": 4}))
+    files = first["manifest"]["files"]
+    assert [f["name"] for f in files] == [
+        "config.json",
+        "model-1-of-2.safetensors",
+        "model-2-of-2.safetensors",
+    ]
+    assert files == again["manifest"]["files"]
+    assert [f["sha256"] for f in other["manifest"]["files"][1:]] != [f["sha256"] for f in files[1:]]
+    for name, blocks in kernel.synthetic.synthetic_set(2, 100_000, 3, {"hidden_size": 7168}):
         data = b"".join(blocks())
+        entry = next(f for f in files if f["name"] == name)
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"], entry["sha256"])
         if name == "config.json":
             assert json.loads(data) == {"hidden_size": 7168}
-            continue
-        index = int(name.split("-")[1])
-        reference = write_synthetic_shard(tmp_path / name, 100_000, seed=3 * 1000 + index)
-        assert data == reference.read_bytes()
-        assert relay.check_safetensors_header(data, len(data)) is None
+        else:
+            assert kernel.safetensors.check_safetensors_header(data, len(data)) is None
 
 
 class FakeModule:
@@ -121,8 +132,8 @@ def test_synthetic_module_writes_once_and_repairs(tmp_path: Path) -> None:
 
 def test_dir_module_hashes_once_then_reuses_the_cache(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    write_synthetic_shard(src / "model-1-of-2.safetensors", 50_000, seed=1)
-    write_synthetic_shard(src / "model-2-of-2.safetensors", 50_000, seed=2)
+    write_shard(src / "model-1-of-2.safetensors", 50_000, seed=1)
+    write_shard(src / "model-2-of-2.safetensors", 50_000, seed=2)
     (src / "config.json").write_text("{}")
     (src / ".hidden").write_text("no")
     cache = tmp_path / "state" / "hashes.json"
@@ -300,3 +311,27 @@ def test_progress_feed_and_views(tmp_path: Path) -> None:
     }
     table = cli.results_table(record)
     assert table.row_count == 2
+
+
+@pytest.mark.parametrize(
+    "plugin",
+    [
+        "lookup.weights_relay",
+        "modules.weights_source",
+        "modules.weights_state",
+        "modules.weights_hub_download",
+    ],
+)
+def test_plugin_documentation_is_yaml(plugin: str) -> None:
+    """Ansible parses these blocks when it loads the plugin; broken YAML fails the play."""
+    import importlib
+
+    import yaml
+
+    module = importlib.import_module(
+        f"k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.{plugin}"
+    )
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    assert doc["short_description"]
+    if hasattr(module, "RETURN"):
+        assert isinstance(yaml.safe_load(module.RETURN), dict)

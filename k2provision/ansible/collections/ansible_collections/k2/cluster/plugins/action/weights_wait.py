@@ -1,4 +1,4 @@
-"""Action k2.cluster.weights_wait: follow one relay (k2provision/weights/relay.py) to its end.
+"""Action k2.cluster.weights_wait: follow one relay (relay.pyz on a host) to its end.
 
 The relay runs detached on the host and writes its JSON-lines events to a log there. This
 action reads the end of that log over the host's own connection every ``interval`` seconds
@@ -23,7 +23,7 @@ from typing import Any
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
-from k2provision.weights import relay
+from k2provision.weights.kernel import events
 
 ALIVE = "K2RELAY-ALIVE="
 TAIL_LINES = 400
@@ -35,7 +35,7 @@ def parse_log(text: str) -> tuple[list[dict[str, Any]], bool | None]:
     for line in text.splitlines():
         if line.startswith(ALIVE):
             alive = line[len(ALIVE) :].strip() == "1"
-    return relay.parse_events(text), alive
+    return events.parse_events(text), alive
 
 
 def _append(path: str, record: dict[str, Any]) -> None:

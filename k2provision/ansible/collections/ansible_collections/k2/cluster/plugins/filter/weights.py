@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from k2provision.catalog import MODELS
-from k2provision.weights import relay
+from k2provision.weights.kernel import common, events
 
 DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
 _NOT_CONFIG = ("id", "revision", "checkpoint_gib", "shard_count", "weight_block_size")
@@ -34,7 +34,7 @@ def weights_synthetic_config(model: str) -> dict[str, Any]:
 
 def weights_chain(targets: Sequence[str], addresses: Mapping[str, str], port: int) -> str:
     """HOST:PORT,... for the relay's --chain, in the given (inventory) order."""
-    return ",".join(relay.format_address(str(addresses[t]), int(port)) for t in targets)
+    return ",".join(common.format_address(str(addresses[t]), int(port)) for t in targets)
 
 
 def weights_targets(
@@ -55,8 +55,7 @@ def weights_targets(
 
 def weights_last_summary(stdout: str) -> dict[str, Any]:
     """The last ``summary`` event of relay JSON-lines output ({} when there is none)."""
-    summaries = [e for e in relay.parse_events(str(stdout)) if e.get("event") == "summary"]
-    return dict(summaries[-1]) if summaries else {}
+    return events.last_relay_summary(str(stdout))
 
 
 def _names(value: Any) -> list[str]:
@@ -102,7 +101,7 @@ def weights_host_result(
             message=(
                 ""
                 if state.get("complete")
-                else f"would receive up to {relay.human(int(state.get('need_bytes', 0)))}: "
+                else f"would receive up to {common.human(int(state.get('need_bytes', 0)))}: "
                 f"{len(need)} files missing or wrong, {len(unverified)} to re-hash first"
             ),
         )
@@ -144,6 +143,8 @@ def weights_host_result(
             failed=list(summary.get("failed", [])),
             missing=_names(summary.get("missing")),
             bytes_received=int(summary.get("bytes_written", 0)),
+            bytes_on_wire=int(summary.get("bytes_received", 0)),
+            resumed=[r for r in summary.get("resumed", []) if isinstance(r, dict)],
             message=str(summary.get("message", "")),
         )
     if base["status"] != "ok" and address in skipped:

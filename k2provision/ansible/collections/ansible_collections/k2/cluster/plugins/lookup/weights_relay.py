@@ -1,4 +1,4 @@
-"""Lookup k2.cluster.weights_relay: the path of the relay script on the controller."""
+"""Lookup k2.cluster.weights_relay: the path of the relay zipapp on the controller."""
 
 from __future__ import annotations
 
@@ -6,18 +6,19 @@ from typing import Any
 
 from ansible.plugins.lookup import LookupBase
 
-from k2provision.weights import relay
+from k2provision.weights.relay_app import relay_app
 
 DOCUMENTATION = r"""
 name: weights_relay
-short_description: Path of the weight relay script (k2provision/weights/relay.py)
+short_description: Path of the weight relay (relay.pyz), built from the collection's sources
 description:
-  - The stdlib-only relay that moves weights host to host; the k2_weights role copies it to
-    every host.
+  - The stdlib-only relay that moves weights host to host, as one zipapp built from the
+    collection's module_utils/k2_weights package, reproducibly (the same sources give the same
+    bytes). The k2_weights role copies it to every host.
 author: k2provision
 """
 
 
 class LookupModule(LookupBase):  # type: ignore[misc]  # Ansible's base class is untyped
     def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[str]:
-        return [str(relay.__file__)]
+        return [str(relay_app())]

@@ -5,20 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
-import struct
+from collections.abc import Iterator
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ..module_utils.k2_weights import (
-    MANIFEST_FORMAT,
-    final_path,
-    hash_files,
-    list_files,
-    natural_key,
-    stored_entries,
-)
+from ..module_utils.k2_weights.common import MANIFEST_FORMAT
+from ..module_utils.k2_weights.hashing import hash_files
+from ..module_utils.k2_weights.names import final_path, list_files, natural_key
+from ..module_utils.k2_weights.store import stored_entries
+from ..module_utils.k2_weights.synthetic import synthetic_set, write_blocks
 
 DOCUMENTATION = r"""
 module: weights_source
@@ -92,79 +88,13 @@ written:
   type: list
 """
 
-BLOCK = 8 << 20
-
-
-def safetensors_header(data_bytes: int, tensors: int = 2) -> bytes:
-    """An 8-byte length plus a JSON header describing ``tensors`` U8 tensors of ``data_bytes``."""
-    tensors = max(1, min(tensors, data_bytes)) if data_bytes else 1
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    start = 0
-    for i in range(tensors):
-        end = data_bytes if i == tensors - 1 else start + data_bytes // tensors
-        header[f"model.layers.{i}.weight"] = {
-            "dtype": "U8",
-            "shape": [end - start],
-            "data_offsets": [start, end],
-        }
-        start = end
-    body = json.dumps(header, separators=(",", ":")).encode()
-    body += b" " * (-len(body) % 8)
-    return struct.pack("<Q", len(body)) + body
-
-
-def shard_blocks(size: int, seed: int) -> Any:
-    """The bytes of one synthetic shard of exactly ``size`` bytes, block by block."""
-    data = size
-    header = safetensors_header(data)
-    for _ in range(4):  # the header's digits depend on the data size; settle in a few rounds
-        data = size - len(header)
-        header = safetensors_header(data)
-    if data < 0 or len(header) + data != size:
-        raise ValueError(f"cannot make a {size}-byte safetensors file")
-    yield header
-    rng = random.Random(seed)
-    left = data
-    while left:
-        n = min(BLOCK, left)
-        yield rng.randbytes(n)
-        left -= n
-
-
-def synthetic_files(params: dict[str, Any]) -> list[tuple[str, Any]]:
-    """(name, callable giving the content blocks) of every synthetic file, in transfer order."""
-    count, size, seed = params["shards"], params["shard_bytes"], params["seed"]
-    config = (json.dumps(params["config"], indent=2, sort_keys=True) + "\n").encode()
-    files: list[tuple[str, Any]] = [("config.json", lambda: iter([config]))]
-    for i in range(1, count + 1):
-        files.append(
-            (
-                f"model-{i}-of-{count}.safetensors",
-                lambda i=i: shard_blocks(size, seed * 1000 + i),
-            )
-        )
-    return files
-
-
-def digest_of(blocks: Any) -> tuple[str, int]:
+def digest_of(blocks: Iterator[bytes]) -> tuple[str, int]:
     h = hashlib.sha256()
     n = 0
     for block in blocks:
         h.update(block)
         n += len(block)
     return h.hexdigest(), n
-
-
-def write_atomically(path: str, blocks: Any) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.synthetic.tmp")
-    with open(tmp, "wb") as f:
-        for block in blocks:
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def synthetic(module: AnsibleModule) -> dict[str, Any]:
@@ -175,7 +105,7 @@ def synthetic(module: AnsibleModule) -> dict[str, Any]:
     stored = stored_entries(dest)
     files: list[dict[str, Any]] = []
     written: list[str] = []
-    for name, blocks in synthetic_files(p):
+    for name, blocks in synthetic_set(p["shards"], p["shard_bytes"], p["seed"], p["config"]):
         sha, size = digest_of(blocks())
         files.append({"name": name, "size": size, "sha256": sha})
         path = final_path(dest, name)
@@ -190,7 +120,7 @@ def synthetic(module: AnsibleModule) -> dict[str, Any]:
                 continue
         written.append(name)
         if p["generate"] and not module.check_mode:
-            write_atomically(path, blocks())
+            write_blocks(path, blocks())
     revision = p["revision"] or f"synthetic-{p['seed']}-{p['shards']}x{p['shard_bytes']}"
     manifest = {
         "format": MANIFEST_FORMAT,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ..module_utils.k2_weights import local_state
+from ..module_utils.k2_weights.store import local_state
 
 DOCUMENTATION = r"""
 module: weights_state
@@ -12,7 +12,8 @@ short_description: What a model directory holds of a weight manifest, and the fr
 description:
   - Compares the files of O(files) with O(dest) by size and the relay's stored manifest
     (C(.k2-manifest.json), sizes, sha256 and mtimes of the files it verified). Reads only;
-    never hashes. Reports what would have to be transferred and the free space for it.
+    never hashes. Reports what would have to be transferred (a half-received file with a
+    resume point counts only its missing bytes) and the free space for it.
 options:
   dest:
     description: The model directory.
@@ -33,6 +34,9 @@ complete:
 need_bytes:
   description: The most bytes that may have to be written.
   type: int
+resumable:
+  description: Missing files whose partial copy resumes (name, offset).
+  type: list
 free_bytes:
   description: Free bytes where the files go.
   type: int

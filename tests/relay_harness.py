@@ -1,7 +1,8 @@
-"""Controller side of the weight broadcast: start the relays, run the seed, collect results.
+"""A harness that drives relays directly, for the tests and benchmarks (the product drives them
+through the k2_weights role): start the relays, run the seed, collect results.
 
-One ``relay.py serve`` per target host, started through the target's launcher (a local
-python, ``nsenter`` into a lab namespace, ``ssh``), then one ``relay.py send`` on the seed.
+One ``relay.pyz serve`` per target host, started through the target's launcher (a local
+python, ``nsenter`` into a lab namespace, ``ssh``), then one ``relay.pyz send`` on the seed.
 ``mode="chain"`` streams down the targets in order, each host forwarding while it receives;
 ``mode="fanout"`` is the baseline where the seed sends the whole set to every host itself.
 The relays' JSON-lines events come back as ``RelayEvent``s (for a live bar), and the end
@@ -28,14 +29,16 @@ from typing import IO, Any, Literal, get_args
 from pydantic import Field
 
 from k2provision.models import Record
-from k2provision.weights import relay
+from k2provision.weights.kernel import common, synthetic
 from k2provision.weights.manifest import Manifest
+from k2provision.weights.relay_app import relay_app
 
-RELAY_SCRIPT = Path(relay.__file__).resolve()
+RELAY_SCRIPT = relay_app()
+DEFAULT_CHUNK = 8 << 20
 SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 Launcher = Callable[[Sequence[str]], list[str]]
-"""Relay arguments (``serve ...`` / ``send ...``) -> the full argv that runs relay.py."""
+"""Relay arguments (``serve ...`` / ``send ...``) -> the full argv that runs relay.pyz."""
 
 Mode = Literal["chain", "fanout"]
 HostStatus = Literal["ok", "incomplete", "refused", "cancelled", "skipped", "lost"]
@@ -93,13 +96,13 @@ class Target:
     host: str
     dest: str
     launcher: Launcher = field(default_factory=local_launcher)
-    port: int = relay.DEFAULT_PORT
+    port: int = common.DEFAULT_PORT
     listen: str | None = None
     name: str = ""
 
     @property
     def label(self) -> str:
-        return self.name or relay.format_address(self.host, self.port)
+        return self.name or common.format_address(self.host, self.port)
 
 
 # ----------------------------------------------------------------------------- records
@@ -131,6 +134,8 @@ class HostResult(Record):
     bytes_received: int = 0
     bytes_written: int = 0
     bytes_forwarded: int = 0
+    resumed: tuple[dict[str, Any], ...] = ()
+    cpu: dict[str, float] = Field(default_factory=dict)
     message: str = ""
     exit_code: int | None = None
 
@@ -150,6 +155,7 @@ class BroadcastResult(Record):
     seed_status: str
     seed_message: str = ""
     files_sent: tuple[str, ...] = ()
+    seed_cpu: dict[str, float] = Field(default_factory=dict)
     hosts: tuple[HostResult, ...]
     skipped_hosts: tuple[SkippedHost, ...] = ()
 
@@ -294,7 +300,7 @@ class Broadcast:
         seed_launcher: Launcher | None = None,
         verify: bool = False,
         max_rate: float = 0.0,
-        chunk_size: int = relay.DEFAULT_CHUNK,
+        chunk_size: int = DEFAULT_CHUNK,
         io_timeout: float = 120.0,
         connect_timeout: float = 20.0,
         relink_timeout: float = 60.0,
@@ -304,6 +310,8 @@ class Broadcast:
         on_event: Callable[[RelayEvent], None] | None = None,
         log_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        streams: int = 1,
     ) -> None:
         if not targets:
             raise ValueError("a broadcast needs at least one target host")
@@ -327,6 +335,8 @@ class Broadcast:
         self.on_event = on_event
         self.log_dir = log_dir
         self.env = child_env(env)
+        self.extra_args = list(extra_args)
+        self.streams = streams
         self.relays: dict[str, _Relay] = {}
         self.addresses: dict[str, str] = {}
         self.seed: _Relay | None = None
@@ -341,6 +351,7 @@ class Broadcast:
             "--io-timeout", str(self.io_timeout),
             "--connect-timeout", str(self.connect_timeout),
             "--progress-interval", str(self.progress_interval),
+            *self.extra_args,
         ]  # fmt: skip
 
     def _on_line(self, proc: _Relay, data: dict[str, Any]) -> None:
@@ -354,7 +365,7 @@ class Broadcast:
     def start(self) -> None:
         """Start every receiver, wait until each listens, then start the seed."""
         for t in self.targets:
-            listen = relay.format_address(t.listen or t.host, t.port)
+            listen = common.format_address(t.listen or t.host, t.port)
             args = [
                 "serve", "--listen", listen, "--dest", t.dest,
                 "--accept-timeout", str(self.accept_timeout),
@@ -371,7 +382,7 @@ class Broadcast:
             proc.listening.wait(timeout=max(0.1, deadline - time.monotonic()))
             if proc.port is None:
                 continue  # never listened: reported as lost
-            address = relay.format_address(t.host, proc.port)
+            address = common.format_address(t.host, proc.port)
             self.addresses[t.label] = address
             chain.append(address)
         args = [
@@ -386,6 +397,8 @@ class Broadcast:
             args.append("--verify")
         if self.max_rate:
             args += ["--max-rate", str(self.max_rate)]
+        if self.streams > 1:
+            args += ["--streams", str(self.streams)]
         self.t0 = time.monotonic()
         self.seed = _Relay(
             "seed", self.seed_launcher(args), self.env, self.log_dir, self._on_line, stdin=True
@@ -485,6 +498,7 @@ class Broadcast:
             seed_status=str(seed.get("status", "lost")),
             seed_message=seed_message,
             files_sent=tuple(seed.get("files_sent", ())),
+            seed_cpu=dict(seed.get("cpu") or {}),
             hosts=tuple(hosts),
             skipped_hosts=tuple(SkippedHost(address=a, reason=r) for a, r in skipped.items()),
         )
@@ -531,6 +545,8 @@ class Broadcast:
             bytes_received=int(data.get("bytes_received", 0)),
             bytes_written=int(data.get("bytes_written", 0)),
             bytes_forwarded=int(data.get("bytes_forwarded", 0)),
+            resumed=tuple(r for r in data.get("resumed", ()) if isinstance(r, dict)),
+            cpu=dict(data.get("cpu") or {}),
             message=message,
             exit_code=code,
         )
@@ -540,15 +556,44 @@ def broadcast(
     manifest: Manifest, source: Path, targets: Sequence[Target], **options: Any
 ) -> BroadcastResult:
     """Pipelined chain through ``targets`` in order; returns when every host is done."""
-    with Broadcast(manifest, source, targets, mode="chain", **options) as run:
-        run.start()
-        return run.wait()
+    return _run_to_end("chain", manifest, source, targets, options)
 
 
 def fanout(
     manifest: Manifest, source: Path, targets: Sequence[Target], **options: Any
 ) -> BroadcastResult:
     """Baseline: the seed streams the whole set to every host directly, all at once."""
-    with Broadcast(manifest, source, targets, mode="fanout", **options) as run:
+    return _run_to_end("fanout", manifest, source, targets, options)
+
+
+def _run_to_end(
+    mode: Mode,
+    manifest: Manifest,
+    source: Path,
+    targets: Sequence[Target],
+    options: dict[str, Any],
+) -> BroadcastResult:
+    with Broadcast(manifest, source, targets, mode=mode, **options) as run:
         run.start()
         return run.wait()
+
+
+# ----------------------------------------------------------------------------- synthetic sets
+
+
+def write_shard(path: Path, size: int, *, seed: int = 0) -> Path:
+    """A valid synthetic safetensors file of exactly ``size`` bytes."""
+    synthetic.write_blocks(str(path), synthetic.shard_blocks(size, seed))
+    return path
+
+
+def write_shards(
+    directory: Path, count: int, shard_bytes: int, *, seed: int = 0, padded: bool = False
+) -> list[Path]:
+    """``count`` synthetic shards of ``shard_bytes`` plus a small config.json in ``directory``."""
+    config = {"model_type": "kimi_k2", "num_shards": count}
+    paths = []
+    for name, blocks in synthetic.synthetic_set(count, shard_bytes, seed, config, padded):
+        synthetic.write_blocks(str(directory / name), blocks())
+        paths.append(directory / name)
+    return paths
