@@ -45,7 +45,7 @@ def test_prod_plan_is_the_seed_4p12d_layout() -> None:
 
 def test_one_h100_node_is_refused_with_the_smallest_fit(tmp_path: Path) -> None:
     inv = nodes_inventory(tmp_path, 1, "sglang", "tp", "k2_gpu=h100\n")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match=r"\[nodes\] \(1 node x 8 h100\)") as info:
         build_plan(load_cluster(inv))
     (line,) = info.value.problems
     assert "1 node x 8 h100" in line
@@ -55,14 +55,14 @@ def test_one_h100_node_is_refused_with_the_smallest_fit(tmp_path: Path) -> None:
 
 def test_one_h200_node_does_not_hold_128k_context(tmp_path: Path) -> None:
     inv = nodes_inventory(tmp_path, 1, "vllm", "tp")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match=r"KV cache for \d+ tokens, 131072 needed") as info:
         build_plan(load_cluster(inv))
     assert "2 nodes x 8 h200 (tp 16)" in info.value.problems[0]
 
 
 def test_tp_that_does_not_divide_heads_is_refused(tmp_path: Path) -> None:
     inv = nodes_inventory(tmp_path, 3, "sglang", "tp")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="does not divide the model's 64 attention heads") as info:
         build_plan(load_cluster(inv))
     assert any(
         "24 does not divide the model's 64 attention heads" in p for p in info.value.problems
@@ -71,7 +71,7 @@ def test_tp_that_does_not_divide_heads_is_refused(tmp_path: Path) -> None:
 
 def test_experts_that_do_not_divide_are_refused(tmp_path: Path) -> None:
     inv = nodes_inventory(tmp_path, 5, "vllm", "dp_ep")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="expert parallel size 40 does not divide") as info:
         build_plan(load_cluster(inv))
     assert any(
         "expert parallel size 40 does not divide 384 experts" in p for p in info.value.problems
@@ -86,8 +86,8 @@ def test_fp8_needs_hopper_or_newer(tmp_path: Path) -> None:
 
 def test_one_h200_node_cannot_hold_the_weights_at_any_context(tmp_path: Path) -> None:
     inv = nodes_inventory(tmp_path, 1, "sglang", "tp", "k2_context_length=8192\nk2_reserve_gib=2\n")
-    with pytest.raises(PlanError):
-        # 0.85 x 140.4 GiB cannot hold 120 GiB of weights per GPU, whatever the context.
+    # 0.85 x 140.4 GiB cannot hold 120 GiB of weights per GPU, whatever the context.
+    with pytest.raises(PlanError, match=r"leave 0\.0 GiB of a 119\.3 GiB budget"):
         build_plan(load_cluster(inv))
 
 
