@@ -18,28 +18,20 @@ Nothing here runs a command or imports ansible.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from k2provision import catalog
 from k2provision.catalog import GIB
 from k2provision.facts import (
+    FACT_COMMANDS,
+    FACTS,
     FactParseError,
     HostFacts,
-    parse_clock_sync,
-    parse_df_bytes,
     parse_ibstat,
-    parse_ibv_devinfo,
-    parse_kernel_release,
-    parse_listening_ports,
     parse_nvidia_smi_topo,
-    parse_nvidia_smi_xml,
-    parse_os_release,
-    parse_service_state,
 )
 from k2provision.models import Plan
 from k2provision.preflight import (
@@ -78,25 +70,11 @@ IB_CHECKS = frozenset({"ib_port", "ib_rate", "ib_ports"})
 HARDWARE_CHECKS = GPU_CHECKS | DRIVER_CHECKS | IB_CHECKS
 """Checks that need GPUs and HCAs; the lab profile (``k2_lab``) has neither and skips them."""
 
-FACT_TEXTS = (
-    "nvidia_smi_xml",
-    "nvidia_smi_topo",
-    "ibstat",
-    "ibv_devinfo",
-    "df_avail",
-    "du_model_dir",
-    "ss",
-    "clock",
-    "os_release",
-    "uname",
-    "fabric_manager",
-    "containers",
-)
-"""Keys of the texts the preflight role collects (each the stdout of one command, or None)."""
+FACT_TEXTS = tuple(fact.key for fact in FACT_COMMANDS)
+"""Keys of the texts the roles collect (each the stdout of one command of
+:data:`~k2provision.facts.FACT_COMMANDS`, or None)."""
 
-_HW_TEXTS = frozenset(
-    {"nvidia_smi_xml", "nvidia_smi_topo", "ibstat", "ibv_devinfo", "fabric_manager"}
-)
+_HW_TEXTS = frozenset(fact.key for fact in FACT_COMMANDS if fact.hardware)
 
 DEFAULT_IB_RATE_GBPS = 400.0
 """NDR InfiniBand, the compute fabric of HGX H200 systems: one 400 Gb/s rail per GPU."""
@@ -113,12 +91,11 @@ class PreflightOptions(BaseModel):
     """True when role k2_nvidia_driver installs the driver in the prepare phase: a missing or
     old driver, a stopped fabric manager and persistence mode off are then deferred to it
     rather than refused here."""
-    ib_devices: tuple[str, ...] = ()
-    """RDMA devices the plan uses on this host (``k2_ib_devices``); each must be Active."""
     ib_rate_gbps: float | None = DEFAULT_IB_RATE_GBPS
     min_active_ib_ports: int | None = Field(default=None, ge=0)
-    """Active ports at ``ib_rate_gbps`` a host needs when ``ib_devices`` is empty; None: one
-    per GPU on plans that span hosts, none on a single-host plan."""
+    """Active ports at ``ib_rate_gbps`` a host needs when the plan names no RDMA devices for it
+    (``k2_ib_devices``); None: one per GPU on plans that span hosts, none on a single-host
+    plan."""
     disk_gib: float | None = Field(default=None, ge=0)
     """Room the weights need at the model dir; None: the catalog's checkpoint size."""
     require_clock_sync: bool | None = None
@@ -153,65 +130,21 @@ class Verdict(BaseModel):
 
 # ---------------------------------------------------------------- plan -> expectations
 
-_BIND_FLAGS: dict[str, str] = {
-    "--disaggregation-bootstrap-port": "k2_bootstrap_port",
-    "--data-parallel-rpc-port": "k2_dp_rpc_port",
-}
-
-
-def _flag_value(argv: Sequence[str], flag: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(f"{flag}="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _add_port(ports: dict[str, int], setting: str, port: int, process: str) -> None:
-    if ports.get(setting, port) != port:
-        setting = f"{setting} ({process})"
-    ports[setting] = port
-
 
 def planned_ports(
     plan: Plan, host: str, running_containers: Collection[str] = ()
 ) -> dict[str, int]:
-    """TCP ports the plan's processes bind on ``host``, keyed by the variable that sets each.
-
-    A port counts when a process that serves on this host binds it: the port of its HTTP
-    health gate, the PD bootstrap and DP RPC ports, the torch rendezvous of
-    ``--dist-init-addr``, a Ray head's port, and the ``Port`` of the mesh sshd. Processes of a
-    container that already runs (a converged host) are left out: their ports are theirs.
-    """
-    host_plan = plan.host(host)
+    """TCP ports the plan's processes bind on ``host`` (the plan's ``ports``), keyed by the
+    variable that sets each. Ports of a container that already runs (a converged host) are
+    left out: they are its own."""
     ports: dict[str, int] = {}
-    for proc in host_plan.processes:
-        if proc.container in running_containers or proc.health is None:
+    for binding in plan.host(host).ports:
+        if binding.container in running_containers:
             continue
-        argv = list(proc.argv)
-        if proc.health.url is not None:
-            port = urlsplit(proc.health.url).port
-            if port is not None:
-                server = any(a.endswith("sglang.launch_server") for a in argv)
-                _add_port(ports, "k2_sglang_port" if server else "k2_api_port", port, proc.name)
-        for flag, setting in _BIND_FLAGS.items():
-            value = _flag_value(argv, flag)
-            if value is not None and value.isdigit():
-                _add_port(ports, setting, int(value), proc.name)
-        rendezvous = _flag_value(argv, "--dist-init-addr")
-        if rendezvous is not None and rendezvous.rpartition(":")[2].isdigit():
-            _add_port(ports, "k2_dist_port", int(rendezvous.rpartition(":")[2]), proc.name)
-        if argv[:2] == ["ray", "start"] and "--head" in argv:
-            value = _flag_value(argv, "--port")
-            if value is not None and value.isdigit():
-                _add_port(ports, "k2_ray_port", int(value), proc.name)
-    sshd_config = host_plan.files.get(f"{plan.config_dir}/ssh/sshd_config")
-    owners = {p.container for p in host_plan.processes}
-    if sshd_config is not None and not owners & set(running_containers):
-        match = re.search(r"^Port\s+(\d+)\s*$", sshd_config, re.MULTILINE)
-        if match is not None:
-            _add_port(ports, "k2_ssh_port", int(match.group(1)), "sshd")
+        setting = binding.setting
+        if ports.get(setting, binding.port) != binding.port:
+            setting = f"{setting} ({binding.process})"
+        ports[setting] = binding.port
     return ports
 
 
@@ -266,7 +199,7 @@ def expectations_for(
         fabric_manager=gpu.nvswitch and gpus >= 8,
         ib_rate_gbps=options.ib_rate_gbps,
         min_active_ib_ports=min_ports,
-        ib_devices=options.ib_devices,
+        ib_devices=host_plan.ib_devices,
         model_dir=plan.model_dir,
         disk_bytes_needed=max(0, weights - max(0, model_dir_used_bytes)),
         ports_free=planned_ports(plan, host, running_containers),
@@ -279,88 +212,52 @@ def expectations_for(
 # ---------------------------------------------------------------- texts -> facts
 
 
-_EMPTY_IS_AN_ANSWER = frozenset({"ss", "containers", "du_model_dir"})
-"""Commands whose empty output means something (no listener, no container)."""
-
-
-def _text(texts: Mapping[str, Any], key: str) -> str | None:
-    """The collected text, or None when the command did not run or gave nothing usable."""
-    value = texts.get(key)
-    if value is None:
-        return None
-    text = str(value)
-    return text if text.strip() or key in _EMPTY_IS_AN_ANSWER else None
-
-
-def _du_bytes(text: str | None) -> int:
-    """``du -s -B1 DIR``: the first field of the last line (0 when absent or unreadable)."""
-    if text is None:
-        return 0
-    fields = text.strip().splitlines()[-1].split() if text.strip() else []
-    return int(fields[0]) if fields and fields[0].isdigit() else 0
-
-
-def _containers(texts: Mapping[str, Any]) -> tuple[str, ...]:
-    text = _text(texts, "containers")
-    return tuple(line.strip() for line in text.splitlines() if line.strip()) if text else ()
-
-
 def host_facts(host: str, texts: Mapping[str, Any]) -> tuple[HostFacts, list[Problem]]:
-    """Parse what the role collected. A text that is absent leaves its fact None; one that
-    does not parse does too, and adds a problem naming the command and the parser's reason.
+    """Parse what a role collected (``{key: text or None}``, keys of :data:`FACT_TEXTS`).
+
+    Each fact takes the first of its commands' texts that parses; a fact none of whose texts
+    is there stays None. When texts are there but none parses, the first one's parser error
+    becomes a problem naming the command and the reason.
     """
-    unreadable: list[Problem] = []
-
-    def parse(key: str, command: str, parser: Any) -> Any:
-        text = _text(texts, key)
+    values: dict[str, Any] = {}
+    failures: dict[str, tuple[str, FactParseError]] = {}
+    for fact in FACT_COMMANDS:
+        if fact.field in values:
+            continue
+        raw = texts.get(fact.key)
+        text = fact.text(0, None if raw is None else str(raw))
         if text is None:
-            return None
+            continue
         try:
-            return parser(text)
+            values[fact.field] = fact.parse(text)
         except FactParseError as exc:
-            unreadable.append(
-                Problem(
-                    host=host,
-                    check=f"unreadable_{key}",
-                    value="unparsable output",
-                    expected=f"what `{command}` prints",
-                    message=f"cannot read the output of `{command}`: {exc}",
-                    fix=f"run `{command}` on the host and check its output",
-                )
-            )
-            return None
-
-    def listening(text: str) -> Any:
-        return parse_listening_ports(text) if text.strip() else ()
-
-    ports = parse("ibstat", "ibstat", parse_ibstat)
-    if ports is None:
-        ports = parse("ibv_devinfo", "ibv_devinfo -v", parse_ibv_devinfo)
-    facts = HostFacts(
-        host=host,
-        gpus=parse("nvidia_smi_xml", "nvidia-smi -q -x", parse_nvidia_smi_xml),
-        topology=parse("nvidia_smi_topo", "nvidia-smi topo -m", parse_nvidia_smi_topo),
-        ib_ports=ports,
-        model_dir_free_bytes=parse("df_avail", "df -B1 --output=avail", parse_df_bytes),
-        listening=parse("ss", "ss -Hltn", listening),
-        clock=parse("clock", "timedatectl show", parse_clock_sync),
-        os=parse("os_release", "cat /etc/os-release", parse_os_release),
-        kernel=parse("uname", "uname -r", parse_kernel_release),
-        fabric_manager=parse(
-            "fabric_manager", "systemctl is-active nvidia-fabricmanager", parse_service_state
-        ),
-    )
-    return facts, unreadable
+            failures.setdefault(fact.field, (fact.key, exc))
+    unreadable = [
+        Problem(
+            host=host,
+            check=f"unreadable_{key}",
+            value="unparsable output",
+            expected=f"what `{FACTS[key].label}` prints",
+            message=f"cannot read the output of `{FACTS[key].label}`: {exc}",
+            fix=f"run `{FACTS[key].label}` on the host and check its output",
+        )
+        for field, (key, exc) in failures.items()
+        if field not in values
+    ]
+    return HostFacts(host=host, **values), unreadable
 
 
-def ib_devices_from_texts(topology_text: str, ibstat_text: str | None = None) -> list[str]:
+def ib_devices_from_texts(texts: Mapping[str, Any]) -> list[str]:
     """``k2_ib_devices`` for a host that does not name them: each GPU's nearest NIC from
     ``nvidia-smi topo -m``, restricted to devices with an Active port when ``ibstat`` output is
-    given."""
-    topology = parse_nvidia_smi_topo(topology_text)
+    there. Without a topology there is nothing to derive from (an empty list)."""
+    topology_text, ibstat_text = texts.get("nvidia_smi_topo"), texts.get("ibstat")
+    if topology_text is None or not str(topology_text).strip():
+        return []
+    topology = parse_nvidia_smi_topo(str(topology_text))
     usable = None
-    if ibstat_text is not None and ibstat_text.strip():
-        usable = {p.ca for p in parse_ibstat(ibstat_text) if p.active}
+    if ibstat_text is not None and str(ibstat_text).strip():
+        usable = {p.ca for p in parse_ibstat(str(ibstat_text)) if p.active}
     return derive_ib_devices(topology, usable)
 
 
@@ -425,8 +322,8 @@ def evaluate_host(
         plan,
         host,
         options.model_copy(update={"require_clock_sync": clock_required}),
-        model_dir_used_bytes=_du_bytes(_text(texts, "du_model_dir")),
-        running_containers=_containers(texts),
+        model_dir_used_bytes=facts.model_dir_used_bytes or 0,
+        running_containers=facts.containers or (),
     )
     skipped: tuple[str, ...] = ()
     if not hardware:

@@ -14,6 +14,12 @@ Commands and their parsers:
 - ``timedatectl show``, ``timedatectl`` or ``chronyc tracking``: :func:`parse_clock_sync`
 - ``cat /etc/os-release``: :func:`parse_os_release`; ``uname -r``: :func:`parse_kernel_release`
 - ``systemctl is-active nvidia-fabricmanager`` (or ``status``): :func:`parse_service_state`
+- ``du -s -B1 DIR``: :func:`parse_du_bytes`
+- ``docker ps --format '{{.Names}}'``: :func:`parse_names`
+
+:data:`FACT_COMMANDS` pairs each command with its parser, once, for every role that reads a host
+(preflight, the driver's and the RDMA role's checks): the command, how messages name it, the
+parser, and whether it needs GPUs or HCAs.
 
 Malformed input raises :class:`FactParseError`, whose message names the command and what is wrong.
 """
@@ -24,14 +30,19 @@ import re
 import shlex
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
+    "FACTS",
+    "FACT_COMMANDS",
     "LINK_RANK",
+    "MODEL_DIR",
     "ClockSync",
+    "FactCommand",
     "FactParseError",
     "Gpu",
     "GpuInventory",
@@ -48,10 +59,12 @@ __all__ = [
     "nic_per_gpu",
     "parse_clock_sync",
     "parse_df_bytes",
+    "parse_du_bytes",
     "parse_ibstat",
     "parse_ibv_devinfo",
     "parse_kernel_release",
     "parse_listening_ports",
+    "parse_names",
     "parse_nvidia_smi_topo",
     "parse_nvidia_smi_xml",
     "parse_os_release",
@@ -705,6 +718,29 @@ def parse_service_state(text: str) -> ServiceState:
 # ---------------------------------------------------------------- one host
 
 
+# ---------------------------------------------------------------- du, docker ps
+
+
+def parse_du_bytes(text: str) -> int:
+    """Bytes a directory holds from ``du -s -B1 DIR`` (first field of the last line); empty
+    output (the directory does not exist) is 0."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return 0
+    first = lines[-1].split()[0]
+    if not first.isdigit():
+        raise FactParseError(f"du: {first!r} is not a byte count (run du with -s -B1)")
+    return int(first)
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """One name per line (``docker ps --format '{{.Names}}'``); empty output is none."""
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+# ---------------------------------------------------------------- one host
+
+
 class HostFacts(Fact):
     """Everything preflight knows about one host; None where a fact was not collected."""
 
@@ -713,8 +749,93 @@ class HostFacts(Fact):
     topology: Topology | None = None
     ib_ports: tuple[IbPort, ...] | None = None
     model_dir_free_bytes: int | None = None
+    model_dir_used_bytes: int | None = None
     listening: tuple[ListeningSocket, ...] | None = None
     clock: ClockSync | None = None
     os: OsRelease | None = None
     kernel: str | None = None
     fabric_manager: ServiceState | None = None
+    containers: tuple[str, ...] | None = None
+
+
+# ---------------------------------------------------------------- the commands behind the facts
+
+MODEL_DIR = "{model_dir}"
+"""Stands in a command's argv for the plan's model directory."""
+
+
+@dataclass(frozen=True)
+class FactCommand:
+    """One fact: the read-only command that shows it on a host and the parser that reads it.
+
+    The roles run ``argv`` (``k2.cluster.fact_commands``), keep its output under ``key``
+    (``k2.cluster.fact_texts``) and :func:`~k2provision.expectations.host_facts` parses it into
+    the :class:`HostFacts` field ``field``. Several commands may fill one field: the first whose
+    output parses wins (``ibv_devinfo -v`` where ``ibstat`` is missing).
+    """
+
+    key: str
+    argv: tuple[str, ...]
+    label: str
+    """How messages name the command."""
+    parse: Callable[[str], object]
+    field: str
+    hardware: bool = False
+    """Needs GPUs or HCAs: read only on GPU hosts outside the lab profile."""
+    any_exit: bool = False
+    """The output is the fact whatever the exit status (``systemctl is-active``)."""
+    empty_is_answer: bool = False
+    """Empty output means something (no listener, no container, no directory yet)."""
+
+    def command(self, model_dir: str) -> list[str]:
+        """The argv to run for a plan whose weights live in ``model_dir``."""
+        return [model_dir if arg == MODEL_DIR else arg for arg in self.argv]
+
+    def text(self, rc: int | None, stdout: str | None) -> str | None:
+        """What a run of the command leaves to parse: None when it gave nothing usable."""
+        if stdout is None or (rc != 0 and not self.any_exit):
+            return None
+        return stdout if stdout.strip() or self.empty_is_answer else None
+
+
+def _listening(text: str) -> tuple[ListeningSocket, ...]:
+    return parse_listening_ports(text) if text.strip() else ()
+
+
+FACT_COMMANDS: tuple[FactCommand, ...] = (
+    FactCommand("nvidia_smi_xml", ("nvidia-smi", "-q", "-x"), "nvidia-smi -q -x",
+                parse_nvidia_smi_xml, "gpus", hardware=True),
+    FactCommand("nvidia_smi_topo", ("nvidia-smi", "topo", "-m"), "nvidia-smi topo -m",
+                parse_nvidia_smi_topo, "topology", hardware=True),
+    FactCommand("ibstat", ("ibstat",), "ibstat", parse_ibstat, "ib_ports", hardware=True),
+    FactCommand("ibv_devinfo", ("ibv_devinfo", "-v"), "ibv_devinfo -v", parse_ibv_devinfo,
+                "ib_ports", hardware=True),
+    FactCommand("fabric_manager", ("systemctl", "is-active", "nvidia-fabricmanager"),
+                "systemctl is-active nvidia-fabricmanager", parse_service_state,
+                "fabric_manager", hardware=True, any_exit=True),
+    # The model dir may not exist yet: df reads its nearest existing parent.
+    FactCommand("df_avail",
+                ("sh", "-c",
+                 'd="$1"; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; '
+                 'exec df -B1 --output=avail "$d"', "df-model-dir", MODEL_DIR),
+                "df -B1 --output=avail <k2_model_dir>", parse_df_bytes, "model_dir_free_bytes"),
+    FactCommand("du_model_dir",
+                ("sh", "-c", 'if [ -d "$1" ]; then exec du -s -B1 "$1"; fi', "du-model-dir",
+                 MODEL_DIR),
+                "du -s -B1 <k2_model_dir>", parse_du_bytes, "model_dir_used_bytes",
+                empty_is_answer=True),
+    FactCommand("ss", ("ss", "-Hltn"), "ss -Hltn", _listening, "listening",
+                empty_is_answer=True),
+    FactCommand("clock", ("timedatectl", "show"), "timedatectl show", parse_clock_sync, "clock"),
+    FactCommand("clock_chrony", ("chronyc", "tracking"), "chronyc tracking", parse_clock_sync,
+                "clock"),
+    FactCommand("os_release", ("cat", "/etc/os-release"), "cat /etc/os-release",
+                parse_os_release, "os"),
+    FactCommand("uname", ("uname", "-r"), "uname -r", parse_kernel_release, "kernel"),
+    FactCommand("containers", ("docker", "ps", "--format", "{{.Names}}"),
+                "docker ps --format '{{.Names}}'", parse_names, "containers",
+                empty_is_answer=True),
+)  # fmt: skip
+"""Every fact preflight reads, in the order the roles run them; keys are unique."""
+
+FACTS: dict[str, FactCommand] = {fact.key: fact for fact in FACT_COMMANDS}

@@ -426,17 +426,34 @@ class ContainerOptions(Record):
     volumes: tuple[str, ...] = ()
 
 
+class PortBinding(Record):
+    """A TCP port one of a host's serving processes listens on, and the variable that sets it."""
+
+    setting: str
+    """The inventory variable of the port (``k2_sglang_port``)."""
+    port: int
+    process: str
+    container: str
+    """The container that holds the port once it runs (a converged host's ports are its own)."""
+
+
 class HostPlan(Record):
-    """Everything one host does: its role, rank, processes and files."""
+    """Everything one host does: its addresses and RDMA devices, its role, rank, processes,
+    files and the ports they bind. The roles read a host's part here, never the inventory."""
 
     name: str
     address: str
+    local_ip: str
+    """The address the engines bind and advertise (``k2_local_ip``; default ``address``)."""
+    ib_devices: tuple[str, ...] = ()
+    """RDMA devices the engines use on this host (``k2_ib_devices``); empty: none named."""
     role: Role
     pool: PoolName | Literal["router"]
     node_rank: int
     gpus: int
     processes: tuple[Process, ...] = ()
     files: dict[str, str] = {}
+    ports: tuple[PortBinding, ...] = ()
 
 
 class Plan(Record):
@@ -452,6 +469,8 @@ class Plan(Record):
     endpoint_host: str
     served_model_name: str
     config_dir: str
+    ssh_port: int
+    """The port of the mpirun ssh mesh (``k2_ssh_port``): its sshd listens there on every host."""
     lab: bool
     container: ContainerOptions
     pools: tuple[PoolPlan, ...]

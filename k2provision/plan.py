@@ -35,6 +35,7 @@ from k2provision.models import (
     PoolPlan,
     WeightsInfo,
 )
+from k2provision.ports import host_ports
 from k2provision.preflight import version_at_least
 from k2provision.render import launch_script
 
@@ -685,20 +686,24 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         out = rendered.get(h.name)
         pool = next((p for p in pools if h.name in p.hosts), None)
         files = dict(out.files) if out else {}
-        for proc in out.processes if out else ():
+        processes = out.processes if out else ()
+        for proc in processes:
             files[f"{cluster.tunables.config_dir}/launch/{proc.name}.sh"] = launch_script(proc)
         host_plans.append(
             HostPlan(
                 name=h.name,
                 address=h.address,
+                local_ip=h.local_ip,
+                ib_devices=h.ib_devices,
                 role="router" if h.pool == "router" else ("node" if h.pool == "nodes" else h.pool),
                 pool=h.pool,
                 node_rank=pool.hosts.index(h.name) if pool else 0,
                 gpus=0
                 if pool is None
                 else (1 if cluster.engine == "ktransformers" else cluster.gpus_per_node),
-                processes=out.processes if out else (),
+                processes=processes,
                 files=files,
+                ports=host_ports(processes, files, cluster.tunables.config_dir),
             )
         )
     return Plan(
@@ -717,6 +722,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         if cluster.engine == "trtllm"
         else cluster.tunables.served_model_name,
         config_dir=cluster.tunables.config_dir,
+        ssh_port=cluster.tunables.ssh_port,
         lab=cluster.lab,
         container=container_options(cluster, deployment),
         pools=pools,

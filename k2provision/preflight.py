@@ -19,7 +19,7 @@ from collections.abc import Collection, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from k2provision.facts import GpuInventory, HostFacts, IbPort, Topology, nearest_nics
+from k2provision.facts import FACTS, GpuInventory, HostFacts, IbPort, Topology, nearest_nics
 
 __all__ = [
     "Expectations",
@@ -133,19 +133,20 @@ def version_at_least(have: str, need: str) -> bool:
 
 # ---------------------------------------------------------------- one host
 
-_COLLECT = {
-    "gpu_facts": "nvidia-smi -q -x",
-    "fabric_manager": "systemctl is-active nvidia-fabricmanager",
+_COLLECTED_BY = {
+    "gpu_facts": "nvidia_smi_xml",
+    "fabric_manager": "fabric_manager",
     "ib_ports": "ibstat",
-    "disk": "df -B1 --output=avail <k2_model_dir>",
-    "port": "ss -Hltn",
-    "clock": "timedatectl show",
-    "os": "cat /etc/os-release",
+    "disk": "df_avail",
+    "port": "ss",
+    "clock": "clock",
+    "os": "os_release",
 }
+"""The fact command (:data:`~k2provision.facts.FACTS`) whose output each check reads."""
 
 
 def _not_collected(host: str, check: str, what: str, expected: str, fix: str = "") -> Problem:
-    command = _COLLECT[check]
+    command = FACTS[_COLLECTED_BY[check]].label
     return Problem(
         host=host,
         check=check,

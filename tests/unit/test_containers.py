@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
@@ -42,12 +43,44 @@ def test_lab_container_drops_what_lab_hosts_cannot_grant(tmp_path: Path) -> None
     assert "--network host --ipc host" in joined
 
 
+def test_hash_is_the_label_and_the_same_for_the_same_spec() -> None:
+    """Two plans built apart from the same inventory give each container the same label, so a
+    converged host is left alone; the label a started container carries is that hash."""
+    first = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
+    again = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
+    hashes = {
+        (host.name, proc.name): spec_hash(first.container, proc, host.files)
+        for host in first.hosts
+        for proc in host.processes
+    }
+    assert hashes == {
+        (host.name, proc.name): spec_hash(again.container, proc, host.files)
+        for host in again.hosts
+        for proc in host.processes
+    }
+    assert all(re.fullmatch(r"[0-9a-f]{16}", h) for h in hashes.values())
+    # Processes of different shape differ: prefill rank 0, its router, a decode rank.
+    assert (
+        len(
+            {
+                hashes[("gpu-p01", "sglang-prefill")],
+                hashes[("gpu-p01", "sglang-router")],
+                hashes[("gpu-d01", "sglang-decode")],
+            }
+        )
+        == 3
+    )
+    host = first.hosts[0]
+    proc = host.processes[0]
+    argv = run_argv(first.container, proc, first.config_dir, host.files)
+    assert f"{LABEL_HASH}={hashes[(host.name, proc.name)]}" in argv
+
+
 def test_hash_changes_with_any_file_of_the_host() -> None:
     plan = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
     host = plan.hosts[0]
     proc = host.processes[0]
     base = spec_hash(plan.container, proc, host.files)
-    assert base == spec_hash(plan.container, proc, dict(host.files))
     edited = {**host.files, "/etc/k2provision/extra.yml": "x: 1\n"}
     assert spec_hash(plan.container, proc, edited) != base
     assert (

@@ -93,7 +93,9 @@ def test_prod_host_expects_the_catalog_h200_and_the_image_driver(prod: Plan) -> 
     # The sglang image needs 580.65, newer than the H200's own floor (550.54).
     assert (exp.min_driver, exp.driver_required_by) == ("580.65", "the sglang 0.5.23 image")
     assert exp.needs_fabric_manager
-    assert (exp.min_active_ib_ports, exp.ib_rate_gbps, exp.ib_devices) == (8, 400.0, ())
+    # The inventory names the host's eight rails (k2_ib_devices): each must be Active.
+    assert (exp.min_active_ib_ports, exp.ib_rate_gbps) == (8, 400.0)
+    assert exp.ib_devices == tuple(f"mlx5_{i}" for i in range(8))
     assert exp.disk_bytes_needed == 959 * GIB
     assert exp.model_dir == "/models/Kimi-K2-Instruct"
 
@@ -110,11 +112,36 @@ def test_single_host_plans_need_no_rdma_ports() -> None:
     assert expectations_for(plan, "kt-01").min_active_ib_ports == 0
 
 
-def test_named_ib_devices_and_explicit_numbers_win(prod: Plan) -> None:
-    options = PreflightOptions(
-        ib_devices=("mlx5_0", "mlx5_3"), min_active_ib_ports=2, ib_rate_gbps=200, disk_gib=10
+def with_ib_devices(plan: Plan, host: str, devices: tuple[str, ...]) -> Plan:
+    """The plan with `devices` as `host`'s RDMA devices, as k2_ib_devices would put them."""
+    hosts = tuple(
+        h.model_copy(update={"ib_devices": devices}) if h.name == host else h for h in plan.hosts
     )
-    exp = expectations_for(prod, "gpu-d01", options)
+    return plan.model_copy(update={"hosts": hosts})
+
+
+def test_the_plan_carries_each_hosts_addresses_and_rdma_devices(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.ini"
+    inv.write_text(
+        "[nodes]\nn1 ansible_host=10.9.0.1 k2_local_ip=192.168.7.1 k2_ib_devices=mlx5_0,mlx5_3\n"
+        "n2 ansible_host=10.9.0.2 k2_ib_devices='[\"mlx5_1\"]'\n"
+        "[all:vars]\nk2_engine=sglang\nk2_layout=tp\nk2_context_length=32768\n"
+    )
+    plan = plan_of(inv)
+    n1, n2 = plan.host("n1"), plan.host("n2")
+    assert (n1.address, n1.local_ip, n1.ib_devices) == (
+        "10.9.0.1",
+        "192.168.7.1",
+        ("mlx5_0", "mlx5_3"),
+    )
+    assert (n2.address, n2.local_ip, n2.ib_devices) == ("10.9.0.2", "10.9.0.2", ("mlx5_1",))
+    assert expectations_for(plan, "n1").ib_devices == ("mlx5_0", "mlx5_3")
+
+
+def test_named_ib_devices_and_explicit_numbers_win(prod: Plan) -> None:
+    options = PreflightOptions(min_active_ib_ports=2, ib_rate_gbps=200, disk_gib=10)
+    plan = with_ib_devices(prod, "gpu-d01", ("mlx5_0", "mlx5_3"))
+    exp = expectations_for(plan, "gpu-d01", options)
     assert exp.ib_devices == ("mlx5_0", "mlx5_3")
     assert (exp.min_active_ib_ports, exp.ib_rate_gbps) == (2, 200)
     assert exp.disk_bytes_needed == 10 * GIB
@@ -167,7 +194,9 @@ def test_ports_of_running_containers_are_theirs(prod: Plan) -> None:
 
 
 def test_a_good_host_passes_apart_from_its_single_gpu(prod: Plan) -> None:
-    verdict = evaluate_host(prod, "gpu-p01", good_h200_texts(), PreflightOptions())
+    # The capture's host has other RDMA devices than prod.ini names: as if it named none.
+    plan = with_ib_devices(prod, "gpu-p01", ())
+    verdict = evaluate_host(plan, "gpu-p01", good_h200_texts(), PreflightOptions())
     assert [p.check for p in verdict.refuse] == ["gpu_count"]
     assert verdict.defer == ()
     assert verdict.summary.startswith("gpu-p01: Ubuntu 24.04.3 LTS; kernel 6.8.0-49-generic; ")
@@ -211,8 +240,9 @@ def test_fabric_manager_stopped(prod: Plan) -> None:
 
 def test_rdma_port_down(prod: Plan) -> None:
     texts = good_h200_texts(ibstat=read("gpud-h100/ibstat.47.0.h100.some.down.with.polling.1"))
-    options = PreflightOptions(ib_devices=("mlx5_0", "mlx5_5", "mlx5_11"), only=("ib_port",))
-    refused = lines(evaluate_host(prod, "gpu-p01", texts, options))
+    plan = with_ib_devices(prod, "gpu-p01", ("mlx5_0", "mlx5_5", "mlx5_11"))
+    options = PreflightOptions(only=("ib_port",))
+    refused = lines(evaluate_host(plan, "gpu-p01", texts, options))
     assert refused == [
         "gpu-p01: RDMA port mlx5_5/1 Down (Disabled), expected Active at 400 Gb/s; fix: check the "
         "cable and the switch port of mlx5_5 (`ibstat mlx5_5`: Polling sees no peer, Disabled is "
@@ -223,16 +253,13 @@ def test_rdma_port_down(prod: Plan) -> None:
     ]
 
 
-def test_ib_devices_given_as_a_comma_string_are_split() -> None:
-    assert PreflightOptions.model_validate({"ib_devices": ["a", "b"]}).ib_devices == ("a", "b")
-
-
 def test_no_driver_yet_defers_gpu_checks_to_the_prepare_phase(prod: Plan) -> None:
     texts = good_h200_texts(nvidia_smi_xml=None, fabric_manager=None)
-    managed = evaluate_host(prod, "gpu-p01", texts, PreflightOptions(driver_managed=True))
+    plan = with_ib_devices(prod, "gpu-p01", ())
+    managed = evaluate_host(plan, "gpu-p01", texts, PreflightOptions(driver_managed=True))
     assert {p.check for p in managed.defer} == {"gpu_facts", "fabric_manager"}
     assert managed.refuse == ()
-    strict = evaluate_host(prod, "gpu-p01", texts, PreflightOptions())
+    strict = evaluate_host(plan, "gpu-p01", texts, PreflightOptions())
     assert {"gpu_facts", "fabric_manager"} <= {p.check for p in strict.refuse}
 
 
@@ -317,10 +344,13 @@ def test_one_driver_on_every_host(prod: Plan) -> None:
 
 def test_ib_devices_derived_from_topology() -> None:
     topo = read("hgx-h100-sglang-30401/nvidia-smi-topo-m.txt")
-    assert ib_devices_from_texts(topo) == [f"mlx5_{i}" for i in range(8)]
+    assert ib_devices_from_texts({"nvidia_smi_topo": topo}) == [f"mlx5_{i}" for i in range(8)]
     # Only devices with an Active port count: this RoCE host has mlx5_5 Down.
     down = read("gpud-h100/ibstat.47.0.h100.some.down.with.polling.1")
-    assert "mlx5_5" not in ib_devices_from_texts(topo, down)
+    derived = ib_devices_from_texts({"nvidia_smi_topo": topo, "ibstat": down})
+    assert derived == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_6", "mlx5_7"]
+    # No topology read (nvidia-smi missing): nothing to derive, the RDMA role then refuses.
+    assert ib_devices_from_texts({"nvidia_smi_topo": None, "ibstat": down}) == []
 
 
 def test_identical_images_everywhere_pass() -> None:

@@ -63,7 +63,7 @@ def test_int4_family_plans_on_one_8xh200_node(
 def test_int4_family_is_refused_on_one_8xh100_node_naming_16_gpus(
     tmp_path: Path, model: str, engine: str, layout: str
 ) -> None:
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="fits on 2 nodes x 8 h100") as info:
         plan_of(tmp_path, 1, engine, layout, model, "k2_gpu=h100\n")
     (line,) = info.value.problems
     assert f"{engine} {layout} fits on 2 nodes x 8 h100" in line
@@ -73,7 +73,7 @@ def test_int4_family_is_refused_on_one_8xh100_node_naming_16_gpus(
 
 
 def test_every_layout_is_searched_for_a_fix(tmp_path: Path) -> None:
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="k2_layout=tp_pp on 2 nodes") as info:
         plan_of(tmp_path, 1, "vllm", "tp", THINKING, "k2_gpu=h100\n")
     line = info.value.problems[0]
     assert "k2_layout=tp_pp on 2 nodes" in line
@@ -86,7 +86,7 @@ def test_tensorrt_llm_and_ktransformers_refuse_the_int4_family(tmp_path: Path) -
         "[nodes]\na ansible_host=10.9.0.1\nb ansible_host=10.9.0.2\n[all:vars]\n"
         f"k2_engine=trtllm\nk2_layout=tp_ep\nk2_model={THINKING}\n"
     )
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="no trtllm release is known to serve it") as info:
         build_plan(load_cluster(inv))
     (line,) = info.value.problems
     assert "no trtllm release is known to serve it" in line

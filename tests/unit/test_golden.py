@@ -1,37 +1,14 @@
-"""Golden cases: an inventory in, the exact per-host argv, env and files out.
-
-Each folder under tests/golden/ holds `inventory.ini` and `expected.json` (the plan's hosts and
-endpoint). `K2_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py` rewrites the expectations; the
-diff is then reviewed like code.
-"""
+"""Golden cases (tests/golden_cases.py): every case's plan and container commands are exactly
+what its expected.json holds. The test only compares; `scripts/regen-goldens` rewrites the
+expectations for review."""
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from k2provision.inventory import load_cluster
-from k2provision.plan import build_plan
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "inventory.ini").exists())
-
-
-def observed(case: str) -> dict[str, Any]:
-    """The parts of a plan a golden case pins down."""
-    plan = build_plan(load_cluster(GOLDEN / case / "inventory.ini"))
-    data = plan.model_dump(mode="json")
-    return {
-        "endpoint": data["endpoint"],
-        "warnings": data["warnings"],
-        "pools": data["pools"],
-        "container": data["container"],
-        "hosts": data["hosts"],
-    }
+from tests.golden_cases import CASES, expected_path, observed
 
 
 def test_there_are_golden_cases() -> None:
@@ -40,9 +17,21 @@ def test_there_are_golden_cases() -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case: str) -> None:
-    expected_path = GOLDEN / case / "expected.json"
-    got = observed(case)
-    if os.environ.get("K2_UPDATE_GOLDEN") == "1":
-        expected_path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
-    expected = json.loads(expected_path.read_text())
-    assert got == expected
+    expected = json.loads(expected_path(case).read_text())
+    assert observed(case) == expected
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden_pins_the_fit_and_every_container_command(case: str) -> None:
+    """The format holds what a review must see: the memory fit of every pool and, for every
+    process of every host, the docker argv that starts it."""
+    expected = json.loads(expected_path(case).read_text())
+    plan = expected["plan"]
+    assert [f["pool"] for f in plan["fit"]] == [p["name"] for p in plan["pools"]]
+    assert all(f["fits"] for f in plan["fit"])
+    for host in plan["hosts"]:
+        commands = expected["docker"][host["name"]]
+        assert sorted(commands) == sorted(p["name"] for p in host["processes"])
+        for proc in host["processes"]:
+            argv = commands[proc["name"]]
+            assert argv[:2] == (["docker", "exec"] if proc["exec_in"] else ["docker", "run"])

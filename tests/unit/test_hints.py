@@ -41,7 +41,7 @@ class Setup:
 
 
 def problems(setup: Setup, tmp_path: Path) -> list[str]:
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="; fix: ") as info:
         build_plan(load_cluster(setup.write(tmp_path / "inv.ini")))
     return info.value.problems
 

@@ -19,8 +19,10 @@ def write(tmp_path: Path, text: str, name: str = "inv.ini") -> Path:
 
 
 def problems(path: Path) -> list[str]:
-    with pytest.raises(InventoryError) as info:
+    """The inventory's problems; each names the fix (the tests check the rest of each line)."""
+    with pytest.raises(InventoryError, match=r"; fix: ") as info:
         load_cluster(path)
+    assert all("; fix: " in line for line in info.value.problems), info.value.problems
     return list(info.value.problems)
 
 

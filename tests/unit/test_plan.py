@@ -45,7 +45,7 @@ def test_prod_plan_is_the_seed_4p12d_layout() -> None:
 
 def test_one_h100_node_is_refused_with_the_smallest_fit(tmp_path: Path) -> None:
     inv = nodes_inventory(tmp_path, 1, "sglang", "tp", "k2_gpu=h100\n")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match=r"\[nodes\] \(1 node x 8 h100\)") as info:
         build_plan(load_cluster(inv))
     (line,) = info.value.problems
     assert "1 node x 8 h100" in line
@@ -59,7 +59,7 @@ def test_one_h200_node_holds_128k_for_vllm_only_with_decode_context_parallelism(
     tmp_path: Path,
 ) -> None:
     inv = nodes_inventory(tmp_path, 1, "vllm", "tp", "k2_vllm_decode_context_parallel_size=1\n")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="vllm tp fits on 2 nodes") as info:
         build_plan(load_cluster(inv))
     assert "vllm tp fits on 2 nodes x 8 h200 (tp 16; 16 GPUs)" in info.value.problems[0]
     # With DCP 8 (the plan's default for the family) each GPU keeps an eighth of the tokens.
@@ -71,7 +71,7 @@ def test_one_h200_node_holds_128k_for_vllm_only_with_decode_context_parallelism(
 
 def test_tp_that_does_not_divide_heads_is_refused(tmp_path: Path) -> None:
     inv = nodes_inventory(tmp_path, 3, "sglang", "tp")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="does not divide the model's 64 attention heads") as info:
         build_plan(load_cluster(inv))
     assert any(
         "24 does not divide the model's 64 attention heads" in p for p in info.value.problems
@@ -80,7 +80,7 @@ def test_tp_that_does_not_divide_heads_is_refused(tmp_path: Path) -> None:
 
 def test_experts_that_do_not_divide_are_refused(tmp_path: Path) -> None:
     inv = nodes_inventory(tmp_path, 5, "vllm", "dp_ep")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="expert parallel size 40 does not divide") as info:
         build_plan(load_cluster(inv))
     assert any(
         "expert parallel size 40 does not divide 384 experts" in p for p in info.value.problems
@@ -111,7 +111,7 @@ def test_sglang_tp8_on_one_h200_node_plans_fp8_kimi_k2_at_32k(tmp_path: Path) ->
     assert left >= reserve.total - reserve.runtime - 0.01
     # The full 128k does not fit one node; the refusal offers the context that does.
     full = nodes_inventory(tmp_path, 1, "sglang", "tp")
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(PlanError, match="sglang tp fits on 2 nodes") as info:
         build_plan(load_cluster(full))
     (line,) = info.value.problems
     assert f"k2_context_length={fit.kv_tokens_per_replica} or less" in line

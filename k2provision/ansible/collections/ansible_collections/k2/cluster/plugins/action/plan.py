@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.plugins.action import ActionBase
-
+from k2provision.ansible.actions import ReadOnlyAction
 from k2provision.errors import K2Error
 from k2provision.inventory import cluster_from_groups, plain_value
 from k2provision.plan import build_plan, plan_digest
@@ -21,15 +20,10 @@ from k2provision.plan import build_plan, plan_digest
 _INVENTORY_KEYS = ("ansible_host",)
 
 
-class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is untyped
+class ActionModule(ReadOnlyAction):
     """Return the plan and its digest (register it; run_once shares it with every host)."""
 
-    TRANSFERS_FILES = False
-    _supports_check_mode = True
-
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
+    def act(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         groups = {str(k): [str(h) for h in v] for k, v in task_vars["groups"].items()}
         hostvars = task_vars["hostvars"]
         host_vars: dict[str, dict[str, Any]] = {}
@@ -44,16 +38,13 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         try:
             plan = build_plan(cluster_from_groups(str(sources[0]), groups, host_vars))
         except K2Error as error:
-            result.update(failed=True, msg="\n".join(error.problems), problems=error.problems)
-            return result
+            return {"failed": True, "msg": "\n".join(error.problems), "problems": error.problems}
         digest = plan_digest(plan)
-        expected = self._task.args.get("expected_digest")
+        expected = args.get("expected_digest")
         if expected and expected != digest:
-            result.update(
-                failed=True,
-                msg=f"the plan computed here ({digest[:12]}) differs from the plan the caller "
+            return {
+                "failed": True,
+                "msg": f"the plan computed here ({digest[:12]}) differs from the plan the caller "
                 f"previewed ({str(expected)[:12]}); fix: re-run so both read the same inventory",
-            )
-            return result
-        result.update(changed=False, plan=plan.model_dump(mode="json"), digest=digest)
-        return result
+            }
+        return {"plan": plan.model_dump(mode="json"), "digest": digest}

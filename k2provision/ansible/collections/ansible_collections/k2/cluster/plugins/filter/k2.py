@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from k2provision.ansible.plan_parts import NotInPlanError, host_part
 from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 from k2provision.inventory import plain_value
 from k2provision.models import ContainerOptions, Plan, Process
@@ -12,10 +13,10 @@ from k2provision.models import ContainerOptions, Plan, Process
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
     """The part of `plan` (as registered by k2.cluster.plan) that belongs to `host`."""
-    for entry in plan["hosts"]:
-        if entry["name"] == host:
-            return dict(entry)
-    raise ValueError(f"{host} is not part of the plan; it is in none of its pools")
+    try:
+        return host_part(plan, host)
+    except NotInPlanError as error:
+        raise ValueError(error.problems[0]) from None
 
 
 def _owner_files(process: dict[str, Any], plan: dict[str, Any]) -> dict[str, str]:

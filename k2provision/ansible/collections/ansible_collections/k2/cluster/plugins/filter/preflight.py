@@ -7,8 +7,9 @@ k2provision.nccl, so the verdicts are tested without a host:
   ``{refuse: [lines], defer: [lines], skipped: [checks], summary: line}``.
 - ``texts_by_host | k2.cluster.preflight_cluster_problems(plan, options)``: the same for checks
   across hosts (one driver version everywhere).
-- ``topo_text | k2.cluster.ib_devices_from_topology(ibstat_text)``: each GPU's nearest RDMA
-  device with an Active port (the per-host ``k2_ib_devices`` when the inventory gives none).
+- ``texts | k2.cluster.ib_devices_from_facts``: each GPU's nearest RDMA device with an Active
+  port, from the texts of k2.cluster.host_facts (the per-host ``k2_ib_devices`` when the
+  inventory gives none).
 - ``ids_by_host | k2.cluster.image_id_mismatches``: hosts whose copy of an image differs.
 - ``hosts | k2.cluster.nccl_pair_rounds``: every host pair once, in rounds of disjoint pairs.
 - ``outputs | k2.cluster.nccl_report(fraction, min_busbw)``: bus bandwidth per pair and the slow
@@ -28,6 +29,7 @@ from k2provision.expectations import (
     image_id_mismatches,
 )
 from k2provision.facts import FactParseError
+from k2provision.inventory import plain_value as _plain
 from k2provision.models import Plan
 from k2provision.nccl import (
     NcclParseError,
@@ -38,23 +40,8 @@ from k2provision.nccl import (
 )
 
 
-def _plain(value: Any) -> Any:
-    """Ansible's lazily templated containers as plain dicts, lists and scalars."""
-    if isinstance(value, Mapping):
-        return {str(key): _plain(value[key]) for key in value}
-    if isinstance(value, list | tuple):
-        return [_plain(value[i]) for i in range(len(value))]
-    if isinstance(value, bool | int | float | type(None)):
-        return value
-    return str(value)
-
-
 def _options(options: Mapping[str, Any] | None) -> PreflightOptions:
-    data = _plain(options or {})
-    devices = data.get("ib_devices")
-    if isinstance(devices, str):
-        data["ib_devices"] = [d.strip() for d in devices.split(",") if d.strip()]
-    return PreflightOptions.model_validate(data)
+    return PreflightOptions.model_validate(_plain(options or {}))
 
 
 def preflight_problems(
@@ -79,12 +66,11 @@ def preflight_cluster_problems(
     return verdict.as_dict()
 
 
-def ib_devices_from_topology(topology_text: str, ibstat_text: str | None = None) -> list[str]:
-    """Each GPU's nearest RDMA device (Active ports only when ibstat output is given)."""
+def ib_devices_from_facts(texts: Mapping[str, Any]) -> list[str]:
+    """Each GPU's nearest RDMA device (Active ports only when ibstat output is there), from
+    the texts k2.cluster.host_facts read; empty without a topology."""
     try:
-        return ib_devices_from_texts(
-            str(topology_text), None if ibstat_text is None else str(ibstat_text)
-        )
+        return ib_devices_from_texts(_plain(texts))
     except FactParseError as exc:
         raise ValueError(f"cannot derive k2_ib_devices: {exc}") from exc
 
@@ -136,7 +122,7 @@ class FilterModule:
         return {
             "preflight_problems": preflight_problems,
             "preflight_cluster_problems": preflight_cluster_problems,
-            "ib_devices_from_topology": ib_devices_from_topology,
+            "ib_devices_from_facts": ib_devices_from_facts,
             "image_id_mismatches": image_ids_differ,
             "nccl_pair_rounds": nccl_pair_rounds,
             "nccl_report": nccl_report,
