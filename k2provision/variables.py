@@ -134,7 +134,7 @@ def known_names() -> tuple[str, ...]:
 
 def closest(name: str, candidates: Iterable[str]) -> str | None:
     """The candidate nearest to a misspelt name, if any is near enough."""
-    found = difflib.get_close_matches(name, list(candidates), n=1)
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.75)
     return found[0] if found else None
 
 
