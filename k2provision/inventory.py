@@ -50,11 +50,6 @@ _FILE_PLUGINS = {"yaml": "YAML", "ini": "INI"}
 _YAML_SUFFIXES = (".yml", ".yaml", ".json")
 
 
-def is_known_variable(name: str) -> bool:
-    """True for the inventory contract's variables, role variables and playbook internals."""
-    return name in known_names()
-
-
 def plain_value(value: Any) -> Any:
     """Strip Ansible's tagged types down to plain Python values."""
     if isinstance(value, bool):
@@ -312,8 +307,10 @@ def _variable_name_problems(hv: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def _hosts(
     members: list[str], pools: Mapping[str, PoolName], hv: Mapping[str, Mapping[str, Any]]
 ) -> tuple[list[HostSpec], list[str]]:
-    """HostSpecs in pool order, and a line per bad or repeated address or device list."""
+    """HostSpecs in pool order, and a line per bad or repeated address or device list (a
+    problem that several hosts share, such as one [all:vars] value, is one line)."""
     problems: list[str] = []
+    shared: dict[str, list[str]] = {}
     hosts: list[HostSpec] = []
     addresses: dict[str, str] = {}
     local_ips: dict[str, str] = {}
@@ -332,9 +329,9 @@ def _hosts(
                 "fix: set ansible_host to the host's IP address or DNS name"
             )
         if "ansible_port" in v and (why := port_problem(v["ansible_port"])):
-            problems.append(
-                f"{name}: ansible_port={show(v['ansible_port'])} {why}; fix: set the SSH port"
-            )
+            shared.setdefault(
+                f"ansible_port={show(v['ansible_port'])} {why}; fix: set the SSH port", []
+            ).append(name)
         if address in addresses:
             problems.append(
                 f"{name}: address {address} is also {addresses[address]}'s; expected one "
@@ -344,10 +341,11 @@ def _hosts(
         local_ip = str(v.get("k2_local_ip", address))
         if "k2_local_ip" in v:
             if why := ip_problem(local_ip):
-                problems.append(
-                    f"{name}: k2_local_ip={show(v['k2_local_ip'])} {why}; fix: set it to the "
-                    "IP address the engine binds on this host (e.g. its RDMA network's)"
-                )
+                shared.setdefault(
+                    f"k2_local_ip={show(v['k2_local_ip'])} {why}; fix: set it to the IP address "
+                    "the engine binds on this host (e.g. its RDMA network's)",
+                    [],
+                ).append(name)
             elif local_ip in local_ips:
                 problems.append(
                     f"{name}: k2_local_ip={local_ip} is also {local_ips[local_ip]}'s; "
@@ -356,10 +354,11 @@ def _hosts(
         local_ips.setdefault(local_ip, name)
         devices, why = ib_devices(v.get("k2_ib_devices"))
         if why:
-            problems.append(
-                f"{name}: k2_ib_devices={show(v['k2_ib_devices'])} {why}; expected "
-                f"{value_range('k2_ib_devices')}; fix: e.g. k2_ib_devices=mlx5_0,mlx5_1"
-            )
+            shared.setdefault(
+                f"k2_ib_devices={show(v['k2_ib_devices'])} {why}; expected "
+                f"{value_range('k2_ib_devices')}; fix: e.g. k2_ib_devices=mlx5_0,mlx5_1",
+                [],
+            ).append(name)
         hosts.append(
             HostSpec(
                 name=name,
@@ -369,6 +368,7 @@ def _hosts(
                 ib_devices=devices if not why else (),
             )
         )
+    problems += [f"{shorten_hosts(names)}: {line}" for line, names in shared.items()]
     return hosts, problems
 
 

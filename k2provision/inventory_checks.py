@@ -82,7 +82,7 @@ def ib_devices(value: Any) -> tuple[tuple[str, ...], str | None]:
         return names, "has an empty item (two commas in a row, or a trailing comma)"
     bad = [n for n in names if not _RDMA_DEVICE.match(n)]
     if bad:
-        return names, f"has {', '.join(map(repr, bad))}, not an RDMA device name"
+        return names, f"has {', '.join(map(repr, bad))}: not an RDMA device name (mlx5_0)"
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         return names, f"names {', '.join(twice)} more than once"
