@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from k2provision.inventory import load_cluster, read_inventory
-from k2provision.plan import build_plan
+from k2provision.plan import build_plan, plan_digest
 from tests.unit.contract_support import HostTrap
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,3 +185,35 @@ def test_relative_model_config_json_is_read_beside_the_inventory(
     assert build_plan(ini_cluster).fit[0].context_length == 65536
     dir_tunables = load_cluster(forms["dir"]).tunables
     assert dir_tunables.model_config_json == str(forms["dir"] / "mirror" / "config.json")
+
+
+SHOW_DIGEST = """\
+- name: Plan
+  import_playbook: {plan}
+- name: Show the plan's digest
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Digest
+      ansible.builtin.debug:
+        msg: "DIGEST={{{{ k2_planned.digest }}}}"
+      run_once: true
+      delegate_to: localhost
+"""
+
+
+@pytest.mark.parametrize("form", ["ini", "yaml", "dir"])
+def test_ansible_playbook_plans_the_same_from_every_form(
+    tmp_path: Path, form: str, host_trap: HostTrap
+) -> None:
+    """The other door: k2.cluster.plan inside ansible-playbook reads the same inventory form
+    into the same plan, without contacting a host."""
+    path = write_forms(tmp_path)[form]
+    playbook = tmp_path / "show.yml"
+    playbook.write_text(SHOW_DIGEST.format(plan=ROOT / "playbooks" / "plan.yml"))
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(path), str(playbook)],
+        check=False, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"DIGEST={plan_digest(build_plan(load_cluster(path)))}" in run.stdout
