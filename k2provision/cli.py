@@ -44,7 +44,7 @@ def _mount_weights() -> None:
 _mount_weights()
 
 InventoryArg = Annotated[
-    Path, typer.Argument(help="Ansible INI inventory, e.g. inventory/prod.ini")
+    Path, typer.Argument(help="Ansible inventory (INI, YAML or a directory), e.g. prod.ini")
 ]
 
 

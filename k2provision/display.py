@@ -139,7 +139,7 @@ class RunView:
         for host in self.hosts:
             c = self.tally.counts.get(host, {})
             table.add_row(
-                host,
+                escape(host),
                 str(c.get("ok", 0)),
                 str(c.get("changed", 0)),
                 f"[red]{c['failed']}[/]" if c.get("failed") else "0",

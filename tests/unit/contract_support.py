@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from k2provision.cli import app
-
 SSH_TOOLS = ("ssh", "scp", "sftp")
 
 
@@ -43,6 +41,8 @@ class HostTrap:
 
     def run(self, *args: str) -> tuple[int, str, str, BaseException | None]:
         """The real CLI in-process: (exit code, stdout, stderr, unexpected exception)."""
+        from k2provision.cli import app
+
         result = self.runner.invoke(app, list(args))
         unexpected = None if isinstance(result.exception, SystemExit | None) else result.exception
         return result.exit_code, result.stdout, result.stderr, unexpected
