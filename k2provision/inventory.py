@@ -160,9 +160,9 @@ def _source_problem(leaf: Path) -> str:
         return ""
     if not reasons:
         return ""
-    kind = "yaml" if leaf.suffix in _YAML_SUFFIXES and "yaml" in reasons else next(iter(reasons))
-    if kind == "yaml" and leaf.suffix not in _YAML_SUFFIXES and "ini" in reasons:
-        kind = "ini"
+    # The reason of the plugin the file's name points at: YAML for .yml/.yaml/.json, else INI.
+    preferred = "yaml" if leaf.suffix in _YAML_SUFFIXES else "ini"
+    kind = preferred if preferred in reasons else next(iter(reasons))
     return (
         f"{leaf}: not a valid {_FILE_PLUGINS[kind]} inventory: {reasons[kind]}; fix: correct "
         f"the file (ansible-inventory -i {leaf} --list shows what Ansible reads)"
