@@ -11,11 +11,12 @@ from typing import Annotated
 
 import typer
 
-from k2provision.display import console, print_errors, print_plan
+from k2provision.display import console, print_errors, print_plan, print_warnings
 from k2provision.errors import K2Error
 from k2provision.inventory import load_cluster
 from k2provision.models import Plan
 from k2provision.plan import build_plan
+from k2provision.render_output import write_render
 
 app = typer.Typer(
     help="Provision GPU hosts from an Ansible inventory and serve Kimi-K2.",
@@ -43,7 +44,7 @@ def _mount_weights() -> None:
 _mount_weights()
 
 InventoryArg = Annotated[
-    Path, typer.Argument(help="Ansible INI inventory, e.g. inventory/prod.ini")
+    Path, typer.Argument(help="Ansible inventory (INI, YAML or a directory), e.g. prod.ini")
 ]
 
 
@@ -122,27 +123,19 @@ def render(
     out: Annotated[Path, typer.Option("--out", help="directory to write into")] = Path(
         "render-out"
     ),
+    force: Annotated[
+        bool, typer.Option("--force", help="write into a non-empty directory that is no render")
+    ] = False,
 ) -> None:
     """Write every host's files and launch scripts under OUT/<host>/, plus plan.json."""
     result = load_plan(inventory)
-    written = write_render(result, out)
+    try:
+        written = write_render(result, out, force=force)
+    except K2Error as error:
+        print_errors(error)
+        raise typer.Exit(2) from None
+    print_warnings(result)
     console.print(f"wrote {written} files for {len(result.hosts)} hosts under {out}/")
-
-
-def write_render(result: Plan, out: Path) -> int:
-    """Materialise a plan's files: OUT/<host>/<absolute path>, and OUT/plan.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
-    count = 1
-    for host in result.hosts:
-        for path, content in host.files.items():
-            target = out / host.name / path.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content)
-            if path.endswith(".sh"):
-                target.chmod(0o755)
-            count += 1
-    return count
 
 
 @app.command()

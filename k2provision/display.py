@@ -13,14 +13,21 @@ from k2provision.errors import K2Error
 from k2provision.models import Plan
 
 # Pipes and CI logs get wide lines instead of rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# emoji=False: data such as the IPv6 address fd00:100::1 must not turn ":100:" into an emoji.
+console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
 
 
 def print_errors(error: K2Error) -> None:
     """One line per problem on stderr."""
     for problem in error.problems:
         err_console.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+
+
+def print_warnings(plan: Plan) -> None:
+    """The plan's warnings, one line each, on stderr."""
+    for warning in plan.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 def _sizes(plan: Plan, pool_name: str) -> str:
@@ -48,7 +55,14 @@ def plan_table(plan: Plan) -> Table:
         table.add_column(column)
     for host in plan.hosts:
         runs = ", ".join(f"{p.name} ({p.stage})" for p in host.processes) or "-"
-        table.add_row(host.name, host.address, host.role, str(host.node_rank), str(host.gpus), runs)
+        table.add_row(
+            escape(host.name),
+            escape(host.address),
+            host.role,
+            str(host.node_rank),
+            str(host.gpus),
+            escape(runs),
+        )
     return table
 
 
@@ -123,7 +137,7 @@ def print_plan(plan: Plan) -> None:
     console.print(reserve_table(plan))
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
-    console.print(f"endpoint: [bold]{plan.endpoint}[/]")
+    console.print(f"endpoint: [bold]{escape(plan.endpoint)}[/]", highlight=False)
     sys.stdout.flush()
 
 
@@ -157,7 +171,7 @@ class RunView:
         for host in self.hosts:
             c = self.tally.counts.get(host, {})
             table.add_row(
-                host,
+                escape(host),
                 str(c.get("ok", 0)),
                 str(c.get("changed", 0)),
                 f"[red]{c['failed']}[/]" if c.get("failed") else "0",

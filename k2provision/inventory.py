@@ -1,55 +1,53 @@
-"""Ansible INI inventory -> validated Cluster, through Ansible's own inventory loader.
+"""Ansible inventory -> validated Cluster, through Ansible's own inventory loader.
+
+Forms: an INI file, a YAML file, or a directory of them (several sources, with group_vars/ and
+host_vars/ beside a file or inside the directory), read as ansible-playbook reads them.
 
 Group contract: `[nodes]` for single-pool layouts; `[prefill]` and `[decode]` for PD
-disaggregation; optional `[router]`. Rank 0 of a pool is its first host in inventory order.
-Every problem found is reported at once, one line each, before anything touches a host.
+disaggregation; optional `[router]` (PD only, one host). Rank order in a pool is the order of
+the pool's group as Ansible resolves it (`groups['nodes']` in a play: the group's own hosts,
+then its child groups'), not the order hosts first appear in the file. Every problem found is
+reported at once, one line each, before anything touches a host.
 """
 
 from __future__ import annotations
 
-import difflib
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from k2provision import network, role_specs
 from k2provision.errors import InventoryError
-from k2provision.models import ENGINES, LAYOUTS, Cluster, HostSpec, PoolName, Tunables
-
-CLUSTER_VARS = (
-    "k2_engine",
-    "k2_layout",
-    "k2_model",
-    "k2_model_dir",
-    "k2_gpu",
-    "k2_gpus_per_node",
-    "k2_context_length",
-    "k2_lab",
+from k2provision.inventory_checks import (
+    address_problem,
+    cluster_values,
+    ib_devices,
+    ip_problem,
+    port_problem,
 )
-HOST_VARS = ("k2_ib_devices", "k2_local_ip")
-TUNABLE_VARS = tuple(f"k2_{name}" for name in Tunables.model_fields)
-# Set by the playbooks themselves (registered results, the wrapper's extra-vars).
-PLAYBOOK_VARS = ("k2_planned", "k2_expected_plan_digest")
-ROLES_DIR = Path(__file__).resolve().parents[1] / "roles"
+from k2provision.models import LAYOUTS, Cluster, HostSpec, PoolName, Tunables
+from k2provision.variables import (
+    CLUSTER_VARS,
+    TUNABLE_VARS,
+    known_names,
+    shorten_hosts,
+    show,
+    unknown_name_problem,
+    value_range,
+)
+
+# The inventory keys besides k2_ variables that the contract reads.
+INVENTORY_KEYS = ("ansible_host", "ansible_port")
 DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
-
-
-def role_prefixes() -> tuple[str, ...]:
-    """`k2_<role>_` for every role shipped: their variables may be set in the inventory."""
-    if not ROLES_DIR.is_dir():
-        return ()
-    return tuple(f"{p.name}_" for p in ROLES_DIR.iterdir() if p.name.startswith("k2_"))
-
-
-def is_known_variable(name: str) -> bool:
-    """True for the inventory contract's variables, role variables and playbook internals."""
-    return name in (*CLUSTER_VARS, *HOST_VARS, *TUNABLE_VARS, *PLAYBOOK_VARS) or name.startswith(
-        role_prefixes()
-    )
-
-
 POOL_GROUPS: tuple[PoolName, ...] = ("nodes", "prefill", "decode")
+# The weights relay listens on every host during the weights phase (role k2_weights).
+RELAY_PORT_VAR = "k2_weights_port"
+# Ansible's file-based inventory plugins, in the order Ansible tries them.
+_FILE_PLUGINS = {"yaml": "YAML", "ini": "INI"}
+_YAML_SUFFIXES = (".yml", ".yaml", ".json")
 
 
 def plain_value(value: Any) -> Any:
@@ -69,18 +67,7 @@ def plain_value(value: Any) -> Any:
     return value
 
 
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _as_list(value: Any) -> tuple[str, ...]:
-    if value is None or value == "":
-        return ()
-    if isinstance(value, list | tuple):
-        return tuple(str(v) for v in value)
-    return tuple(part.strip() for part in str(value).split(",") if part.strip())
+# ---------------------------------------------------------------- reading, as Ansible does
 
 
 def read_inventory(path: str | Path) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
@@ -89,18 +76,14 @@ def read_inventory(path: str | Path) -> tuple[dict[str, list[str]], dict[str, di
     if not path.exists():
         raise InventoryError(
             [
-                f"{path}: no such inventory file; fix: pass the path of an INI inventory "
-                "(see inventory/prod.ini)"
+                f"{path}: no such inventory file or directory; fix: pass an INI or YAML "
+                "inventory, or a directory of them (see inventory/prod.ini)"
             ]
         )
-    reason = _ini_parse_error(path)
-    if reason:
-        raise InventoryError(
-            [
-                f"{path}: not a valid INI inventory: {reason}; fix: correct the file "
-                "(ansible-inventory -i FILE --list shows what Ansible reads)"
-            ]
-        )
+    problems = [line for leaf in _leaf_sources(path) if (line := _source_problem(leaf))]
+    if problems:
+        raise InventoryError(problems)
+
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
@@ -109,31 +92,102 @@ def read_inventory(path: str | Path) -> tuple[dict[str, list[str]], dict[str, di
     manager = InventoryManager(loader=loader, sources=[str(path)])
     variables = VariableManager(loader=loader, inventory=manager)
     groups = {name: [h.name for h in group.get_hosts()] for name, group in manager.groups.items()}
-    host_vars = {
-        h.name: {
-            str(k): plain_value(v)
-            for k, v in variables.get_vars(host=h).items()
-            if str(k).startswith(("k2_", "ansible_host"))
+    host_vars: dict[str, dict[str, Any]] = {}
+    for host in manager.get_hosts():
+        every = variables.get_vars(host=host)
+        host_vars[host.name] = {
+            str(k): _templated(host.name, str(k), v, every, loader, problems)
+            for k, v in every.items()
+            if str(k).startswith("k2_") or str(k) in INVENTORY_KEYS
         }
-        for h in manager.get_hosts()
-    }
+    if problems:
+        raise InventoryError(problems)
     return groups, host_vars
 
 
-def _ini_parse_error(path: Path) -> str:
-    """The INI plugin's own reason for rejecting `path` ("" when it parses).
+def _leaf_sources(path: Path) -> list[Path]:
+    """The files Ansible reads as inventory sources under `path`, in its order."""
+    from ansible.inventory.manager import IGNORED
 
-    Asked directly, because InventoryManager only warns about an unparsable source."""
+    if not path.is_dir():
+        return [path]
+    found: list[Path] = []
+    for name in sorted(os.listdir(path)):
+        if not IGNORED.search(os.fsencode(name)):
+            found.extend(_leaf_sources(path / name))
+    return found
+
+
+def _claimed_by_other_plugin(leaf: Path) -> bool:
+    """A dynamic source (an executable script, a YAML plugin config): Ansible's to judge."""
+    from ansible.plugins.loader import inventory_loader
+
+    if inventory_loader.get("script").verify_file(str(leaf)):
+        return True
+    if leaf.suffix in _YAML_SUFFIXES:
+        import yaml
+
+        try:
+            data = yaml.safe_load(leaf.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return False
+        return isinstance(data, dict) and "plugin" in data
+    return False
+
+
+def _source_problem(leaf: Path) -> str:
+    """One line when no file plugin of Ansible's parses `leaf` ("" when one does).
+
+    Asked directly, because InventoryManager only warns about an unparsable source and goes on
+    without it."""
     from ansible.inventory.data import InventoryData
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import inventory_loader
 
-    plugin = inventory_loader.get("ini")
-    try:
-        plugin.parse(InventoryData(), DataLoader(), str(path.resolve()))
-    except Exception as exc:  # the plugin's error is the message we want to show
-        return str(exc).splitlines()[0]
-    return ""
+    if _claimed_by_other_plugin(leaf):
+        return ""
+    reasons: dict[str, str] = {}
+    full = str(leaf.resolve())
+    for name in _FILE_PLUGINS:
+        plugin = inventory_loader.get(name)
+        try:
+            if not plugin.verify_file(full):
+                continue
+            plugin.parse(InventoryData(), DataLoader(), full)
+        except Exception as exc:  # the plugin's own reason is the message we want to show
+            reasons[name] = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            continue
+        return ""
+    if not reasons:
+        return ""
+    # The reason of the plugin the file's name points at: YAML for .yml/.yaml/.json, else INI.
+    preferred = "yaml" if leaf.suffix in _YAML_SUFFIXES else "ini"
+    kind = preferred if preferred in reasons else next(iter(reasons))
+    return (
+        f"{leaf}: not a valid {_FILE_PLUGINS[kind]} inventory: {reasons[kind]}; fix: correct "
+        f"the file (ansible-inventory -i {leaf} --list shows what Ansible reads)"
+    )
+
+
+def _templated(
+    host: str, name: str, value: Any, every: Any, loader: Any, problems: list[str]
+) -> Any:
+    """A contract variable's value as a play would see it (Jinja evaluated); role variables
+    are left for the run, where their templates may need facts."""
+    plain = plain_value(value)
+    if not role_specs.is_template(plain) or role_specs.role_of(name):
+        return plain
+    from ansible.template import Templar
+
+    try:  # the loader's tagged value: Ansible templates only what came from a trusted source
+        return plain_value(Templar(loader=loader, variables=every).template(value))
+    except Exception as exc:  # Ansible's reason (undefined variable, syntax) is the message
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        problems.append(
+            f"{host}: {name}={show(value)} cannot be evaluated: {first}; fix: correct the "
+            "template or write the value itself"
+        )
+        return plain
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -142,15 +196,7 @@ def load_cluster(path: str | Path) -> Cluster:
     return cluster_from_groups(str(path), groups, host_vars)
 
 
-def _unknown_vars(where: Mapping[str, list[str]]) -> list[str]:
-    """One line per unknown k2_ variable, naming the hosts that set it and the likely intent."""
-    known = (*CLUSTER_VARS, *HOST_VARS, *TUNABLE_VARS)
-    problems = []
-    for name, hosts in sorted(where.items()):
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]}?" if close else "see the README's inventory reference"
-        problems.append(f"{', '.join(hosts)}: unknown variable {name}; fix: {hint}")
-    return problems
+# ---------------------------------------------------------------- the contract
 
 
 def cluster_from_groups(
@@ -168,96 +214,201 @@ def cluster_from_groups(
                 )
             else:
                 pools[name] = pool
-    router_hosts = list(groups.get("router", []))
-    ordered = [h for h in groups.get("all", list(host_vars)) if h in pools]
-    if not ordered:
+    if not pools:
         problems.append(
             f"{source}: no hosts in [nodes], [prefill] or [decode]; fix: put the GPU hosts in "
             "[nodes] (single pool) or in [prefill] and [decode] (PD disaggregation)"
         )
         raise InventoryError(problems)
+    router_hosts = list(groups.get("router", []))
+    # Pools in their groups' order: rank 0 of a pool is the first host of its group.
+    members = [*pools, *(h for h in router_hosts if h not in pools)]
+    hv = {name: dict(host_vars.get(name, {})) for name in members}
 
-    first = host_vars[ordered[0]]
-    unknown: dict[str, list[str]] = {}
-    for name in ordered + router_hosts:
-        for var in host_vars.get(name, {}):
-            if var.startswith("k2_") and not is_known_variable(var):
-                unknown.setdefault(var, []).append(name)
-        for var in (*CLUSTER_VARS, *TUNABLE_VARS):
-            if host_vars.get(name, {}).get(var) != first.get(var):
-                problems.append(
-                    f"{name}: {var}={host_vars[name].get(var)!r} differs from "
-                    f"{ordered[0]}'s {first.get(var)!r}; expected one value for the whole "
-                    "cluster; fix: set it once in [all:vars] or group_vars/all"
-                )
-    problems = _unknown_vars(unknown) + list(dict.fromkeys(problems))
+    problems.extend(_variable_name_problems(hv))
+    values, disagreements = cluster_values(members, hv, (*CLUSTER_VARS, *TUNABLE_VARS))
+    problems.extend(disagreements)
 
-    engine = str(first.get("k2_engine", ""))
-    layout = str(first.get("k2_layout", ""))
-    if engine not in ENGINES:
+    engine = str(values.get("k2_engine", ""))
+    layout = str(values.get("k2_layout", ""))
+    if engine not in LAYOUTS:
         problems.append(
-            f"{source}: k2_engine={engine or '(unset)'!s} is not an engine; expected one of "
-            f"{', '.join(ENGINES)}; fix: set k2_engine in [all:vars]"
+            f"{source}: k2_engine={engine or '(unset)'} is not an engine; expected "
+            f"{value_range('k2_engine')}; fix: set k2_engine in [all:vars]"
         )
     elif layout not in LAYOUTS[engine]:
         problems.append(
-            f"{source}: k2_layout={layout or '(unset)'!s} is not a {engine} layout; expected one "
+            f"{source}: k2_layout={layout or '(unset)'} is not a {engine} layout; expected one "
             f"of {', '.join(LAYOUTS[engine])}; fix: set k2_layout in [all:vars]"
         )
     else:
         problems.extend(_check_groups(source, engine, layout, groups))
 
-    addresses: dict[str, str] = {}
+    hosts, host_problems = _hosts(members, pools, hv)
+    problems.extend(host_problems)
+    tunables, tunable_problems = _tunables(source, values)
+    problems.extend(tunable_problems)
+    if router_hosts:
+        router: str | None = router_hosts[0]
+    else:
+        router = next((h for h in pools if pools[h] == "prefill"), None) if layout == "pd" else None
+    model_id = str(values.get("k2_model", DEFAULT_MODEL))
+    fields = {
+        "inventory": source,
+        "engine": engine if engine in LAYOUTS else "sglang",
+        "layout": layout,
+        "model": model_id,
+        "model_dir": values.get("k2_model_dir", f"/models/{model_id.rsplit('/', maxsplit=1)[-1]}"),
+        "gpu": str(values.get("k2_gpu", "h200")).lower(),
+        "gpus_per_node": values.get("k2_gpus_per_node", 8),
+        "context_length": values.get("k2_context_length"),
+        "hosts": tuple(hosts),
+        "router": router,
+        "lab": values.get("k2_lab", False),
+        "tunables": tunables,
+    }
+    try:
+        cluster = Cluster(**fields)
+    except ValidationError as exc:
+        problems.extend(_field_problems(source, exc, values))
+        raise InventoryError(problems) from None
+    if problems:
+        raise InventoryError(problems)
+    problems = network.address_family_problems(cluster)
+    problems += network.port_clashes(cluster, _relay_ports(hv))
+    if problems:
+        raise InventoryError(problems)
+    return cluster
+
+
+def _variable_name_problems(hv: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Unknown k2_ names (with the likely intent), and role variables their spec refuses."""
+    known = set(known_names())
+    unknown: dict[str, list[str]] = {}
+    refused: dict[tuple[str, str, str], list[str]] = {}
+    for host, variables in hv.items():
+        for name, value in variables.items():
+            if not name.startswith("k2_"):
+                continue
+            if name not in known:
+                unknown.setdefault(name, []).append(host)
+            elif (expected := role_specs.value_problem(name, value)) is not None:
+                refused.setdefault((name, show(value), expected), []).append(host)
+    problems = [unknown_name_problem(name, hosts) for name, hosts in sorted(unknown.items())]
+    for (name, value, expected), hosts in refused.items():
+        role = role_specs.role_of(name)
+        problems.append(
+            f"{shorten_hosts(hosts)}: {name}={value}: expected {expected} "
+            f"(roles/{role}/meta/argument_specs.yml); fix: correct {name}"
+        )
+    return problems
+
+
+def _hosts(
+    members: list[str], pools: Mapping[str, PoolName], hv: Mapping[str, Mapping[str, Any]]
+) -> tuple[list[HostSpec], list[str]]:
+    """HostSpecs in pool order, and a line per bad or repeated address or device list (a
+    problem that several hosts share, such as one [all:vars] value, is one line)."""
+    problems: list[str] = []
+    shared: dict[str, list[str]] = {}
     hosts: list[HostSpec] = []
-    for name in ordered + [h for h in router_hosts if h not in pools]:
-        hv = host_vars.get(name, {})
-        address = str(hv.get("ansible_host", name))
+    addresses: dict[str, str] = {}
+    local_ips: dict[str, str] = {}
+    for name in members:
+        v = hv[name]
+        address = str(v.get("ansible_host", name))
+        why = address_problem(address)
+        if why and "ansible_host" in v:
+            problems.append(
+                f"{name}: ansible_host={show(v['ansible_host'])} {why}; fix: set ansible_host "
+                "to the host's IP address or DNS name"
+            )
+        elif why:
+            problems.append(
+                f"{name}: without ansible_host the host name is its address, and it {why}; "
+                "fix: set ansible_host to the host's IP address or DNS name"
+            )
+        if "ansible_port" in v and (why := port_problem(v["ansible_port"])):
+            shared.setdefault(
+                f"ansible_port={show(v['ansible_port'])} {why}; fix: set the SSH port", []
+            ).append(name)
         if address in addresses:
             problems.append(
                 f"{name}: address {address} is also {addresses[address]}'s; expected one "
                 "address per host; fix: correct ansible_host of one of them"
             )
-        addresses[address] = name
+        addresses.setdefault(address, name)
+        local_ip = str(v.get("k2_local_ip", address))
+        if "k2_local_ip" in v:
+            if why := ip_problem(local_ip):
+                shared.setdefault(
+                    f"k2_local_ip={show(v['k2_local_ip'])} {why}; fix: set it to the IP address "
+                    "the engine binds on this host (e.g. its RDMA network's)",
+                    [],
+                ).append(name)
+            elif local_ip in local_ips:
+                problems.append(
+                    f"{name}: k2_local_ip={local_ip} is also {local_ips[local_ip]}'s; "
+                    "expected one address per host; fix: correct k2_local_ip of one of them"
+                )
+        local_ips.setdefault(local_ip, name)
+        devices, why = ib_devices(v.get("k2_ib_devices"))
+        if why:
+            shared.setdefault(
+                f"k2_ib_devices={show(v['k2_ib_devices'])} {why}; expected "
+                f"{value_range('k2_ib_devices')}; fix: e.g. k2_ib_devices=mlx5_0,mlx5_1",
+                [],
+            ).append(name)
         hosts.append(
             HostSpec(
                 name=name,
                 address=address,
                 pool=pools.get(name, "router"),
-                local_ip=str(hv.get("k2_local_ip", address)),
-                ib_devices=_as_list(hv.get("k2_ib_devices")),
+                local_ip=local_ip,
+                ib_devices=devices if not why else (),
             )
         )
+    problems += [f"{shorten_hosts(names)}: {line}" for line, names in shared.items()]
+    return hosts, problems
 
-    tunables: dict[str, Any] = {name[3:]: first[name] for name in TUNABLE_VARS if name in first}
-    model_id = str(first.get("k2_model", DEFAULT_MODEL))
-    router = router_hosts[0] if router_hosts else None
-    if router is None and layout == "pd":
-        router = next((h.name for h in hosts if h.pool == "prefill"), None)
-    if problems:
-        raise InventoryError(problems)
+
+def _tunables(source: str, values: Mapping[str, Any]) -> tuple[Tunables, list[str]]:
+    """The tunables the inventory sets, or the defaults and a line per refused value."""
+    given = {name[3:]: values[name] for name in TUNABLE_VARS if name in values}
+    config = given.get("model_config_json")
+    if isinstance(config, str) and config and not os.path.isabs(config):
+        # Relative to the inventory, as Ansible resolves group_vars/ beside it.
+        base = Path(source) if Path(source).is_dir() else Path(source).parent
+        given["model_config_json"] = os.path.abspath(base / config)
     try:
-        return Cluster(
-            inventory=source,
-            engine=engine,
-            layout=layout,
-            model=model_id,
-            model_dir=str(
-                first.get("k2_model_dir", f"/models/{model_id.rsplit('/', maxsplit=1)[-1]}")
-            ),
-            gpu=str(first.get("k2_gpu", "h200")).lower(),
-            gpus_per_node=first.get("k2_gpus_per_node", 8),
-            context_length=first.get("k2_context_length"),
-            hosts=tuple(hosts),
-            router=router,
-            lab=_as_bool(first.get("k2_lab", False)),
-            tunables=Tunables(**tunables),
-        )
+        return Tunables(**given), []
     except ValidationError as exc:
-        raise InventoryError(
-            f"{source}: k2_{'.'.join(str(p) for p in err['loc'])}={err.get('input')!r}: "
-            f"{err['msg']}; fix: correct the variable in [all:vars]"
-            for err in exc.errors()
-        ) from None
+        return Tunables(), _field_problems(source, exc, values)
+
+
+def _field_problems(source: str, exc: ValidationError, values: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        variable = f"k2_{field}"
+        if variable == "k2_engine":
+            continue  # reported with the engine's own line
+        value = values.get(variable, err.get("input"))
+        problems.append(
+            f"{source}: {variable}={show(value)} is refused; expected {value_range(variable)}; "
+            f"fix: correct {variable} in [all:vars] or group_vars/all"
+        )
+    return list(dict.fromkeys(problems))
+
+
+def _relay_ports(hv: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Each host's weights relay port (its own value, or the role's default)."""
+    ports = {}
+    for host, variables in hv.items():
+        value = variables.get(RELAY_PORT_VAR, role_specs.default(RELAY_PORT_VAR))
+        if value is not None and not port_problem(value):
+            ports[host] = int(str(value))
+    return ports
 
 
 def _check_groups(
@@ -265,6 +416,7 @@ def _check_groups(
 ) -> list[str]:
     """Which groups a layout needs, and which it must not have."""
     problems = []
+    routers = groups.get("router", [])
     if layout == "pd":
         for need in ("prefill", "decode"):
             if not groups.get(need):
@@ -276,6 +428,11 @@ def _check_groups(
             problems.append(
                 f"{source}: layout pd uses [prefill] and [decode], but [nodes] has hosts; "
                 "fix: move them into [prefill] or [decode]"
+            )
+        if len(routers) > 1:
+            problems.append(
+                f"{source}: [router] has {len(routers)} hosts ({shorten_hosts(routers)}); "
+                "expected one, the host that runs the PD router; fix: keep one host in [router]"
             )
     else:
         if not groups.get("nodes"):
@@ -289,6 +446,12 @@ def _check_groups(
                     f"{source}: [{extra}] is only for layout pd, but k2_layout={layout}; fix: "
                     "set k2_layout=pd or move the hosts into [nodes]"
                 )
+        if routers:
+            problems.append(
+                f"{source}: [router] ({shorten_hosts(routers)}) is only for layout pd, and "
+                f"{engine} {layout} runs no router; fix: remove the [router] group, or set "
+                "k2_layout=pd"
+            )
         if layout == "single" and len(groups.get("nodes", [])) != 1:
             problems.append(
                 f"{source}: {engine} runs on exactly one host, [nodes] has "

@@ -5,13 +5,17 @@ Every record is frozen and rejects unknown keys: a typo in data is an error, not
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -48,49 +52,150 @@ class HostSpec(Record):
     ib_devices: tuple[str, ...] = ()
 
 
+# Every numeric knob has a range: a value outside it is a typo or a misunderstanding, and it is
+# refused with the range before anything runs. The README's reference lists these ranges.
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def _absolute_path(value: str) -> str:
+    parts = set(value.split("/"))
+    if not value.startswith("/") or {".", ".."} & parts or re.search(r"[\s:,]", value):
+        raise ValueError("expected an absolute path without '.', '..', whitespace, ':' or ','")
+    return value
+
+
+# An absolute, normalised path that can stand in a `docker run -v SRC:DST:ro` volume.
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+# A word without whitespace: a name passed as one argv item.
+Word = Annotated[str, Field(pattern=r"^\S+$")]
+NUMERIC_ANNOTATIONS: tuple[Any, ...] = (int, float, int | None, float | None)
+
+
+def reject_bool_number(value: Any, info: ValidationInfo, fields: dict[str, Any]) -> Any:
+    """true/false is not a number (pydantic would read it as 1/0)."""
+    field = fields.get(info.field_name or "")
+    if isinstance(value, bool) and field is not None and field.annotation in NUMERIC_ANNOTATIONS:
+        raise ValueError("Input should be a number, not a boolean")
+    return value
+
+
 class Tunables(Record):
     """Knobs with sane defaults that an inventory may override (k2_<field> variables)."""
 
-    api_port: int = 8000
-    sglang_port: int = 30000
-    dist_port: int = 5757
-    bootstrap_port: int = 8998
-    ray_port: int = 6379
-    dp_rpc_port: int = 13345
-    ssh_port: int = 2233
-    served_model_name: str = "kimi-k2"
-    config_dir: str = "/etc/k2provision"
-    max_running_requests_prefill: int = 1024
-    cuda_graph_max_bs_decode: int = 480
-    chunked_prefill_size: int = 131072
-    pd_transfer_backend: Literal["mooncake", "nixl"] = "mooncake"
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
+
+    api_port: Port = Field(default=8000, description="the public OpenAI-compatible endpoint")
+    sglang_port: Port = Field(default=30000, description="every SGLang server's HTTP port")
+    dist_port: Port = Field(
+        default=5757,
+        description="rank 0's torch.distributed rendezvous; SGLang with DP attention also "
+        "takes the next 6 ports",
+    )
+    bootstrap_port: Port = Field(default=8998, description="SGLang PD's KV bootstrap server")
+    ray_port: Port = Field(default=6379, description="the vLLM Ray head")
+    dp_rpc_port: Port = Field(default=13345, description="vLLM data-parallel RPC on the head")
+    ssh_port: Port = Field(
+        default=2233, description="sshd inside engine containers, for mpirun (TensorRT-LLM)"
+    )
+    served_model_name: Word = Field(
+        default="kimi-k2", description="the model id clients send and /v1/models lists"
+    )
+    config_dir: AbsolutePath = Field(
+        default="/etc/k2provision", description="where hosts keep launch scripts and configs"
+    )
+    max_running_requests_prefill: int = Field(
+        default=1024, ge=1, le=65536, description="SGLang PD: concurrent requests per prefill"
+    )
+    cuda_graph_max_bs_decode: int = Field(
+        default=480,
+        ge=1,
+        le=4096,
+        description="SGLang PD: largest decode batch per rank captured in a CUDA graph",
+    )
+    chunked_prefill_size: int = Field(
+        default=131072, ge=1, le=1048576, description="SGLang PD: tokens per prefill chunk"
+    )
+    pd_transfer_backend: Literal["mooncake", "nixl"] = Field(
+        default="mooncake", description="SGLang PD: KV transfer between the pools"
+    )
     # Bounded: the seed's 1e5..1e7 s values switch PD failure detection off.
-    pd_timeout_s: int = Field(default=600, ge=30, le=3600)
-    health_timeout_s: int = 3600
-    vllm_max_num_batched_tokens: int = 8192
-    vllm_max_num_seqs: int = 256
-    trtllm_max_batch_size: int = 128
-    trtllm_max_num_tokens: int = 4096
-    trtllm_kv_cache_dtype: Literal["fp8", "auto"] = "fp8"
-    ktransformers_cache_lens: int = 30000
-    ktransformers_optimize_config: str | None = None
-    decode_redundant_experts: int | None = None
-    # GiB per GPU kept free beyond what the fit counts (activations, CUDA graphs,
-    # communication buffers): allocator fragmentation, other processes, estimate error.
-    reserve_gib: float = 4.0
-    # Serve images with a multimodal model (None: on when the model has a vision tower).
-    multimodal: bool | None = None
-    # KV cache dtype for SGLang and vLLM ("auto": the engines' default, BF16 for these
-    # checkpoints); TensorRT-LLM keeps trtllm_kv_cache_dtype.
-    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    # vLLM decode context parallelism (None: the GPUs of a node where the model's recipes
-    # show it pays; 1: off).
-    vllm_decode_context_parallel_size: int | None = Field(default=None, ge=1)
+    pd_timeout_s: int = Field(
+        default=600, ge=30, le=3600, description="SGLang PD: bootstrap and waiting timeouts"
+    )
+    health_timeout_s: int = Field(
+        default=3600,
+        ge=60,
+        le=86400,
+        description="seconds a process may take to pass its health gate",
+    )
+    vllm_max_num_batched_tokens: int = Field(
+        default=8192, ge=1, le=1048576, description="vLLM dp_ep: tokens per engine step"
+    )
+    vllm_max_num_seqs: int = Field(
+        default=256, ge=1, le=65536, description="vLLM dp_ep: sequences per engine step"
+    )
+    trtllm_max_batch_size: int = Field(
+        default=128, ge=1, le=4096, description="TensorRT-LLM: requests per batch"
+    )
+    trtllm_max_num_tokens: int = Field(
+        default=4096, ge=1, le=1048576, description="TensorRT-LLM: tokens per batch"
+    )
+    trtllm_kv_cache_dtype: Literal["fp8", "auto"] = Field(
+        default="fp8", description="TensorRT-LLM: KV cache data type"
+    )
+    ktransformers_cache_lens: int = Field(
+        default=30000, ge=1, le=2097152, description="KTransformers: KV cache size in tokens"
+    )
+    ktransformers_optimize_config: Word | None = Field(
+        default=None, description="KTransformers: an injection rule file (--optimize_config_path)"
+    )
+    decode_redundant_experts: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="SGLang PD: spare expert slots in the decode pool (default: one per GPU)",
+    )
+    reserve_gib: float = Field(
+        default=4.0,
+        ge=0,
+        le=256,
+        description="GiB per GPU kept free beyond what the fit counts (activations, CUDA "
+        "graphs and communication buffers are counted): fragmentation, other processes, "
+        "estimate error",
+    )
+    multimodal: bool | None = Field(
+        default=None,
+        description="serve images with a multimodal model (default: on when the model has a "
+        "vision tower)",
+    )
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto",
+        description="KV cache dtype for SGLang and vLLM (auto: the engine's default, BF16 for "
+        "these checkpoints); TensorRT-LLM keeps trtllm_kv_cache_dtype",
+    )
+    vllm_decode_context_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="vLLM decode context parallelism (default: a node's GPUs where the "
+        "recipes show it pays; 1: off)",
+    )
     # A config.json (on the controller, e.g. in a local mirror of the model) whose
     # architecture numbers override the catalog's.
-    model_config_json: str | None = None
-    socket_ifname: str | None = None
-    image: str | None = None
+    model_config_json: Word | None = Field(
+        default=None,
+        description="a config.json on the controller whose numbers override the catalog's "
+        "(relative: to the inventory's directory)",
+    )
+    socket_ifname: Word | None = Field(
+        default=None, description="NCCL/GLOO socket interface (e.g. bond0)"
+    )
+    image: Word | None = Field(default=None, description="override the engine image")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return reject_bool_number(value, info, cls.model_fields)
 
 
 class Cluster(Record):
@@ -100,14 +205,19 @@ class Cluster(Record):
     engine: EngineName
     layout: str
     model: str
-    model_dir: str
+    model_dir: AbsolutePath
     gpu: str
-    gpus_per_node: int = Field(gt=0)
-    context_length: int | None = None
+    gpus_per_node: int = Field(ge=1, le=16)
+    context_length: int | None = Field(default=None, ge=1, le=2097152)
     hosts: tuple[HostSpec, ...]
     router: str | None = None
     lab: bool = False
     tunables: Tunables = Tunables()
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return reject_bool_number(value, info, cls.model_fields)
 
     def pool(self, name: PoolName) -> tuple[HostSpec, ...]:
         """Hosts of one pool, in inventory order."""
@@ -463,7 +573,7 @@ class Plan(Record):
     engine_version: str
     layout: str
     model: str
-    model_dir: str
+    model_dir: AbsolutePath
     gpu: str
     endpoint: str
     endpoint_host: str

@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from k2provision import catalog
 from k2provision.catalog import GIB
@@ -715,7 +716,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         gpu=gpu.key,
         endpoint=endpoint,
         endpoint_host=next(
-            (h.name for h in cluster.hosts if f"//{h.address}:" in endpoint), pools[0].master
+            (h.name for h in cluster.hosts if h.address.lower() == urlsplit(endpoint).hostname),
+            pools[0].master,
         ),
         # trtllm-serve has no served-model-name option: it lists the model by its path.
         served_model_name=cluster.model_dir

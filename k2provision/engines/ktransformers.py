@@ -17,7 +17,7 @@ So there is no flag to render (`common.tool_parser("ktransformers")` is None).
 from __future__ import annotations
 
 from k2provision.engines import Deployment, HostRender
-from k2provision.engines.common import http_gate
+from k2provision.engines.common import any_address, http_gate, http_url
 from k2provision.models import Process
 
 CONTAINER = "k2-ktransformers"
@@ -39,7 +39,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         "--model_path", model_dir,
         "--gguf_path", model_dir,
         "--cache_lens", str(t.ktransformers_cache_lens),
-        "--host", "0.0.0.0",
+        "--host", any_address(deployment.cluster),
         "--port", str(t.api_port),
         "--model_name", t.served_model_name,
     ]
@@ -59,4 +59,4 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
 def endpoint(deployment: Deployment) -> str:
     """The server's base URL."""
     pool = deployment.pool("nodes")
-    return f"http://{pool.master_address}:{deployment.cluster.tunables.api_port}"
+    return http_url(pool.master_address, deployment.cluster.tunables.api_port)

@@ -13,7 +13,7 @@ now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
 from __future__ import annotations
 
 from k2provision.engines import Deployment, HostRender
-from k2provision.engines.common import http_gate, tool_parser
+from k2provision.engines.common import any_address, host_port, http_gate, http_url, tool_parser
 from k2provision.models import HostSpec, PoolName, PoolPlan, Process, Tunables
 
 CONTAINER = "k2-sglang"
@@ -76,7 +76,7 @@ def _dist_args(pool: PoolPlan, master: HostSpec, rank: int, t: Tunables) -> tupl
     """Multi-node rendezvous: the pool's rank 0 hosts torch.distributed's store."""
     return (
         "--dist-init-addr",
-        f"{master.local_ip}:{t.dist_port}",
+        host_port(master.local_ip, t.dist_port),
         "--nnodes",
         str(len(pool.hosts)),
         "--node-rank",
@@ -101,7 +101,7 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             str(pool.parallel.tp),
             *_dist_args(pool, master, rank, t),
             "--host",
-            "0.0.0.0",
+            any_address(cluster),
             "--port",
             str(t.sglang_port),
             "--mem-fraction-static",
@@ -254,7 +254,7 @@ def _router_host(deployment: Deployment) -> HostSpec:
 def _pool_url(deployment: Deployment, name: PoolName) -> str:
     """The HTTP URL of a pool's rank 0, on the address its server binds."""
     master = deployment.cluster.host(deployment.pool(name).master)
-    return f"http://{master.local_ip}:{deployment.cluster.tunables.sglang_port}"
+    return http_url(master.local_ip, deployment.cluster.tunables.sglang_port)
 
 
 def _router(deployment: Deployment) -> Process:
@@ -274,7 +274,7 @@ def _router(deployment: Deployment) -> Process:
         "--policy",
         "round_robin",
         "--host",
-        "0.0.0.0",
+        any_address(deployment.cluster),
         "--port",
         str(t.api_port),
     )
@@ -316,5 +316,5 @@ def endpoint(deployment: Deployment) -> str:
     """The OpenAI-compatible base URL: the router (pd) or rank 0's server (tp)."""
     t = deployment.cluster.tunables
     if deployment.cluster.layout == "pd":
-        return f"http://{_router_host(deployment).address}:{t.api_port}"
-    return f"http://{deployment.pool('nodes').master_address}:{t.sglang_port}"
+        return http_url(_router_host(deployment).address, t.api_port)
+    return http_url(deployment.pool("nodes").master_address, t.sglang_port)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import yaml
 
 from k2provision.engines import Deployment, HostRender
-from k2provision.engines.common import TOOL_PARSER, http_gate
+from k2provision.engines.common import TOOL_PARSER, http_gate, http_url
 from k2provision.engines.trtllm_schema import (
     TRTLLM_VERSION,
     CudaGraphConfig,
@@ -255,4 +255,4 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
 def endpoint(deployment: Deployment) -> str:
     """Rank 0's OpenAI-compatible server."""
     pool = deployment.pool("nodes")
-    return f"http://{pool.master_address}:{deployment.cluster.tunables.api_port}"
+    return http_url(pool.master_address, deployment.cluster.tunables.api_port)

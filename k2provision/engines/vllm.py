@@ -31,7 +31,7 @@ Workers always point at the head's inventory address; each host announces its ow
 from __future__ import annotations
 
 from k2provision.engines import Deployment, HostRender
-from k2provision.engines.common import http_gate, tool_parser
+from k2provision.engines.common import any_address, host_port, http_gate, http_url, tool_parser
 from k2provision.models import HealthGate, HostSpec, PoolPlan, Process
 
 CONTAINER = "k2-vllm"
@@ -64,7 +64,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
 def endpoint(deployment: Deployment) -> str:
     """The head's OpenAI-compatible base URL."""
     pool = deployment.pool("nodes")
-    return f"http://{pool.master_address}:{deployment.cluster.tunables.api_port}"
+    return http_url(pool.master_address, deployment.cluster.tunables.api_port)
 
 
 def _env(deployment: Deployment, host: HostSpec) -> dict[str, str]:
@@ -98,7 +98,7 @@ def _serve_args(deployment: Deployment, pool: PoolPlan, parallel: list[str]) -> 
         args += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     args += [
         "--host",
-        "0.0.0.0",
+        any_address(deployment.cluster),
         "--port",
         str(t.api_port),
         "--max-model-len",
@@ -150,7 +150,7 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
     hosts = _hosts(deployment, pool)
     head = hosts[0]
     gpn = deployment.cluster.gpus_per_node
-    ray_address = f"{pool.master_address}:{t.ray_port}"
+    ray_address = host_port(pool.master_address, t.ray_port)
     ray_options = ("--disable-usage-stats", "--block")
 
     out: dict[str, HostRender] = {}

@@ -28,7 +28,7 @@ from .runner import ParseResult, check
 pytestmark = pytest.mark.parsers
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-CASES = ("sglang-tp", "sglang-pd-4p12d", "sglang-pd-1p1d")
+CASES = ("sglang-tp", "sglang-pd-4p12d", "sglang-pd-1p1d", "sglang-pd-ipv6")
 SERVER = ("python3", "-m", "sglang.launch_server")
 ROUTER = ("python3", "-m", "sglang_router.launch_router")
 
@@ -121,8 +121,8 @@ def stale_warnings(result: ParseResult) -> list[str]:
 def test_cases_cover_both_layouts_and_every_host() -> None:
     assert {golden_plan(c).layout for c in CASES} == {"tp", "pd"}
     expected = sum(len(p.hosts) for c in CASES for p in golden_plan(c).pools)
-    assert len(SERVERS) == expected == 2 + 16 + 2
-    assert len(ROUTERS) == 2  # one per PD case
+    assert len(SERVERS) == expected == 2 + 16 + 2 + 4
+    assert len(ROUTERS) == 3  # one per PD case
 
 
 @pytest.mark.parametrize(("case", "host", "name"), SERVERS)
@@ -159,8 +159,8 @@ def test_parsed_server_matches_the_plan(case: str, host: str, name: str) -> None
         else:
             assert (source["dp_size"], source["attn_dp_size"], source["ep_size"]) == (1, 1, 1)
             assert source["disaggregation_mode"] == "null"
-    # The rendezvous is on the pool's rank 0, on its cluster address.
-    assert r.parsed["dist_init_addr"] == f"{cluster.host(pool.master).local_ip}:{t.dist_port}"
+    # The rendezvous is on the pool's rank 0, on its cluster address (an IPv6 one bracketed).
+    assert r.parsed["dist_init_addr"] == bracketed(cluster.host(pool.master).local_ip, t.dist_port)
     assert r.parsed["tool_call_parser"] == "kimi_k2"
     assert r.parsed["trust_remote_code"] is True
     assert r.parsed["served_model_name"] == t.served_model_name
@@ -201,12 +201,17 @@ def test_router_argv_is_accepted_and_wired_to_both_pools(case: str, host: str, n
     decode = cluster.host(next(p for p in plan.pools if p.name == "decode").master)
     assert r.parsed["pd_disaggregation"] is True
     assert r.parsed["prefill_urls"] == [
-        [f"http://{prefill.local_ip}:{t.sglang_port}", t.bootstrap_port]
+        [f"http://{bracketed(prefill.local_ip, t.sglang_port)}", t.bootstrap_port]
     ]
-    assert r.parsed["decode_urls"] == [f"http://{decode.local_ip}:{t.sglang_port}"]
-    assert r.parsed["host"] == "0.0.0.0"
+    assert r.parsed["decode_urls"] == [f"http://{bracketed(decode.local_ip, t.sglang_port)}"]
+    assert r.parsed["host"] == ("::" if ":" in cluster.host(host).address else "0.0.0.0")
     assert r.parsed["port"] == t.api_port
-    assert plan.endpoint == f"http://{cluster.host(host).address}:{t.api_port}"
+    assert plan.endpoint == f"http://{bracketed(cluster.host(host).address, t.api_port)}"
+
+
+def bracketed(address: str, port: int) -> str:
+    """host:port as the engines read it: an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 # ---------------------------------------------------------------- the checker can fail

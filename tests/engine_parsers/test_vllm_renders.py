@@ -61,7 +61,8 @@ def pool(case: str) -> PoolPlan:
 def test_every_layout_has_a_golden_case() -> None:
     layouts = {golden_plan(case).layout for case in CASES}
     assert layouts == {"tp", "tp_pp", "dp_ep"}
-    assert len(SERVES) == 4  # one head each for tp and tp_pp, head + headless worker for dp_ep
+    # One head each for tp, tp (IPv6) and tp_pp, head + headless worker for dp_ep.
+    assert len(SERVES) == 5
 
 
 @pytest.mark.parametrize(("case", "host", "name"), SERVES)
@@ -92,7 +93,7 @@ def test_parsed_sizes_match_the_plan(case: str, host: str, name: str) -> None:
     assert r.value("gpu_memory_utilization") == p.mem_fraction
     assert r.parsed["enable_auto_tool_choice"] is True
     assert r.parsed["tool_call_parser"] == "kimi_k2"
-    assert r.parsed["host"] == "0.0.0.0"
+    assert r.parsed["host"] == ("::" if ":" in p.master_address else "0.0.0.0")
     assert r.parsed["port"] == t.api_port
     if plan.layout == "dp_ep":
         rank = p.hosts.index(host)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from k2provision import role_specs
+
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
 
@@ -54,7 +56,12 @@ def test_argument_specs_are_in_step_with_defaults(role: str) -> None:
     specs = options(role)
     values = defaults(role)
     assert set(specs) - {f"{role}_plan"} == set(values)
+    for name, option in specs.items():
+        assert name.startswith(f"{role}_"), name
+        assert option.get("required") or "default" in option, name
     for name, value in values.items():
+        # A default must itself pass the spec the inventory's role variables are judged by.
+        assert role_specs.value_problem(name, value) is None, name
         default = specs[name]["default"]
         if isinstance(value, str):
             assert " ".join(str(default).split()) == " ".join(value.split()), name

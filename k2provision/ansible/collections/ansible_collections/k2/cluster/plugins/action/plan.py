@@ -14,10 +14,8 @@ from typing import Any
 
 from k2provision.ansible.actions import ReadOnlyAction
 from k2provision.errors import K2Error
-from k2provision.inventory import cluster_from_groups, plain_value
+from k2provision.inventory import INVENTORY_KEYS, cluster_from_groups, plain_value
 from k2provision.plan import build_plan, plan_digest
-
-_INVENTORY_KEYS = ("ansible_host",)
 
 
 class ActionModule(ReadOnlyAction):
@@ -32,7 +30,7 @@ class ActionModule(ReadOnlyAction):
             host_vars[host] = {
                 str(k): plain_value(hv[k])
                 for k in hv
-                if str(k).startswith("k2_") or str(k) in _INVENTORY_KEYS
+                if str(k).startswith("k2_") or str(k) in INVENTORY_KEYS
             }
         sources = task_vars.get("ansible_inventory_sources") or ["inventory"]
         try:

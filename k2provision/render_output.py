@@ -1,0 +1,135 @@
+"""`render --out DIR`: a plan's files on the local disk, safely.
+
+Each host's files go to DIR/<host>/<absolute path>, and the plan to DIR/plan.json. A host name
+becomes a directory name only when it is one plain path component; nothing is written outside
+DIR. DIR must be new, empty, or a previous render (recognised by its manifest, which also names
+the files a re-render no longer writes, removed then); `force` writes into any directory.
+Every failure is one K2Error line, raised before the first file is written where it can be.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from k2provision.errors import K2Error
+from k2provision.models import Plan
+
+PLAN_FILE = "plan.json"
+MANIFEST = ".k2provision-render.json"
+_SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@+-]*$")
+
+
+def unsafe_host_names(plan: Plan) -> list[str]:
+    """Host names that cannot be one directory name under DIR."""
+    reserved = {PLAN_FILE, MANIFEST}
+    return [
+        h.name
+        for h in plan.hosts
+        if not _SAFE_COMPONENT.match(h.name) or h.name in reserved or len(h.name) > 255
+    ]
+
+
+def planned_files(plan: Plan, out: Path) -> dict[Path, tuple[str, bool]]:
+    """Every file of a render: path -> (content, executable)."""
+    files: dict[Path, tuple[str, bool]] = {
+        out / PLAN_FILE: (json.dumps(plan.model_dump(mode="json"), indent=2) + "\n", False)
+    }
+    for host in plan.hosts:
+        for path, content in host.files.items():
+            target = out / host.name / path.lstrip("/")
+            if ".." in Path(path).parts:
+                raise K2Error(
+                    [
+                        f"{host.name}: file {path} would be written outside {out}; fix: use a "
+                        "normalised absolute k2_config_dir (no '..')"
+                    ]
+                )
+            files[target] = (content, path.endswith(".sh"))
+    return files
+
+
+def _previous_render(out: Path) -> list[str] | None:
+    """The files a previous render wrote into `out` (None when `out` holds no render)."""
+    try:
+        written = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(written, list) or not all(isinstance(p, str) for p in written):
+        return None
+    return written
+
+
+def _check_target(out: Path, force: bool) -> list[str] | None:
+    """Refuse an --out that is a file, lies under one, or holds something else."""
+    for parent in (out, *out.parents):
+        if parent.exists() and not parent.is_dir():
+            where = "is a file" if parent == out else f"lies under {parent}, which is a file"
+            raise K2Error(
+                [f"--out {out} {where}; expected a directory; fix: choose another --out"]
+            )
+        if parent.exists():
+            break
+    if not out.exists():
+        return None
+    previous = _previous_render(out)
+    if previous is None and any(out.iterdir()) and not force:
+        raise K2Error(
+            [
+                f"--out {out} is not empty and holds no earlier render; expected a new or empty "
+                "directory, or a previous render; fix: choose another --out, or pass --force "
+                "to write into it anyway"
+            ]
+        )
+    return previous
+
+
+def write_render(plan: Plan, out: Path, *, force: bool = False) -> int:
+    """Materialise a plan's files under `out`; the number of files written."""
+    unsafe = unsafe_host_names(plan)
+    if unsafe:
+        raise K2Error(
+            [
+                f"host {name!r}: its name cannot be a directory name under --out (a path "
+                "separator, a leading dot, or a reserved name); fix: rename the host in the "
+                "inventory (ansible_host keeps its address)"
+                for name in unsafe
+            ]
+        )
+    files = planned_files(plan, out)
+    previous = _check_target(out, force) or []
+    relative = sorted(str(path.relative_to(out)) for path in files)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in sorted(set(previous) - set(relative)):
+            _remove_stale(out, stale)
+        for path, (content, executable) in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+            if executable:
+                path.chmod(0o755)
+        (out / MANIFEST).write_text(json.dumps(relative, indent=1) + "\n")
+    except OSError as exc:
+        where = exc.filename or out
+        raise K2Error(
+            [
+                f"--out {out}: cannot write {where} ({exc.strerror or exc}); fix: choose a "
+                "directory you can write, or free it"
+            ]
+        ) from None
+    return len(files)
+
+
+def _remove_stale(out: Path, relative: str) -> None:
+    """Remove one file of the previous render (and directories it leaves empty)."""
+    path = out / relative
+    root = out.resolve()
+    if root not in path.resolve().parents or not path.is_file():
+        return
+    path.unlink()
+    parent = path.parent
+    while parent.resolve() != root and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
