@@ -193,7 +193,11 @@ def planned_ports(
         if proc.health.url is not None:
             port = urlsplit(proc.health.url).port
             if port is not None:
-                server = any(a.endswith("sglang.launch_server") for a in argv)
+                # SGLang's own servers listen on k2_sglang_port; KTransformers (an SGLang
+                # server too) and every other front end on the public k2_api_port.
+                server = plan.engine == "sglang" and any(
+                    a.endswith("sglang.launch_server") for a in argv
+                )
                 _add_port(ports, "k2_sglang_port" if server else "k2_api_port", port, proc.name)
         for flag, setting in _BIND_FLAGS.items():
             value = _flag_value(argv, flag)

@@ -62,25 +62,45 @@ class Tunables(Record):
     config_dir: str = "/etc/k2provision"
     max_running_requests_prefill: int = 1024
     cuda_graph_max_bs_decode: int = 480
-    chunked_prefill_size: int = 131072
+    # Tokens one SGLang prefill instance takes per chunk, across the whole instance:
+    # `--chunked-prefill-size` as SGLang reads it, which divides it by the attention-DP
+    # size (524288 over DP 32: 16384 tokens per rank), the production PD value.
+    chunked_prefill_size: int = 524288
     pd_transfer_backend: Literal["mooncake", "nixl"] = "mooncake"
     # Bounded: the seed's 1e5..1e7 s values switch PD failure detection off.
     pd_timeout_s: int = Field(default=600, ge=30, le=3600)
     health_timeout_s: int = 3600
     vllm_max_num_batched_tokens: int = 8192
     vllm_max_num_seqs: int = 256
+    # vLLM's all-to-all for expert parallelism across nodes (the DeepEP kernels are what
+    # vLLM's expert-parallel deployment guide names for multi-node).
+    vllm_all2all_backend: Literal[
+        "deepep_low_latency", "deepep_high_throughput", "allgather_reducescatter"
+    ] = "deepep_low_latency"
+    # Spare expert slots for vLLM's EPLB in layout dp_ep; None: one per GPU.
+    vllm_redundant_experts: int | None = Field(default=None, ge=0)
     trtllm_max_batch_size: int = 128
     trtllm_max_num_tokens: int = 4096
     trtllm_kv_cache_dtype: Literal["fp8", "auto"] = "fp8"
+    # KV cache tokens of the KTransformers server (SGLang's --max-total-tokens).
     ktransformers_cache_lens: int = 30000
-    ktransformers_optimize_config: str | None = None
+    # Routed experts per layer kept on the GPU (the rest run on the CPU with kt-kernel).
+    ktransformers_gpu_experts: int = Field(default=0, ge=0)
+    # kt-kernel CPU threads; None: the host's physical cores minus its GPUs, found at launch.
+    ktransformers_cpuinfer: int | None = Field(default=None, ge=1)
     decode_redundant_experts: int | None = None
+    # Spare expert slots of the PD prefill pool; None: one per prefill GPU.
+    prefill_redundant_experts: int | None = Field(default=None, ge=0)
     reserve_gib: float = 4.0
     # A config.json (on the controller, e.g. in a local mirror of the model) whose
     # architecture numbers override the catalog's.
     model_config_json: str | None = None
+    # The socket interface of NCCL, Gloo and Open MPI; None: on each host, the interface
+    # that holds its k2_local_ip, found by the launch script when the process starts.
     socket_ifname: str | None = None
     image: str | None = None
+    # The image the PD router runs in; None: the engine image (see catalog.ROUTER).
+    router_image: str | None = None
 
 
 class Cluster(Record):
@@ -140,6 +160,9 @@ class ModelSpec(Record):
     weight_block_size: tuple[int, int] = (128, 128)
     checkpoint_gib: float
     shard_count: int
+    # The engines' parser names for this model's tool calls and reasoning (None: none).
+    tool_parser: str | None = "kimi_k2"
+    reasoning_parser: str | None = None
 
 
 class GpuSpec(Record):
@@ -160,6 +183,14 @@ class EngineRelease(Record):
     version: str
     image: str
     min_driver: str
+
+
+class RouterRelease(Record):
+    """The PD router: its own package, pinned apart from the engine's."""
+
+    package: str
+    version: str
+    launcher: tuple[str, ...]
 
 
 # ---------------------------------------------------------------- what the plan decides
@@ -235,6 +266,25 @@ class HealthGate(Record):
         return {k: v for k, v in data.items() if k not in drop}
 
 
+class LaunchValue(Record):
+    """A value only the host itself knows, found by the launch script before the process starts.
+
+    `argv` and `env` of the process refer to it as `${name}`. Kinds: `ifname-of IP` (the
+    network interface that holds IP), `cidr-of IP` (that interface's subnet),
+    `physical-cores-minus N` (physical CPU cores this process may use, minus N) and
+    `numa-nodes` (NUMA nodes of the host).
+    """
+
+    name: str
+    kind: Literal["ifname-of", "cidr-of", "physical-cores-minus", "numa-nodes"]
+    arg: str = ""
+
+    @property
+    def ref(self) -> str:
+        """How argv and env refer to the value."""
+        return "${" + self.name + "}"
+
+
 class Process(Record):
     """One thing to run on a host: a container's main command, or a command exec'd inside one."""
 
@@ -247,10 +297,23 @@ class Process(Record):
     exec_in: bool = False
     gpus: bool = True
     health: HealthGate | None = None
+    resolve: tuple[LaunchValue, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _no_empty_resolve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.resolve:
+            data.pop("resolve", None)
+        return data
 
 
 class ContainerOptions(Record):
-    """docker run options shared by every engine container of a plan."""
+    """docker run options shared by every engine container of a plan.
+
+    `reasons` says why each option is there, keyed by the option as docker reads it
+    (`--cap-add IPC_LOCK`, `--device /dev/infiniband`, ...): an option without a reason is
+    one nobody should render.
+    """
 
     network: str = "host"
     ipc: str = "host"
@@ -264,6 +327,7 @@ class ContainerOptions(Record):
     )
     devices: tuple[str, ...] = ("/dev/infiniband",)
     volumes: tuple[str, ...] = ()
+    reasons: dict[str, str] = {}
 
 
 class HostPlan(Record):

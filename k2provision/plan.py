@@ -14,6 +14,8 @@ from pathlib import Path
 from k2provision import catalog
 from k2provision.catalog import GIB
 from k2provision.engines import REGISTRY, Deployment
+from k2provision.engines.common import socket_warnings
+from k2provision.engines.trtllm import served_model_name as trtllm_served_name
 from k2provision.errors import PlanError
 from k2provision.models import (
     Cluster,
@@ -27,7 +29,7 @@ from k2provision.models import (
     PoolName,
     PoolPlan,
 )
-from k2provision.render import launch_script
+from k2provision.render import host_values_path, host_values_script, launch_script
 
 # Fraction of GPU memory each engine may use for weights + KV cache, per pool.
 MEM_FRACTION: dict[tuple[str, PoolName], float] = {
@@ -92,17 +94,24 @@ def pool_shapes(cluster: Cluster, counts: dict[PoolName, int]) -> list[PoolShape
     """Parallel shapes for a layout given how many nodes each pool has."""
     gpn = cluster.gpus_per_node
     shapes = []
+    t = cluster.tunables
     for name, nodes in counts.items():
         if cluster.layout == "pd":
-            redundant: int | None = 0
-            if name == "decode":
-                # One spare expert slot per decode GPU unless the inventory says otherwise.
-                redundant = cluster.tunables.decode_redundant_experts
-                if redundant is None:
-                    redundant = nodes * gpn
-            parallel = _shape_dp_attention_ep(nodes, gpn, redundant or 0)
+            # One spare expert slot per GPU of each pool (EPLB rebalances them) unless the
+            # inventory says otherwise, as the production 4P12D config does (32 + 96).
+            redundant = t.decode_redundant_experts if name == "decode" else (
+                t.prefill_redundant_experts
+            )
+            parallel = _shape_dp_attention_ep(
+                nodes, gpn, nodes * gpn if redundant is None else redundant
+            )
         else:
             parallel = SHAPES[(cluster.engine, cluster.layout)](nodes, gpn)
+            if (cluster.engine, cluster.layout) == ("vllm", "dp_ep"):
+                spare = t.vllm_redundant_experts
+                parallel = parallel.model_copy(
+                    update={"redundant_experts": nodes * gpn if spare is None else spare}
+                )
         gpus = 1 if cluster.engine == "ktransformers" else nodes * gpn
         shapes.append(PoolShape(name=name, nodes=nodes, gpus=gpus, parallel=parallel))
     return shapes
@@ -274,11 +283,12 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         for r in reports
         if r.kv_tokens_per_gpu < 2 * context
     ]
-    if cluster.engine == "vllm" and len(cluster.hosts) > 1 and not cluster.tunables.socket_ifname:
+    warnings += socket_warnings(cluster)
+    if cluster.layout == "pd" and not cluster.tunables.router_image and not cluster.lab:
         warnings.append(
-            "k2_socket_ifname is unset: multi-node vLLM lets GLOO and NCCL pick a socket "
-            "interface, a common cause of hangs at start; set it to the cluster network's "
-            "interface (e.g. k2_socket_ifname=bond0)"
+            f"the PD router runs in {cluster.tunables.image or release.image}, which is not "
+            f"known to carry {catalog.ROUTER.package} {catalog.ROUTER.version}: build "
+            "containers/router and set k2_router_image to the result"
         )
     if cluster.engine == "trtllm" and not cluster.tunables.image and not cluster.lab:
         warnings.append(
@@ -288,9 +298,14 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     if cluster.engine == "ktransformers":
         warnings.append(
             f"ktransformers keeps routed experts in host memory: the host needs about "
-            f"{catalog.routed_expert_bytes(spec) / GIB:.0f} GiB of RAM for FP8-sized experts "
-            "(less with quantized GGUF experts); preflight checks it"
+            f"{catalog.routed_expert_bytes(spec) / GIB:.0f} GiB of RAM for the FP8 experts "
+            "kt-kernel reads from the model directory; preflight checks it"
         )
+        if not cluster.tunables.image and not cluster.lab:
+            warnings.append(
+                f"{release.image} is built here, not pulled: build containers/ktransformers "
+                f"(kt-kernel {release.version} with its SGLang) and set k2_image to the result"
+            )
 
     pools = tuple(
         PoolPlan(
@@ -322,7 +337,10 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         pool = next((p for p in pools if h.name in p.hosts), None)
         files = dict(out.files) if out else {}
         for proc in out.processes if out else ():
-            files[f"{cluster.tunables.config_dir}/launch/{proc.name}.sh"] = launch_script(proc)
+            config_dir = cluster.tunables.config_dir
+            files[f"{config_dir}/launch/{proc.name}.sh"] = launch_script(proc, config_dir)
+            if proc.resolve:
+                files[host_values_path(config_dir)] = host_values_script()
         host_plans.append(
             HostPlan(
                 name=h.name,
@@ -348,8 +366,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         endpoint_host=next(
             (h.name for h in cluster.hosts if f"//{h.address}:" in endpoint), pools[0].master
         ),
-        # trtllm-serve has no served-model-name option: it lists the model by its path.
-        served_model_name=cluster.model_dir
+        # trtllm-serve has no served-model-name option: it lists the directory's base name.
+        served_model_name=trtllm_served_name(cluster.model_dir)
         if cluster.engine == "trtllm"
         else cluster.tunables.served_model_name,
         config_dir=cluster.tunables.config_dir,
@@ -363,9 +381,18 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
 
 
 def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOptions:
-    """docker run options: production values, or the lab profile on hosts without hardware."""
+    """docker run options: exactly what the engine needs on this cluster, each with its reason
+    (docs/engines.md, "Container privileges"), or the lab profile on hosts without hardware."""
     config_dir = cluster.tunables.config_dir
     volumes = (f"{cluster.model_dir}:{cluster.model_dir}:ro", f"{config_dir}:{config_dir}:ro")
+    reasons = {
+        "--network host": "engines bind and dial the hosts' own addresses; RDMA connection "
+        "setup and RoCE GIDs live in the host's network namespace",
+        "--ipc host": "CUDA IPC between the rank processes of a node and NCCL's shared-memory "
+        "transport use the host's /dev/shm (Docker's 64 MiB one makes NCCL fail at init)",
+        f"--volume {volumes[0]}": "the weights, read-only, at the path the plan names",
+        f"--volume {volumes[1]}": "launch scripts and config files, read-only",
+    }
     if cluster.lab:
         # Lab hosts have no GPUs or InfiniBand, and cannot grant unlimited memlock.
         return ContainerOptions(
@@ -375,8 +402,55 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
             devices=(),
             ulimits=("nofile=20000:20000", "nproc=4096:4096"),
             volumes=volumes,
+            reasons={
+                **reasons,
+                "--ulimit nofile=20000:20000": "the lab host's own limit (no GPUs, no RDMA)",
+                "--ulimit nproc=4096:4096": "bounds a runaway stand-in on a shared machine",
+            },
         )
-    return ContainerOptions(privileged=cluster.engine == "trtllm", volumes=volumes)
+    reasons["--gpus all"] = "the node's GPUs (NVIDIA container toolkit)"
+    caps: list[str] = []
+    devices: list[str] = []
+    ulimits = ["nofile=1048576:1048576"]
+    reasons["--ulimit nofile=1048576:1048576"] = (
+        "sockets per peer rank and per client (ZMQ, HTTP, NCCL); 1024 runs out at scale"
+    )
+    rdma = len({h.name for h in cluster.hosts if h.pool != "router"}) > 1
+    if rdma:
+        devices.append("/dev/infiniband")
+        reasons["--device /dev/infiniband"] = (
+            "RDMA verbs and connection manager: NCCL's IB transport, DeepEP (NVSHMEM IBGDA) "
+            "and Mooncake's KV transfer; GPUDirect RDMA itself needs only nvidia-peermem (or "
+            "DMA-BUF) on the host, and IBGDA the driver options the prepare phase sets"
+        )
+        caps.append("IPC_LOCK")
+        reasons["--cap-add IPC_LOCK"] = "registering (pinning) RDMA buffers of many GB"
+        ulimits.insert(0, "memlock=-1:-1")
+        reasons["--ulimit memlock=-1:-1"] = "the RDMA registrations are not bounded by memlock"
+    if cluster.engine in ("sglang", "ktransformers"):
+        caps.append("SYS_NICE")
+        reasons["--cap-add SYS_NICE"] = (
+            "SGLang binds each rank's memory to its GPU's NUMA node with set_mempolicy/mbind, "
+            "which Docker's default seccomp profile allows only with CAP_SYS_NICE"
+        )
+    if cluster.engine == "trtllm":
+        caps.append("SYS_PTRACE")
+        reasons["--cap-add SYS_PTRACE"] = (
+            "Open MPI copies between the ranks of a node with process_vm_readv (CMA), which "
+            "Docker's default seccomp profile allows only with CAP_SYS_PTRACE"
+        )
+        ulimits.insert(len(ulimits) - 1, "stack=67108864:67108864")
+        reasons["--ulimit stack=67108864:67108864"] = (
+            "the 64 MiB stack NVIDIA's TensorRT-LLM container instructions ask for"
+        )
+    return ContainerOptions(
+        privileged=False,
+        cap_add=tuple(caps),
+        ulimits=tuple(ulimits),
+        devices=tuple(devices),
+        volumes=volumes,
+        reasons=reasons,
+    )
 
 
 def plan_digest(plan: Plan) -> str:
