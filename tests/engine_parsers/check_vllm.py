@@ -25,13 +25,20 @@ Steps:
    ``headless``, ``dp_supervisor``, ``grpc``) with ``api_server_count``.
    Not for the api_server module launcher.
 4. ``config`` (only with ``options.engine_config = true``):
-   ``create_engine_config()``. It runs on vLLM's CPU platform here, so results
-   that depend on the platform (executor backend, kernels, quantization
-   support) are the CPU platform's, not a GPU host's.
+   ``create_engine_config(headless=...)``, as ``vllm serve`` builds it for this
+   node. It runs on vLLM's CPU platform here, so results that depend on the
+   platform (executor backend, kernels, quantization support) are the CPU
+   platform's, not a GPU host's; the one CUDA-only gate on the way, EPLB's
+   (vllm/config/parallel.py: "only supported on CUDA devices"), is answered as
+   on a CUDA host. The resulting parallel config is reported as ``parallel``:
+   data-parallel load-balancing mode (internal, hybrid, external), world sizes,
+   ranks per node and this node's first DP rank, the all-to-all backend and
+   EPLB's spare expert slots.
 
 Result: ``ok``, ``error``, ``stage``, ``parsed`` (selected fields of the
-parsed namespace), ``engine_args`` (the same fields after EngineArgs), and
-``warnings`` (vLLM log warnings, e.g. deprecated arguments).
+parsed namespace), ``engine_args`` (the same fields after EngineArgs),
+``parallel`` (with ``engine_config``), and ``warnings`` (vLLM log warnings,
+e.g. deprecated arguments).
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -51,12 +57,10 @@ from checker_io import (
     clean,
     collect_warnings,
     dedupe,
-    finish,
-    internal_failure,
+    internal_result,
     pick,
-    read_request,
+    run_main,
     strip_launcher,
-    take_stdout,
 )
 
 SERVE_LAUNCHERS = (
@@ -186,6 +190,48 @@ def _launch_mode(args: Any) -> dict[str, Any]:
     }
 
 
+def _engine_config(engine_args: Any, headless: bool) -> Any:
+    """``create_engine_config`` for this node, EPLB's CUDA-only gate answered as on CUDA."""
+    from vllm.config import parallel
+
+    if not engine_args.enable_eplb:
+        return engine_args.create_engine_config(headless=headless)
+    platform = parallel.current_platform
+    real = platform.is_cuda_alike
+    platform.is_cuda_alike = lambda: True  # type: ignore[method-assign]
+    try:
+        return engine_args.create_engine_config(headless=headless)
+    finally:
+        platform.is_cuda_alike = real  # type: ignore[method-assign]
+
+
+def _parallel(config: Any) -> dict[str, Any]:
+    """What the parallel config decides: load-balancing mode, sizes, ranks, experts."""
+    if config.data_parallel_external_lb:
+        mode = "external"
+    elif config.data_parallel_hybrid_lb:
+        mode = "hybrid"
+    else:
+        mode = "internal"
+    return {
+        "lb_mode": mode,
+        "world_size": config.world_size,
+        "world_size_across_dp": config.world_size_across_dp,
+        "data_parallel_size": config.data_parallel_size,
+        "data_parallel_size_local": config.data_parallel_size_local,
+        "data_parallel_rank": config.data_parallel_rank,
+        "data_parallel_master_ip": config.data_parallel_master_ip,
+        "data_parallel_rpc_port": config.data_parallel_rpc_port,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "pipeline_parallel_size": config.pipeline_parallel_size,
+        "enable_expert_parallel": config.enable_expert_parallel,
+        "all2all_backend": config.all2all_backend,
+        "enable_eplb": config.enable_eplb,
+        "num_redundant_experts": config.eplb_config.num_redundant_experts,
+        "distributed_executor_backend": str(config.distributed_executor_backend),
+    }
+
+
 def _reject(exc: BaseException) -> Rejected:
     return Rejected(f"{type(exc).__name__}: {clean(str(exc))}")
 
@@ -250,7 +296,8 @@ def check(
             if options.get("engine_config", False):
                 result["stage"] = "config"
                 notes.append("engine config created on vLLM's CPU platform")
-                engine_args.create_engine_config()
+                config = _engine_config(engine_args, bool(getattr(args, "headless", False)))
+                result["parallel"] = _parallel(config.parallel_config)
         except (KeyboardInterrupt, MemoryError):
             raise
         except Exception as exc:
@@ -261,19 +308,18 @@ def check(
         result["stage"] = None
 
 
-def main() -> None:
-    out = take_stdout()
+def handle(request: dict[str, Any]) -> dict[str, Any]:
+    """The verdict on one request."""
+    raw = request["argv"]
+    api_server = False
     try:
-        request = read_request(sys.stdin)
-        raw = request["argv"]
-        api_server = False
         try:
             argv = strip_launcher(raw, SERVE_LAUNCHERS)
         except BadRequest:
             argv = strip_launcher(raw, API_SERVER_LAUNCHERS)
             api_server = True
     except BadRequest as exc:
-        internal_failure(out, exc)
+        return internal_result(exc)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.update(request["env"])
@@ -295,10 +341,20 @@ def main() -> None:
     except Rejected as exc:
         result["error"] = str(exc)
     except Exception as exc:
-        internal_failure(out, exc)
+        return internal_result(exc)
     result["warnings"] = dedupe(result["warnings"], HOST_ARTIFACTS)
-    finish(out, result)
+    return result
+
+
+def warm_up() -> None:
+    """Import what parsing, EngineArgs and engine config import (server mode), by checking a
+    one-GPU command line once in the parent."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    result: dict[str, Any] = {"warnings": [], "notes": []}
+    check(["/models/warm-up", "--tensor-parallel-size", "1"], False, {"engine_config": True},
+          result)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(handle, warm_up)
