@@ -157,3 +157,22 @@ def test_a_thinking_model_gets_its_reasoning_parser(case: str, program: str, fla
         argv = list(proc.argv)
         assert argv[argv.index(flag) + 1] == "kimi_k2"
     assert not any(flag in p.argv for h in before.hosts for p in h.processes)
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()))
+def test_every_container_option_comes_with_its_reason(case: str) -> None:
+    from k2provision.inventory import load_cluster
+    from k2provision.plan import build_plan
+
+    options = build_plan(load_cluster(GOLDEN / case / "inventory.ini")).container
+    rendered = [f"--network {options.network}", f"--ipc {options.ipc}"]
+    rendered += [f"--gpus {options.gpus}"] if options.gpus else []
+    rendered += [f"--cap-add {c}" for c in options.cap_add]
+    rendered += [f"--ulimit {u}" for u in options.ulimits]
+    rendered += [f"--device {d}" for d in options.devices]
+    rendered += [f"--volume {v}" for v in options.volumes]
+    assert sorted(rendered) == sorted(options.reasons)
+    assert options.privileged is False
+    multi_host = len({h.name for h in load_cluster(GOLDEN / case / "inventory.ini").hosts}) > 1
+    assert ("/dev/infiniband" in options.devices) is multi_host
+    assert ("IPC_LOCK" in options.cap_add) is multi_host
