@@ -14,7 +14,7 @@ from pathlib import Path
 from k2provision import catalog
 from k2provision.catalog import GIB
 from k2provision.engines import REGISTRY, Deployment
-from k2provision.engines.common import socket_warnings
+from k2provision.engines.common import multi_host, socket_warnings
 from k2provision.engines.trtllm import served_model_name as trtllm_served_name
 from k2provision.errors import PlanError
 from k2provision.models import (
@@ -415,8 +415,7 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
     reasons["--ulimit nofile=1048576:1048576"] = (
         "sockets per peer rank and per client (ZMQ, HTTP, NCCL); 1024 runs out at scale"
     )
-    rdma = len({h.name for h in cluster.hosts if h.pool != "router"}) > 1
-    if rdma:
+    if multi_host(cluster):  # RDMA between hosts
         devices.append("/dev/infiniband")
         reasons["--device /dev/infiniband"] = (
             "RDMA verbs and connection manager: NCCL's IB transport, DeepEP (NVSHMEM IBGDA) "
