@@ -22,6 +22,7 @@ from k2provision.models import (
     GpuSpec,
     ModelSpec,
     Quantization,
+    RouterRelease,
     VisionSpec,
     WeightFormat,
 )
@@ -96,9 +97,10 @@ _TRTLLM_INT4 = EngineSupport(
     "(nvidia/Kimi-K2-Thinking-NVFP4), not these INT4 compressed-tensors weights",
 )
 _KTRANSFORMERS_INT4 = EngineSupport(
-    min_version=None,
-    source="KTransformers serves the INT4 family through SGLang with kt-kernel "
-    "(kvcache-ai/ktransformers doc/en/Kimi-K2-Thinking.md), not its own 0.3 server",
+    min_version="0.7.2",
+    source="SGLang with kt-kernel, --kt-method RAWINT4 on the native INT4 weights "
+    "(kvcache-ai/ktransformers doc/en/kt-kernel/Kimi-K2-Thinking-Native.md, doc/en/Kimi-K2.5.md; "
+    "RAWINT4 since kt-kernel's 'Support Native Kimi K2 Thinking', Dec 2025)",
 )
 _SGLANG_K25 = EngineSupport(
     min_version="0.5.9",
@@ -294,6 +296,8 @@ GPUS: dict[str, GpuSpec] = {
     ),
 }
 
+# Engine releases and their images. Each image tag names the release it carries; the
+# engines' own sources at these releases are what the renders follow (docs/engines.md).
 RELEASES: dict[EngineName, EngineRelease] = {
     "sglang": EngineRelease(
         engine="sglang", version="0.5.23", image="lmsysorg/sglang:v0.5.23", min_driver="580.65"
@@ -307,16 +311,28 @@ RELEASES: dict[EngineName, EngineRelease] = {
     "vllm": EngineRelease(
         engine="vllm", version="0.33.0", image="vllm/vllm-openai:v0.33.0", min_driver="580.65"
     ),
+    # KTransformers serves Kimi-K2 through SGLang with its CPU expert kernels (kt-kernel):
+    # kt-kernel 0.7.2 and the SGLang build it pairs with, sglang-kt 0.7.2 (both on PyPI, both
+    # pinning torch 2.9.1 and CUDA 12.8 wheels). No public image of this pair is published
+    # under a tag we could check, so the image is the one containers/ktransformers builds
+    # from those pins.
     "ktransformers": EngineRelease(
         engine="ktransformers",
-        version="0.3.2",
-        image="approachingai/ktransformers:v0.3.2",
-        min_driver="550.54",
+        version="0.7.2",
+        image="localhost/k2provision-ktransformers:0.7.2",
+        min_driver="570.26",  # CUDA 12.8, the torch 2.9.1 wheels kt-kernel pins
     ),
 }
 
-# The sglang-router (SGLang Model Gateway) release used for the PD router.
-SGLANG_ROUTER_VERSION = "0.3.2"
+# The PD router: SGLang's model gateway under its PyPI name sglang-router, whose last
+# release is 0.3.2 (the gateway continues as the `smg` package; sglang 0.5.23's own PD tests
+# still launch `sglang_router.launch_router`). The sglang wheel does not depend on it, so it
+# is pinned here on its own and runs in k2_router_image (containers/router builds one).
+ROUTER = RouterRelease(
+    package="sglang-router",
+    version="0.3.2",
+    launcher=("python3", "-m", "sglang_router.launch_router"),
+)
 
 
 def model(model_id: str) -> ModelSpec:

@@ -248,8 +248,8 @@ def sglang_reserve(f: PoolFit) -> MemoryReserve:
         comm = deepep_low_latency_gib(spec, p, tokens)
         graphs = _graph_gib(tokens, graph_rows, spec, p) + received
     elif f.pool == "prefill":
-        # 0.5.23 divides --chunked-prefill-size by the attention-DP size.
-        tokens = max(t.chunked_prefill_size // max(p.dp, 1), 1)
+        # The render gives SGLang per rank x DP, which 0.5.23 divides by the attention-DP size.
+        tokens = t.prefill_chunk_per_rank
         comm = DEEPEP_NORMAL_GIB
         graphs = 0.0  # --deepep-mode normal disables CUDA graphs
     else:

@@ -112,8 +112,16 @@ class Tunables(Record):
         le=4096,
         description="SGLang PD: largest decode batch per rank captured in a CUDA graph",
     )
-    chunked_prefill_size: int = Field(
-        default=131072, ge=1, le=1048576, description="SGLang PD: tokens per prefill chunk"
+    # Tokens one prefill rank takes per chunk. SGLang's `--chunked-prefill-size` is per
+    # instance and divided by the attention-DP size, so the render multiplies this by the
+    # pool's DP: the production 4P12D value, 524288 over DP 32, is 16384 per rank, and a
+    # smaller pool keeps the same per-rank chunk (and the same activation memory per GPU).
+    prefill_chunk_per_rank: int = Field(
+        default=16384,
+        ge=256,
+        le=262144,
+        description="SGLang PD: prefill chunk per rank in tokens (rendered as "
+        "--chunked-prefill-size, per rank x the pool's attention-DP size)",
     )
     pd_transfer_backend: Literal["mooncake", "nixl"] = Field(
         default="mooncake", description="SGLang PD: KV transfer between the pools"
@@ -134,6 +142,19 @@ class Tunables(Record):
     vllm_max_num_seqs: int = Field(
         default=256, ge=1, le=65536, description="vLLM dp_ep: sequences per engine step"
     )
+    vllm_all2all_backend: Literal[
+        "deepep_low_latency", "deepep_high_throughput", "allgather_reducescatter"
+    ] = Field(
+        default="deepep_low_latency",
+        description="vLLM dp_ep across nodes: the expert-parallel all-to-all (the DeepEP "
+        "kernels are what vLLM's expert-parallel deployment guide names for multi-node)",
+    )
+    vllm_redundant_experts: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="vLLM dp_ep: spare expert slots for EPLB (default: one per GPU)",
+    )
     trtllm_max_batch_size: int = Field(
         default=128, ge=1, le=4096, description="TensorRT-LLM: requests per batch"
     )
@@ -146,14 +167,31 @@ class Tunables(Record):
     ktransformers_cache_lens: int = Field(
         default=30000, ge=1, le=2097152, description="KTransformers: KV cache size in tokens"
     )
-    ktransformers_optimize_config: Word | None = Field(
-        default=None, description="KTransformers: an injection rule file (--optimize_config_path)"
+    ktransformers_gpu_experts: int = Field(
+        default=0,
+        ge=0,
+        le=384,
+        description="KTransformers: routed experts per layer kept on the GPU (the rest run on "
+        "the CPU with kt-kernel)",
+    )
+    ktransformers_cpuinfer: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="KTransformers: kt-kernel CPU threads (default: the host's physical cores "
+        "minus its GPUs, found at launch)",
     )
     decode_redundant_experts: int | None = Field(
         default=None,
         ge=0,
         le=1024,
         description="SGLang PD: spare expert slots in the decode pool (default: one per GPU)",
+    )
+    prefill_redundant_experts: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="SGLang PD: spare expert slots in the prefill pool (default: one per GPU)",
     )
     reserve_gib: float = Field(
         default=4.0,
@@ -188,9 +226,14 @@ class Tunables(Record):
         "(relative: to the inventory's directory)",
     )
     socket_ifname: Word | None = Field(
-        default=None, description="NCCL/GLOO socket interface (e.g. bond0)"
+        default=None,
+        description="the socket interface of NCCL, Gloo and Open MPI (e.g. bond0; default: on "
+        "each host, the interface that holds its k2_local_ip, found at launch)",
     )
     image: Word | None = Field(default=None, description="override the engine image")
+    router_image: Word | None = Field(
+        default=None, description="the image the PD router runs in (default: the engine image)"
+    )
 
     @field_validator("*", mode="before")
     @classmethod
@@ -341,7 +384,8 @@ class ModelSpec(Record):
     # Default download patterns (hub file names): multimodal checkpoints also carry the
     # vision processor's code and configs.
     allow_patterns: tuple[str, ...] = ("*.safetensors", "*.json", "*.py", "*.tiktoken")
-    tool_parser: str = "kimi_k2"
+    # The engines' parser names for this model's tool calls and reasoning (None: none).
+    tool_parser: str | None = "kimi_k2"
     reasoning_parser: str | None = None
     # vLLM decode context parallelism pays for this model (the vLLM recipes' supports_dcp).
     decode_context_parallel: bool = False
@@ -390,6 +434,14 @@ class EngineRelease(Record):
     version: str
     image: str
     min_driver: str
+
+
+class RouterRelease(Record):
+    """The PD router: its own package, pinned apart from the engine's."""
+
+    package: str
+    version: str
+    launcher: tuple[str, ...]
 
 
 # ---------------------------------------------------------------- what the plan decides
@@ -505,6 +557,25 @@ class HealthGate(Record):
         return {k: v for k, v in data.items() if k not in drop}
 
 
+class LaunchValue(Record):
+    """A value only the host itself knows, found by the launch script before the process starts.
+
+    `argv` and `env` of the process refer to it as `${name}`. Kinds: `ifname-of IP` (the
+    network interface that holds IP), `cidr-of IP` (that interface's subnet),
+    `physical-cores-minus N` (physical CPU cores this process may use, minus N) and
+    `numa-nodes` (NUMA nodes of the host).
+    """
+
+    name: str
+    kind: Literal["ifname-of", "cidr-of", "physical-cores-minus", "numa-nodes"]
+    arg: str = ""
+
+    @property
+    def ref(self) -> str:
+        """How argv and env refer to the value."""
+        return "${" + self.name + "}"
+
+
 class Process(Record):
     """One thing to run on a host: a container's main command, or a command exec'd inside one."""
 
@@ -517,10 +588,23 @@ class Process(Record):
     exec_in: bool = False
     gpus: bool = True
     health: HealthGate | None = None
+    resolve: tuple[LaunchValue, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _no_empty_resolve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.resolve:
+            data.pop("resolve", None)
+        return data
 
 
 class ContainerOptions(Record):
-    """docker run options shared by every engine container of a plan."""
+    """docker run options shared by every engine container of a plan.
+
+    `reasons` says why each option is there, keyed by the option as docker reads it
+    (`--cap-add IPC_LOCK`, `--device /dev/infiniband`, ...): an option without a reason is
+    one nobody should render.
+    """
 
     network: str = "host"
     ipc: str = "host"
@@ -534,6 +618,7 @@ class ContainerOptions(Record):
     )
     devices: tuple[str, ...] = ("/dev/infiniband",)
     volumes: tuple[str, ...] = ()
+    reasons: dict[str, str] = {}
 
 
 class PortBinding(Record):

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 from k2provision import catalog
 from k2provision.catalog import GIB
 from k2provision.engines import REGISTRY, Deployment
+from k2provision.engines.common import multi_host, socket_warnings
+from k2provision.engines.trtllm import served_model_name as trtllm_served_name
 from k2provision.errors import PlanError
 from k2provision.fit import PoolFit, fit_pool
 from k2provision.models import (
@@ -38,7 +40,7 @@ from k2provision.models import (
 )
 from k2provision.ports import host_ports
 from k2provision.preflight import version_at_least
-from k2provision.render import launch_script
+from k2provision.render import host_values_path, host_values_script, launch_script
 
 LAB_IMAGE = "localhost/k2-standin:lab"
 MAX_SEARCH_NODES = 64
@@ -133,20 +135,27 @@ def pool_shapes(cluster: Cluster, counts: dict[PoolName, int], spec: ModelSpec) 
     """Parallel shapes for a layout given how many nodes each pool has."""
     gpn = cluster.gpus_per_node
     shapes = []
+    t = cluster.tunables
     for name, nodes in counts.items():
         if cluster.layout == "pd":
-            redundant: int | None = 0
-            if name == "decode":
-                # One spare expert slot per decode GPU unless the inventory says otherwise.
-                redundant = cluster.tunables.decode_redundant_experts
-                if redundant is None:
-                    redundant = nodes * gpn
-            parallel = _shape_dp_attention_ep(nodes, gpn, redundant or 0)
+            # One spare expert slot per GPU of each pool (EPLB rebalances them) unless the
+            # inventory says otherwise, as the production 4P12D config does (32 + 96).
+            redundant = t.decode_redundant_experts if name == "decode" else (
+                t.prefill_redundant_experts
+            )
+            parallel = _shape_dp_attention_ep(
+                nodes, gpn, nodes * gpn if redundant is None else redundant
+            )
         else:
             parallel = SHAPES[(cluster.engine, cluster.layout)](nodes, gpn)
             dcp = dcp_size(cluster, spec, parallel)
             if dcp != 1:
                 parallel = parallel.model_copy(update={"dcp": dcp})
+            if (cluster.engine, cluster.layout) == ("vllm", "dp_ep"):
+                spare = t.vllm_redundant_experts
+                parallel = parallel.model_copy(
+                    update={"redundant_experts": nodes * gpn if spare is None else spare}
+                )
         gpus = 1 if cluster.engine == "ktransformers" else nodes * gpn
         shapes.append(PoolShape(name=name, nodes=nodes, gpus=gpus, parallel=parallel))
     return shapes
@@ -636,11 +645,12 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         for r in reports
         if r.kv_tokens_per_replica < 2 * context
     ]
-    if cluster.engine == "vllm" and len(cluster.hosts) > 1 and not cluster.tunables.socket_ifname:
+    warnings += socket_warnings(cluster)
+    if cluster.layout == "pd" and not cluster.tunables.router_image and not cluster.lab:
         warnings.append(
-            "k2_socket_ifname is unset: multi-node vLLM lets GLOO and NCCL pick a socket "
-            "interface, a common cause of hangs at start; set it to the cluster network's "
-            "interface (e.g. k2_socket_ifname=bond0)"
+            f"the PD router runs in {cluster.tunables.image or release.image}, which is not "
+            f"known to carry {catalog.ROUTER.package} {catalog.ROUTER.version}: build "
+            "containers/router and set k2_router_image to the result"
         )
     if cluster.engine == "trtllm" and not cluster.tunables.image and not cluster.lab:
         warnings.append(
@@ -650,10 +660,15 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     if cluster.engine == "ktransformers":
         warnings.append(
             f"ktransformers keeps routed experts in host memory: the host needs about "
-            f"{catalog.routed_expert_bytes(spec) / GIB:.0f} GiB of RAM for "
-            f"{spec.quantization.routed_experts.label}-sized experts (less with quantized GGUF "
-            "experts); preflight checks it"
+            f"{catalog.routed_expert_bytes(spec) / GIB:.0f} GiB of RAM for the "
+            f"{spec.quantization.routed_experts.label} experts kt-kernel reads from the model "
+            "directory; preflight checks it"
         )
+        if not cluster.tunables.image and not cluster.lab:
+            warnings.append(
+                f"{release.image} is built here, not pulled: build containers/ktransformers "
+                f"(kt-kernel {release.version} with its SGLang) and set k2_image to the result"
+            )
 
     pools = tuple(
         PoolPlan(
@@ -688,8 +703,11 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         pool = next((p for p in pools if h.name in p.hosts), None)
         files = dict(out.files) if out else {}
         processes = out.processes if out else ()
+        config_dir = cluster.tunables.config_dir
         for proc in processes:
-            files[f"{cluster.tunables.config_dir}/launch/{proc.name}.sh"] = launch_script(proc)
+            files[f"{config_dir}/launch/{proc.name}.sh"] = launch_script(proc, config_dir)
+            if proc.resolve:
+                files[host_values_path(config_dir)] = host_values_script()
         host_plans.append(
             HostPlan(
                 name=h.name,
@@ -704,7 +722,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
                 else (1 if cluster.engine == "ktransformers" else cluster.gpus_per_node),
                 processes=processes,
                 files=files,
-                ports=host_ports(processes, files, cluster.tunables.config_dir),
+                ports=host_ports(processes, files, config_dir, cluster.engine),
             )
         )
     return Plan(
@@ -719,8 +737,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
             (h.name for h in cluster.hosts if h.address.lower() == urlsplit(endpoint).hostname),
             pools[0].master,
         ),
-        # trtllm-serve has no served-model-name option: it lists the model by its path.
-        served_model_name=cluster.model_dir
+        # trtllm-serve has no served-model-name option: it lists the directory's base name.
+        served_model_name=trtllm_served_name(cluster.model_dir)
         if cluster.engine == "trtllm"
         else cluster.tunables.served_model_name,
         config_dir=cluster.tunables.config_dir,
@@ -740,9 +758,18 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
 
 
 def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOptions:
-    """docker run options: production values, or the lab profile on hosts without hardware."""
+    """docker run options: exactly what the engine needs on this cluster, each with its reason
+    (docs/engines.md, "Container privileges"), or the lab profile on hosts without hardware."""
     config_dir = cluster.tunables.config_dir
     volumes = (f"{cluster.model_dir}:{cluster.model_dir}:ro", f"{config_dir}:{config_dir}:ro")
+    reasons = {
+        "--network host": "engines bind and dial the hosts' own addresses; RDMA connection "
+        "setup and RoCE GIDs live in the host's network namespace",
+        "--ipc host": "CUDA IPC between the rank processes of a node and NCCL's shared-memory "
+        "transport use the host's /dev/shm (Docker's 64 MiB one makes NCCL fail at init)",
+        f"--volume {volumes[0]}": "the weights, read-only, at the path the plan names",
+        f"--volume {volumes[1]}": "launch scripts and config files, read-only",
+    }
     if cluster.lab:
         # Lab hosts have no GPUs or InfiniBand, and cannot grant unlimited memlock.
         return ContainerOptions(
@@ -752,8 +779,54 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
             devices=(),
             ulimits=("nofile=20000:20000", "nproc=4096:4096"),
             volumes=volumes,
+            reasons={
+                **reasons,
+                "--ulimit nofile=20000:20000": "the lab host's own limit (no GPUs, no RDMA)",
+                "--ulimit nproc=4096:4096": "bounds a runaway stand-in on a shared machine",
+            },
         )
-    return ContainerOptions(privileged=cluster.engine == "trtllm", volumes=volumes)
+    reasons["--gpus all"] = "the node's GPUs (NVIDIA container toolkit)"
+    caps: list[str] = []
+    devices: list[str] = []
+    ulimits = ["nofile=1048576:1048576"]
+    reasons["--ulimit nofile=1048576:1048576"] = (
+        "sockets per peer rank and per client (ZMQ, HTTP, NCCL); 1024 runs out at scale"
+    )
+    if multi_host(cluster):  # RDMA between hosts
+        devices.append("/dev/infiniband")
+        reasons["--device /dev/infiniband"] = (
+            "RDMA verbs and connection manager: NCCL's IB transport, DeepEP (NVSHMEM IBGDA) "
+            "and Mooncake's KV transfer; GPUDirect RDMA itself needs only nvidia-peermem (or "
+            "DMA-BUF) on the host, and IBGDA the driver options the prepare phase sets"
+        )
+        caps.append("IPC_LOCK")
+        reasons["--cap-add IPC_LOCK"] = "registering (pinning) RDMA buffers of many GB"
+        ulimits.insert(0, "memlock=-1:-1")
+        reasons["--ulimit memlock=-1:-1"] = "the RDMA registrations are not bounded by memlock"
+    if cluster.engine in ("sglang", "ktransformers"):
+        caps.append("SYS_NICE")
+        reasons["--cap-add SYS_NICE"] = (
+            "SGLang binds each rank's memory to its GPU's NUMA node with set_mempolicy/mbind, "
+            "which Docker's default seccomp profile allows only with CAP_SYS_NICE"
+        )
+    if cluster.engine == "trtllm":
+        caps.append("SYS_PTRACE")
+        reasons["--cap-add SYS_PTRACE"] = (
+            "Open MPI copies between the ranks of a node with process_vm_readv (CMA), which "
+            "Docker's default seccomp profile allows only with CAP_SYS_PTRACE"
+        )
+        ulimits.insert(len(ulimits) - 1, "stack=67108864:67108864")
+        reasons["--ulimit stack=67108864:67108864"] = (
+            "the 64 MiB stack NVIDIA's TensorRT-LLM container instructions ask for"
+        )
+    return ContainerOptions(
+        privileged=False,
+        cap_add=tuple(caps),
+        ulimits=tuple(ulimits),
+        devices=tuple(devices),
+        volumes=volumes,
+        reasons=reasons,
+    )
 
 
 def plan_digest(plan: Plan) -> str:

@@ -32,7 +32,7 @@ def _flag_value(argv: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def _process_ports(proc: Process) -> list[tuple[str, int]]:
+def _process_ports(proc: Process, engine: str) -> list[tuple[str, int]]:
     """(setting, port) pairs one serving process binds, read from its gate and argv."""
     if proc.health is None:
         return []
@@ -41,7 +41,9 @@ def _process_ports(proc: Process) -> list[tuple[str, int]]:
     if proc.health.url is not None:
         port = urlsplit(proc.health.url).port
         if port is not None:
-            server = any(a.endswith("sglang.launch_server") for a in argv)
+            # SGLang's own servers listen on k2_sglang_port; KTransformers (an SGLang server
+            # too) and every other front end on the public k2_api_port.
+            server = engine == "sglang" and any(a.endswith("sglang.launch_server") for a in argv)
             found.append(("k2_sglang_port" if server else "k2_api_port", port))
     for flag, setting in _BIND_FLAGS.items():
         value = _flag_value(argv, flag)
@@ -58,13 +60,13 @@ def _process_ports(proc: Process) -> list[tuple[str, int]]:
 
 
 def host_ports(
-    processes: Sequence[Process], files: Mapping[str, str], config_dir: str
+    processes: Sequence[Process], files: Mapping[str, str], config_dir: str, engine: str
 ) -> tuple[PortBinding, ...]:
     """Every port the processes of one host bind, in process order, the mesh sshd's last."""
     bindings = [
         PortBinding(setting=setting, port=port, process=proc.name, container=proc.container)
         for proc in processes
-        for setting, port in _process_ports(proc)
+        for setting, port in _process_ports(proc, engine)
     ]
     sshd_config = files.get(f"{config_dir}/ssh/sshd_config")
     owner = next((p.container for p in processes if not p.exec_in), None)

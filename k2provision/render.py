@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import shlex
+from collections.abc import Iterable, Mapping
 from functools import cache
 
 import jinja2
 
 from k2provision.models import Process
+
+# Host facts a launch script finds before it starts its process (see models.LaunchValue):
+# the program that finds them, shipped beside the launch scripts.
+HOST_VALUES_SCRIPT = "host-values.py.in"
+HOST_VALUES_FILE = "k2-host-values.py"
 
 
 @cache
@@ -26,13 +33,25 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def argv_lines(argv: tuple[str, ...] | list[str]) -> list[str]:
+def shell_word(token: str, names: Iterable[str] = ()) -> str:
+    """`token` quoted for sh; each `${NAME}` of `names` in it is left for the shell to expand."""
+    refs = [re.escape("${" + n + "}") for n in names]
+    if not refs:
+        return shlex.quote(token)
+    parts = re.split(f"({'|'.join(refs)})", token)
+    return "".join(
+        f'"{part}"' if i % 2 else shlex.quote(part) for i, part in enumerate(parts) if part
+    )
+
+
+def argv_lines(argv: tuple[str, ...] | list[str], names: Iterable[str] = ()) -> list[str]:
     """Shell-quoted argv grouped one option (with its values) per line."""
+    known = tuple(names)
     lines: list[list[str]] = []
     for token in argv:
         if not lines or token.startswith("-"):
             lines.append([])
-        lines[-1].append(shlex.quote(token))
+        lines[-1].append(shell_word(token, known))
     return [" ".join(words) for words in lines]
 
 
@@ -41,6 +60,45 @@ def render_template(name: str, **context: object) -> str:
     return environment().get_template(name).render(**context)
 
 
-def launch_script(process: Process) -> str:
-    """A POSIX shell script that exports the process's env and execs its argv."""
-    return render_template("launch.sh.j2", process=process)
+def host_values_script() -> str:
+    """The Python program a launch script runs to find its host values."""
+    env = environment()
+    assert env.loader is not None
+    return env.loader.get_source(env, HOST_VALUES_SCRIPT)[0]
+
+
+def host_values_path(config_dir: str) -> str:
+    """Where the host-values program lives on every host (beside the launch scripts)."""
+    return f"{config_dir}/launch/{HOST_VALUES_FILE}"
+
+
+def launch_script(process: Process, config_dir: str) -> str:
+    """A POSIX shell script that finds the process's host values, exports its env and execs
+    its argv."""
+    names = [v.name for v in process.resolve]
+    env = {key: shell_word(value, names) for key, value in process.env.items()}
+    return render_template(
+        "launch.sh.j2",
+        process=process,
+        env=env,
+        argv=argv_lines(process.argv, names),
+        host_values=host_values_path(config_dir),
+    )
+
+
+def with_host_values(process: Process, values: Mapping[str, str]) -> Process:
+    """`process` as its launch script runs it once its host values are `values` (for checks
+    that need concrete arguments, such as the engines' own parsers)."""
+
+    def fill(text: str) -> str:
+        for v in process.resolve:
+            text = text.replace(v.ref, values[v.name])
+        return text
+
+    return process.model_copy(
+        update={
+            "argv": tuple(fill(a) for a in process.argv),
+            "env": {k: fill(v) for k, v in process.env.items()},
+            "resolve": (),
+        }
+    )

@@ -1,4 +1,5 @@
-"""Small pieces every engine renderer shares.
+"""Small pieces every engine renderer shares: addresses, health gates, parser names, socket
+interfaces.
 
 Addresses: wherever a host and a port meet (URLs, `host:port` flags), an IPv6 address is
 written in brackets (`[fd00::1]:5757`), through `host_port`, and a server that listens on every
@@ -12,15 +13,25 @@ What the pinned releases take (read in their sources):
   takes `[v6]:port` (ray._raylet), so `ray start --address` and `ray.init` get brackets.
 - TensorRT-LLM: mpirun's `-H host:slots` list has no syntax for an IPv6 literal, so the
   inventory is refused for it (network.py); give the hosts IPv4 addresses or names.
+
+Socket interface. NCCL, Gloo (torch.distributed), NVSHMEM's bootstrap and Open MPI pick a
+network interface on their own when not told, and on hosts with several NICs they may pick one
+that cannot reach the peers: the launch then hangs. Every multi-host process is therefore told
+the interface. `k2_socket_ifname` names it for every host; when it is unset, each host's
+launch script finds, when the process starts, the interface that holds that host's
+`k2_local_ip` (a `LaunchValue`), so the plan stays a pure function of the inventory while the
+value comes from the host itself. Where no interface can be derived (a `k2_local_ip` that is a
+name, not an address), the plan warns and the engines choose on their own.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-from k2provision.models import Cluster, HealthGate
+from k2provision.models import Cluster, HealthGate, HostSpec, LaunchValue, ModelSpec
 
-TOOL_PARSER = "kimi_k2"
+IFNAME = LaunchValue(name="K2_SOCKET_IFNAME", kind="ifname-of")
+SUBNET = LaunchValue(name="K2_SOCKET_SUBNET", kind="cidr-of")
 
 
 def is_ipv6(address: str) -> bool:
@@ -52,6 +63,78 @@ def http_gate(address: str, port: int, path: str, timeout_s: int) -> HealthGate:
     return HealthGate(url=http_url(address, port, path), timeout_s=timeout_s)
 
 
-def tool_parser(engine: str) -> str | None:
-    """The tool-call parser name an engine takes for Kimi-K2 (None: the engine has no flag)."""
-    return None if engine == "ktransformers" else TOOL_PARSER
+def tool_parser(model: ModelSpec) -> str | None:
+    """The model's tool-call parser name (the same in SGLang, vLLM and TensorRT-LLM)."""
+    return model.tool_parser
+
+
+def reasoning_parser(model: ModelSpec) -> str | None:
+    """The model's reasoning parser name, None for models that do not think aloud."""
+    return model.reasoning_parser
+
+
+def parser_args(
+    model: ModelSpec, tool_flag: str, reasoning_flag: str, *, tool_switch: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """The engine's options naming the model's parsers (`tool_switch` turns tool calls on
+    where the engine wants that said too)."""
+    args: tuple[str, ...] = ()
+    tools = tool_parser(model)
+    if tools:
+        args += (*tool_switch, tool_flag, tools)
+    thinking = reasoning_parser(model)
+    if thinking:
+        args += (reasoning_flag, thinking)
+    return args
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def multi_host(cluster: Cluster) -> bool:
+    """Whether processes of the deployment talk across hosts."""
+    return len({h.name for h in cluster.hosts if h.pool != "router"}) > 1
+
+
+def socket_ifname(cluster: Cluster, host: HostSpec) -> tuple[str | None, tuple[LaunchValue, ...]]:
+    """The socket interface for processes on `host`: the value to render (a name, or a
+    reference to a host value) and the host values it needs; (None, ()) when the deployment
+    has one host or the interface cannot be derived."""
+    if not multi_host(cluster):
+        return None, ()
+    if cluster.tunables.socket_ifname:
+        return cluster.tunables.socket_ifname, ()
+    if not _is_address(host.local_ip):
+        return None, ()
+    value = IFNAME.model_copy(update={"arg": host.local_ip})
+    return value.ref, (value,)
+
+
+def socket_env(ifname: str | None, *, nvshmem: bool = False) -> dict[str, str]:
+    """NCCL's and Gloo's interface (and NVSHMEM's bootstrap one, for DeepEP), or nothing."""
+    if ifname is None:
+        return {}
+    env = {"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname}
+    if nvshmem:
+        env["NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"] = ifname
+    return env
+
+
+def socket_warnings(cluster: Cluster) -> list[str]:
+    """Hosts whose socket interface nobody can derive."""
+    if not multi_host(cluster) or cluster.tunables.socket_ifname:
+        return []
+    unknown = [h.name for h in cluster.hosts if h.pool != "router" and not _is_address(h.local_ip)]
+    if not unknown:
+        return []
+    return [
+        f"k2_socket_ifname is unset and k2_local_ip of {', '.join(unknown)} is a name, not an "
+        "address: the interface NCCL, Gloo and MPI use there cannot be derived and is left to "
+        "the engines, a common cause of hangs at start on hosts with several NICs; set "
+        "k2_socket_ifname (e.g. k2_socket_ifname=bond0) or k2_local_ip to the host's address"
+    ]

@@ -1,57 +1,77 @@
-"""KTransformers: one host, routed experts on the CPU (GGUF), attention on the GPU.
+"""KTransformers: one host, routed experts on the CPU (kt-kernel), the rest on one GPU.
 
-Options are those of `ktransformers/server/args.py` (the 0.3 line's ArgumentParser):
-`--model_path` (config and tokenizer files), `--gguf_path` (the GGUF experts, with the config
-files copied next to them), `--cache_lens` (KV cache size in tokens), `--host`, `--port`,
-`--model_name` (the id /v1/models reports) and, only when k2_ktransformers_optimize_config
-names one, `--optimize_config_path` (an injection rule file such as the AMX one; give a path
-that exists inside the container).
+KTransformers serves the Kimi-K2 family through SGLang with its CPU expert kernels: the
+server is SGLang's (`python3 -m sglang.launch_server`, from sglang-kt, the SGLang build
+kt-kernel pairs with), and the `--kt-*` options hand the routed experts to kt-kernel
+(kvcache-ai/ktransformers doc/en/kt-kernel/Native-Precision-Tutorial.md, Kimi-K2-Thinking.md;
+the same options exist in sglang 0.5.23, sglang/srt/arg_groups/fields/exec_.py). The old
+`ktransformers.server.main` of the 0.3 line served one request at a time unless given the
+balance_serve backend and its rule files; it is no longer the path upstream documents.
 
-Tool calls: the server has no tool-parser option. When a chat request carries `tools`, its
-OpenAI endpoint adds calling instructions to the first message and parses DeepSeek-style
-tool-call markers ("tool calls begin" / "tool sep" / "tool call end" special tokens) out of the
-reply, always on, with no Kimi-K2-specific parser.
-So there is no flag to render (`common.tool_parser("ktransformers")` is None).
+- `--kt-weight-path`: the CPU experts' weights, read as the checkpoint ships them, so it is the
+  model directory: FP8 block-quantised experts (Kimi-K2-Instruct) with `--kt-method FP8`, the
+  native INT4 experts of K2-Thinking and K2.5+ with `--kt-method RAWINT4` ("CPU and GPU use
+  the same INT4 weight": doc/en/kt-kernel/Kimi-K2-Thinking-Native.md, doc/en/Kimi-K2.5.md).
+- `--kt-num-gpu-experts`: routed experts per layer kept on the GPU (k2_ktransformers_gpu_experts,
+  0 by default: the memory fit counts the routed experts in host memory).
+- `--kt-cpuinfer`: CPU threads; upstream advises the physical cores minus the GPUs, which only
+  the host knows: its launch script counts them (or k2_ktransformers_cpuinfer fixes it).
+- `--kt-threadpool-count`: one thread pool per NUMA node, counted by the launch script.
+- `--max-total-tokens`: the KV cache size in tokens (k2_ktransformers_cache_lens).
 """
 
 from __future__ import annotations
 
 from k2provision.engines import Deployment, HostRender
 from k2provision.engines.common import any_address, http_gate, http_url
-from k2provision.models import Process
+from k2provision.engines.sglang import LAUNCH_SERVER, model_args, server_env
+from k2provision.models import LaunchValue, Process
 
 CONTAINER = "k2-ktransformers"
-
-# Every option of the server's ArgumentParser that this renderer may emit.
-SERVER_OPTIONS: frozenset[str] = frozenset({
-    "--model_path", "--gguf_path", "--cache_lens", "--host", "--port", "--model_name",
-    "--optimize_config_path",
-})
+# kt-kernel's method for the routed experts' format as the checkpoint ships it.
+KT_METHODS = {"fp8_block": "FP8", "int4_group": "RAWINT4"}
+CPUINFER = LaunchValue(name="K2_KT_CPUINFER", kind="physical-cores-minus")
+NUMA_NODES = LaunchValue(name="K2_NUMA_NODES", kind="numa-nodes")
 
 
 def render(deployment: Deployment) -> dict[str, HostRender]:
     """The server command on the single host of [nodes]."""
     pool = deployment.pool("nodes")
-    t = deployment.cluster.tunables
-    model_dir = deployment.cluster.model_dir
-    argv = [
-        "python3", "-m", "ktransformers.server.main",
-        "--model_path", model_dir,
-        "--gguf_path", model_dir,
-        "--cache_lens", str(t.ktransformers_cache_lens),
-        "--host", any_address(deployment.cluster),
+    cluster = deployment.cluster
+    t = cluster.tunables
+    model_dir = cluster.model_dir
+    values: list[LaunchValue] = [NUMA_NODES]
+    if t.ktransformers_cpuinfer is None:
+        cpuinfer = CPUINFER.model_copy(update={"arg": str(pool.gpus)})
+        values.append(cpuinfer)
+        threads = cpuinfer.ref
+    else:
+        threads = str(t.ktransformers_cpuinfer)
+    argv = (
+        *LAUNCH_SERVER,
+        *model_args(deployment),
+        "--kt-weight-path", model_dir,
+        "--kt-method", KT_METHODS[deployment.model.quantization.routed_experts.scheme],
+        "--kt-cpuinfer", threads,
+        "--kt-threadpool-count", NUMA_NODES.ref,
+        "--kt-num-gpu-experts", str(t.ktransformers_gpu_experts),
+        "--tp-size", str(pool.parallel.tp),
+        "--mem-fraction-static", str(pool.mem_fraction),
+        "--max-total-tokens", str(t.ktransformers_cache_lens),
+        # Shared experts stay on the GPU with the attention (kt-kernel takes routed ones).
+        "--disable-shared-experts-fusion",
+        "--host", any_address(cluster),
         "--port", str(t.api_port),
-        "--model_name", t.served_model_name,
-    ]
-    if t.ktransformers_optimize_config:
-        argv += ["--optimize_config_path", t.ktransformers_optimize_config]
+    )
+    env, socket_values = server_env(deployment, cluster.host(pool.master))
     process = Process(
         name="ktransformers",
         container=CONTAINER,
         image=deployment.image,
-        argv=tuple(argv),
-        env={"PYTHONUNBUFFERED": "1"},
-        health=http_gate(pool.master_address, t.api_port, "/v1/models", t.health_timeout_s),
+        argv=argv,
+        env=env,
+        resolve=(*socket_values, *values),
+        health=http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s),
     )
     return {pool.master: HostRender(processes=(process,))}
 

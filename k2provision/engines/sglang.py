@@ -4,6 +4,15 @@ Layout `tp`: every host of [nodes] runs one rank of a single `--tp-size N*8` ser
 serves HTTP. Layout `pd`: [prefill] and [decode] each form one DP-attention + DeepEP instance
 (tp = attention dp = ep = the pool's GPUs), and sglang-router joins them.
 
+PD follows the production config for this very layout (sgl-project/ome
+config/runtimes/srt/kimi-k2-pd-rt.yaml, the 128-GPU deployment of the LMSYS write-up): EPLB on
+both pools, each with one spare expert slot per GPU. Spare slots without `--enable-eplb` hold
+fixed copies of experts 0..N-1 and are never rebalanced (sglang/srt/eplb/expert_location.py
+`init_trivial`): memory for nothing. `--chunked-prefill-size` is per instance: with attention
+DP, SGLang divides it by the attention-DP size (sglang/srt/arg_groups/parallel_hook.py). The
+plan's chunk is per rank (`k2_prefill_chunk_per_rank`, 16384) and the render multiplies it by
+the pool's DP: 524288 at DP 32, the production value.
+
 Flag spellings follow the pinned release's own parser (sglang 0.5.23), not the seed recipes:
 `--moe-a2a-backend deepep` (was `--enable-deepep-moe`), `--attn-dp-size N` (was `--dp-size N
 --enable-dp-attention`, deprecated), `--cuda-graph-max-bs-decode` (bare `--cuda-graph-bs` is
@@ -12,14 +21,23 @@ now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
 
 from __future__ import annotations
 
+from k2provision import catalog
 from k2provision.engines import Deployment, HostRender
-from k2provision.engines.common import any_address, host_port, http_gate, http_url, tool_parser
-from k2provision.models import HostSpec, PoolName, PoolPlan, Process, Tunables
+from k2provision.engines.common import (
+    any_address,
+    host_port,
+    http_gate,
+    http_url,
+    parser_args,
+    socket_env,
+    socket_ifname,
+)
+from k2provision.models import HostSpec, LaunchValue, PoolName, PoolPlan, Process, Tunables
 
 CONTAINER = "k2-sglang"
 ROUTER_CONTAINER = "k2-router"
 LAUNCH_SERVER = ("python3", "-m", "sglang.launch_server")
-LAUNCH_ROUTER = ("python3", "-m", "sglang_router.launch_router")
+LAUNCH_ROUTER = catalog.ROUTER.launcher
 
 # A forward batch that takes longer than this kills the server instead of hanging it. The
 # default (300 s) is tight for 128k-token prefill chunks with DeepEP on a cold start; the
@@ -41,20 +59,19 @@ SERVER_HEALTH_PATH = "/health"
 ROUTER_HEALTH_PATH = "/readiness"
 
 
-def _base_env(t: Tunables) -> dict[str, str]:
+def server_env(
+    deployment: Deployment, host: HostSpec, *, deepep: bool = False
+) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
+    """Environment of an SGLang server on `host`, and the host values it refers to."""
     env = {"PYTHONUNBUFFERED": "1"}
-    if t.socket_ifname:
-        # Without these, NCCL/Gloo may bootstrap over the wrong interface and hang.
-        env["NCCL_SOCKET_IFNAME"] = t.socket_ifname
-        env["GLOO_SOCKET_IFNAME"] = t.socket_ifname
-    return env
+    ifname, values = socket_ifname(deployment.cluster, host)
+    env.update(socket_env(ifname, nvshmem=deepep))
+    return env, values
 
 
-def _common_args(deployment: Deployment) -> tuple[str, ...]:
-    """Flags every SGLang server of the deployment takes, whatever its pool."""
+def model_args(deployment: Deployment) -> tuple[str, ...]:
+    """The model, its name and its parsers: what every SGLang server of Kimi-K2 takes."""
     t = deployment.cluster.tunables
-    parser = tool_parser("sglang")
-    assert parser is not None  # sglang has a Kimi-K2 tool-call parser
     # The plan's memory fit counts an FP8 KV cache at 1 byte per value (MLA on Hopper and
     # Blackwell: fp8_e4m3).
     kv = ("--kv-cache-dtype", "fp8_e4m3") if deployment.kv_cache_dtype == "fp8" else ()
@@ -64,8 +81,7 @@ def _common_args(deployment: Deployment) -> tuple[str, ...]:
         "--served-model-name",
         t.served_model_name,
         "--trust-remote-code",
-        "--tool-call-parser",
-        parser,
+        *parser_args(deployment.model, "--tool-call-parser", "--reasoning-parser"),
         "--context-length",
         str(deployment.context_length),
         *kv,
@@ -96,7 +112,7 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
     for rank, name in enumerate(pool.hosts):
         argv = (
             *LAUNCH_SERVER,
-            *_common_args(deployment),
+            *model_args(deployment),
             "--tp-size",
             str(pool.parallel.tp),
             *_dist_args(pool, master, rank, t),
@@ -113,12 +129,14 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             if rank == 0
             else None
         )
+        env, values = server_env(deployment, cluster.host(name))
         process = Process(
             name="sglang",
             container=CONTAINER,
             image=deployment.image,
             argv=argv,
-            env=_base_env(t),
+            env=env,
+            resolve=values,
             stage=0,
             health=health,
         )
@@ -129,8 +147,11 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
 # ---------------------------------------------------------------- layout pd
 
 
-def _pd_env(pool: PoolPlan, t: Tunables) -> dict[str, str]:
-    env = _base_env(t)
+def _pd_env(
+    deployment: Deployment, pool: PoolPlan, host: HostSpec
+) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
+    t = deployment.cluster.tunables
+    env, values = server_env(deployment, host, deepep=True)
     env.update(
         {
             "MC_TE_METRIC": "true",
@@ -144,7 +165,7 @@ def _pd_env(pool: PoolPlan, t: Tunables) -> dict[str, str]:
         # DeepEP low-latency buffers are sized for this many tokens per rank: at least the
         # largest decode batch a rank runs, i.e. the cuda-graph batch size.
         env["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"] = str(t.cuda_graph_max_bs_decode)
-    return env
+    return env, values
 
 
 def _pd_pool_args(deployment: Deployment, pool: PoolPlan) -> tuple[str, ...]:
@@ -159,10 +180,16 @@ def _pd_pool_args(deployment: Deployment, pool: PoolPlan) -> tuple[str, ...]:
             str(t.bootstrap_port),
             "--deepep-mode",
             "normal",
+            # Per instance: SGLang divides it by the attention-DP size, so the plan's per-rank
+            # chunk is multiplied back (16384 x DP 32 = 524288, the production value).
             "--chunked-prefill-size",
-            str(t.chunked_prefill_size),
+            str(t.prefill_chunk_per_rank * pool.parallel.dp),
             "--max-running-requests",
             str(t.max_running_requests_prefill),
+            # Prefill batches are large: each token goes to any replica of its expert
+            # (ome's prefill pool); decode keeps EPLB's default, the static replica table.
+            "--ep-dispatch-algorithm",
+            "dynamic",
         )
     return (
         "--disaggregation-mode",
@@ -182,9 +209,10 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
     t = cluster.tunables
     p = pool.parallel
     master = cluster.host(pool.master)
-    redundant = (
-        ("--ep-num-redundant-experts", str(p.redundant_experts)) if p.redundant_experts else ()
-    )
+    # EPLB on both pools; spare slots only with it (they are useless without rebalancing).
+    eplb: tuple[str, ...] = ("--enable-eplb", "--eplb-algorithm", "deepseek")
+    if p.redundant_experts:
+        eplb += ("--ep-num-redundant-experts", str(p.redundant_experts))
     # KV transfer NICs are per host; lab hosts have no RDMA devices at all.
     ib = (
         ("--disaggregation-ib-device", ",".join(host.ib_devices))
@@ -193,7 +221,7 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
     )
     argv = (
         *LAUNCH_SERVER,
-        *_common_args(deployment),
+        *model_args(deployment),
         *_pd_pool_args(deployment, pool),
         "--disaggregation-transfer-backend",
         t.pd_transfer_backend,
@@ -207,11 +235,7 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
         *_dist_args(pool, master, rank, t),
         "--moe-a2a-backend",
         "deepep",
-        *redundant,
-        "--ep-dispatch-algorithm",
-        "dynamic",
-        "--eplb-algorithm",
-        "deepseek",
+        *eplb,
         "--moe-dense-tp-size",
         "1",
         "--enable-dp-lm-head",
@@ -235,12 +259,14 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
         if rank == 0
         else None
     )
+    env, values = _pd_env(deployment, pool, host)
     return Process(
         name=f"sglang-{pool.name}",
         container=CONTAINER,
         image=deployment.image,
         argv=argv,
-        env=_pd_env(pool, t),
+        env=env,
+        resolve=values,
         stage=0,
         health=health,
     )
@@ -281,13 +307,18 @@ def _router(deployment: Deployment) -> Process:
     return Process(
         name="sglang-router",
         container=ROUTER_CONTAINER,
-        image=deployment.image,
+        image=router_image(deployment),
         argv=argv,
-        env=_base_env(t),
+        env={"PYTHONUNBUFFERED": "1"},
         stage=1,
         gpus=False,  # the router only routes HTTP; a dedicated router host may have no GPUs
         health=http_gate(router.address, t.api_port, ROUTER_HEALTH_PATH, t.health_timeout_s),
     )
+
+
+def router_image(deployment: Deployment) -> str:
+    """The image the router runs in: k2_router_image, else the deployment's image."""
+    return deployment.cluster.tunables.router_image or deployment.image
 
 
 def _render_pd(deployment: Deployment) -> dict[str, HostRender]:

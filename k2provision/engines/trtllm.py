@@ -9,16 +9,35 @@ OpenAI API while the other ranks run the model workers.
 Every host gets the same extra-llm-api-options YAML (each rank reads it on its own node). It is
 built from the typed mirror of TorchLlmArgs in `trtllm_schema` and validated again after being
 written out, so a render cannot produce a file the pinned release would refuse.
+
+Served name: `trtllm-serve serve` of the 1.2 line has no option for it; its OpenAI server lists
+a model given as a local directory under the directory's base name, and any other model under
+the string it was given (tensorrt_llm/serve/openai_server.py, `OpenAIServer.__init__`:
+`self.model = model_dir.name` when `model_dir.is_dir()`). `served_model_name` follows that rule.
+
+Socket interface: the ranks' environment comes from mpirun on rank 0 (`-x`), so NCCL's and
+Gloo's interface is the one rank 0 finds (interface names must match across hosts, or set
+k2_socket_ifname); Open MPI's own TCP traffic is pinned by subnet (`btl_tcp_if_include` /
+`oob_tcp_if_include` take a CIDR), which holds whatever the interfaces are called.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 import yaml
 
 from k2provision.engines import Deployment, HostRender
-from k2provision.engines.common import TOOL_PARSER, http_gate, http_url
+from k2provision.engines.common import (
+    SUBNET,
+    http_gate,
+    http_url,
+    multi_host,
+    parser_args,
+    socket_env,
+    socket_ifname,
+)
 from k2provision.engines.trtllm_schema import (
     TRTLLM_VERSION,
     CudaGraphConfig,
@@ -26,7 +45,7 @@ from k2provision.engines.trtllm_schema import (
     KvCacheConfig,
     validate_extra_llm_api_options,
 )
-from k2provision.models import HostSpec, PoolPlan, Process
+from k2provision.models import HostSpec, LaunchValue, PoolPlan, Process
 from k2provision.render import render_template
 
 CONTAINER = "k2-trtllm"
@@ -155,6 +174,26 @@ def options_yaml(options: ExtraLlmApiOptions) -> str:
     return text
 
 
+def served_model_name(model_dir: str) -> str:
+    """The model id trtllm-serve lists for `model_dir` (a directory on every rank)."""
+    return PurePosixPath(model_dir).name or model_dir
+
+
+def mpi_interface(deployment: Deployment) -> tuple[str | None, tuple[LaunchValue, ...]]:
+    """What Open MPI's TCP traffic is pinned to: k2_socket_ifname, else rank 0's subnet."""
+    cluster = deployment.cluster
+    if not multi_host(cluster):
+        return None, ()
+    if cluster.tunables.socket_ifname:
+        return cluster.tunables.socket_ifname, ()
+    rank0 = cluster.host(deployment.pool("nodes").master)
+    ifname, values = socket_ifname(cluster, rank0)
+    if ifname is None:
+        return None, ()
+    subnet = SUBNET.model_copy(update={"arg": rank0.local_ip})
+    return subnet.ref, (*values, subnet)
+
+
 def mpirun_argv(
     deployment: Deployment, hosts: tuple[HostSpec, ...], pool: PoolPlan, paths: Paths,
     env_names: tuple[str, ...],
@@ -170,9 +209,10 @@ def mpirun_argv(
         # One argv element: Open MPI passes it to ssh as its arguments.
         "-mca", "plm_rsh_args", f"-p {t.ssh_port} -F {paths.ssh_config}",
     ]
-    if t.socket_ifname:
-        argv += ["-mca", "btl_tcp_if_include", t.socket_ifname,
-                 "-mca", "oob_tcp_if_include", t.socket_ifname]
+    interface, _ = mpi_interface(deployment)
+    if interface:
+        argv += ["-mca", "btl_tcp_if_include", interface,
+                 "-mca", "oob_tcp_if_include", interface]
     for name in env_names:
         argv += ["-x", name]
     argv += ["trtllm-llmapi-launch", *serve_argv(deployment, pool, paths)]
@@ -196,7 +236,7 @@ def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[st
         "--max_seq_len", str(deployment.context_length),
         "--kv_cache_free_gpu_memory_fraction", f"{pool.mem_fraction:g}",
         "--trust_remote_code",
-        "--tool_parser", TOOL_PARSER,
+        *parser_args(deployment.model, "--tool_parser", "--reasoning_parser"),
         # `--config` is the same option in this release; the long name also works on 1.0/1.1.
         "--extra_llm_api_options", paths.extra_options,
     )
@@ -230,15 +270,17 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
 
     # The model is a local directory: never wait on the Hugging Face Hub from a rank.
     env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    if t.socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = t.socket_ifname
-        env["GLOO_SOCKET_IFNAME"] = t.socket_ifname
+    ifname, values = socket_ifname(cluster, cluster.host(pool.master))
+    env.update(socket_env(ifname))
+    _, mpi_values = mpi_interface(deployment)
+    resolve = tuple({v.name: v for v in (*values, *mpi_values)}.values())
     serve = Process(
         name="trtllm-serve",
         container=CONTAINER,
         image=deployment.image,
         argv=mpirun_argv(deployment, hosts, pool, paths, (*MPI_FORWARD_ENV, *sorted(env))),
         env=env,
+        resolve=resolve,
         stage=1,
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s),

@@ -16,23 +16,44 @@ Layouts `tp` and `tp_pp` (Ray executor):
   Ray node; the env of `ray start` is what vLLM's Ray workers inherit.
 
 Layout `dp_ep` (no Ray; the API servers on the head, engine cores on every host):
-  stage 0  all hosts at once: the head's `vllm serve` (DP ranks 0-7, one API server process per
-           local rank, the DP RPC endpoint) and every worker's `vllm serve --headless
-           --data-parallel-start-rank 8k`,
+  stage 0  all hosts at once: the head's `vllm serve` (DP ranks 0-7, the DP RPC endpoint, and
+           vLLM's internal load balancer over all DP ranks: one API server process per DP
+           rank) and every worker's `vllm serve --headless --data-parallel-start-rank 8k`,
            each its container's main command. Workers connect to HEAD:DP_RPC_PORT and retry
            until the head listens, and the head only reports healthy once every DP rank has
            joined, so the head's GET /health gate sits in the same stage as the workers: a gate
            in an earlier stage than the workers would never pass.
+  The head takes no `--data-parallel-start-rank`: in vLLM 0.33.0 a start rank on a node that
+  is not headless selects hybrid load balancing (vllm/engine/arg_utils.py,
+  vllm/entrypoints/cli/serve.py), and the head then refuses every `--headless` rank at the
+  handshake ("must not use --headless in external or hybrid dp lb mode",
+  vllm/v1/engine/utils.py `wait_for_engine_startup`).
+  Across nodes the experts are exchanged with DeepEP (`--all2all-backend`, vLLM's expert
+  parallel deployment guide) and balanced by EPLB with spare expert slots (`--enable-eplb
+  --eplb-config '{"num_redundant_experts": N}'`; vLLM refuses spare slots without EPLB,
+  vllm/config/parallel.py).
 
 Workers always point at the head's inventory address; each host announces its own `local_ip`
-(`--node-ip-address`, VLLM_HOST_IP).
+(`--node-ip-address`, VLLM_HOST_IP). Every process waits for its engine cores as long as the
+launch gate does (`VLLM_ENGINE_READY_TIMEOUT_S`, 600 s in vLLM 0.33.0: less than a cold
+load of about 1 TB of weights can take).
 """
 
 from __future__ import annotations
 
+import json
+
 from k2provision.engines import Deployment, HostRender
-from k2provision.engines.common import any_address, host_port, http_gate, http_url, tool_parser
-from k2provision.models import HealthGate, HostSpec, PoolPlan, Process
+from k2provision.engines.common import (
+    any_address,
+    host_port,
+    http_gate,
+    http_url,
+    parser_args,
+    socket_env,
+    socket_ifname,
+)
+from k2provision.models import HealthGate, HostSpec, LaunchValue, PoolPlan, Process
 
 CONTAINER = "k2-vllm"
 RAY_LAYOUTS = ("tp", "tp_pp")
@@ -67,14 +88,30 @@ def endpoint(deployment: Deployment) -> str:
     return http_url(pool.master_address, deployment.cluster.tunables.api_port)
 
 
-def _env(deployment: Deployment, host: HostSpec) -> dict[str, str]:
-    """Environment of every vLLM-side process on `host` (Ray nodes included)."""
-    env = {"VLLM_HOST_IP": host.local_ip, "HF_HUB_OFFLINE": "1"}
-    ifname = deployment.cluster.tunables.socket_ifname
-    if ifname:
-        env["GLOO_SOCKET_IFNAME"] = ifname
-        env["NCCL_SOCKET_IFNAME"] = ifname
-    return env
+def _env(deployment: Deployment, host: HostSpec) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
+    """Environment of every vLLM-side process on `host` (Ray nodes included), and the host
+    values it refers to."""
+    t = deployment.cluster.tunables
+    env = {
+        "VLLM_HOST_IP": host.local_ip,
+        "HF_HUB_OFFLINE": "1",
+        # The API server waits this long for its engine cores, which load the weights first.
+        "VLLM_ENGINE_READY_TIMEOUT_S": str(t.health_timeout_s),
+    }
+    ifname, values = socket_ifname(deployment.cluster, host)
+    env.update(socket_env(ifname, nvshmem=_deepep(deployment)))
+    return env, values
+
+
+def _deepep(deployment: Deployment) -> bool:
+    """Whether the experts travel through DeepEP (NVSHMEM) between nodes."""
+    layout, t = deployment.cluster.layout, deployment.cluster.tunables
+    pool = deployment.pool("nodes")
+    return (
+        layout == "dp_ep"
+        and len(pool.hosts) > 1
+        and t.vllm_all2all_backend.startswith("deepep")
+    )
 
 
 def _hosts(deployment: Deployment, pool: PoolPlan) -> list[HostSpec]:
@@ -93,9 +130,10 @@ def _serve_args(deployment: Deployment, pool: PoolPlan, parallel: list[str]) -> 
         *parallel,
         "--trust-remote-code",
     ]
-    parser = tool_parser("vllm")
-    if parser:
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    args += parser_args(
+        deployment.model, "--tool-call-parser", "--reasoning-parser",
+        tool_switch=("--enable-auto-tool-choice",),
+    )
     args += [
         "--host",
         any_address(deployment.cluster),
@@ -154,6 +192,7 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
     ray_options = ("--disable-usage-stats", "--block")
 
     out: dict[str, HostRender] = {}
+    head_env, head_values = _env(deployment, head)
     head_ray = Process(
         name="ray-head",
         container=CONTAINER,
@@ -168,7 +207,8 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
             head.local_ip,
             *ray_options,
         ),
-        env=_env(deployment, head),
+        env=head_env,
+        resolve=head_values,
         stage=0,
         health=ray_gate(ray_address, 1, gpn, t.health_timeout_s),
     )
@@ -183,13 +223,15 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
         container=CONTAINER,
         image=deployment.image,
         argv=tuple(serve_argv),
-        env=_env(deployment, head),
+        env=head_env,
+        resolve=head_values,
         stage=2,
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s),
     )
     out[head.name] = HostRender(processes=(head_ray, serve))
     for host in hosts[1:]:
+        env, values = _env(deployment, host)
         worker = Process(
             name="ray-worker",
             container=CONTAINER,
@@ -203,12 +245,28 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
                 host.local_ip,
                 *ray_options,
             ),
-            env=_env(deployment, host),
+            env=env,
+            resolve=values,
             stage=1,
             health=ray_gate(ray_address, len(hosts), len(hosts) * gpn, t.health_timeout_s),
         )
         out[host.name] = HostRender(processes=(worker,))
     return out
+
+
+def expert_args(deployment: Deployment, pool: PoolPlan) -> list[str]:
+    """Expert parallelism: DeepEP between nodes, EPLB with the pool's spare expert slots."""
+    t = deployment.cluster.tunables
+    args = ["--enable-expert-parallel"]
+    if len(pool.hosts) > 1:
+        args += ["--all2all-backend", t.vllm_all2all_backend]
+    spare = pool.parallel.redundant_experts
+    if spare:
+        # vLLM 0.33.0 spells the spare slots inside --eplb-config (vllm/config/parallel.py
+        # EPLBConfig.num_redundant_experts) and refuses them without --enable-eplb.
+        config = json.dumps({"num_redundant_experts": spare}, separators=(",", ":"))
+        args += ["--enable-eplb", "--eplb-config", config]
+    return args
 
 
 def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
@@ -229,7 +287,7 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
             pool.master_address,
             "--data-parallel-rpc-port",
             str(t.dp_rpc_port),
-            "--enable-expert-parallel",
+            *expert_args(deployment, pool),
             "--max-num-batched-tokens",
             str(t.vllm_max_num_batched_tokens),
             "--max-num-seqs",
@@ -239,15 +297,18 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
     out: dict[str, HostRender] = {}
     for rank, host in enumerate(hosts):
         head = rank == 0
-        argv = [*shared, "--data-parallel-start-rank", str(rank * local)]
-        if not head:
-            argv.append("--headless")
+        # The head holds DP ranks 0..local-1 without a start rank (internal load balancing);
+        # a start rank there would switch vLLM to hybrid mode, which refuses headless ranks.
+        argv = shared if head else [*shared, "--data-parallel-start-rank", str(rank * local),
+                                    "--headless"]
+        env, values = _env(deployment, host)
         process = Process(
             name="vllm-serve" if head else "vllm-headless",
             container=CONTAINER,
             image=deployment.image,
             argv=tuple(argv),
-            env=_env(deployment, host),
+            env=env,
+            resolve=values,
             stage=0,
             health=(
                 http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s)

@@ -19,10 +19,22 @@ Options:
   model path. When the model path is not a local directory, resolution uses a
   stand-in directory holding Kimi-K2-Instruct's ``config.json``
   (kimi_k2_config.json next to this file), or ``config`` when given (the
-  served model's own config.json as an object); the parse never reads it.
+  served model's own config.json as an object); the parse itself never reads it.
+* ``expert_location`` (default false): after resolution, publish the resolved
+  config as SGLang's scheduler does and build the initial expert placement
+  with SGLang's own ``ExpertLocationMetadata.init_trivial``
+  (sglang/srt/eplb/expert_location.py), on the CPU: it asserts that the
+  physical expert slots (logical experts + ``--ep-num-redundant-experts``)
+  split evenly over the EP ranks, and maps every spare slot to the logical
+  expert it holds until EPLB rebalances. The model classes import GPU kernels
+  and do not load here, so the three numbers DeepseekV2ForCausalLM reads for
+  this (sglang/srt/models/deepseek_v2.py
+  ``get_model_config_for_expert_location``) are read from config.json the same
+  way. Reported as ``expert_location``; a failed assertion rejects the command
+  line (stage ``expert_location``), as it would fail the launch on GPUs.
 
-Result: ``ok``, ``error`` (the engine's message), ``stage`` (``parse`` or
-``resolve`` when rejected), ``parsed`` (selected fields as given on the
+Result: ``ok``, ``error`` (the engine's message), ``stage`` (``parse``,
+``resolve`` or ``expert_location`` when rejected), ``parsed`` (selected fields as given on the
 command line, defaults filled), ``resolved`` (the same fields after
 resolution), ``warnings`` (log warnings and Python warnings raised while
 parsing and resolving), ``notes`` (what the checker assumed).
@@ -34,7 +46,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,12 +60,10 @@ from checker_io import (
     clean,
     collect_warnings,
     dedupe,
-    finish,
-    internal_failure,
+    internal_result,
     pick,
-    read_request,
+    run_main,
     strip_launcher,
-    take_stdout,
 )
 
 LAUNCHERS = (
@@ -110,6 +119,15 @@ FIELDS = (
     "attention_backend",
     "kv_cache_dtype",
     "quantization",
+    "expert_distribution_recorder_mode",
+    "eplb_rebalance_num_iterations",
+    "init_expert_location",
+    "kt_weight_path",
+    "kt_method",
+    "kt_cpuinfer",
+    "kt_threadpool_count",
+    "kt_num_gpu_experts",
+    "max_total_tokens",
 )
 
 # Messages that only say this host has no GPU; they say nothing about the
@@ -233,6 +251,19 @@ def check(argv: list[str], options: dict[str, Any], result: dict[str, Any]) -> N
         try:
             with _ib_sysfs(argv, options, notes):
                 server_args.resolve_once()
+            from sglang.srt.arg_groups.overrides import resolving_view
+
+            resolved = pick(resolving_view(server_args), FIELDS)
+            if stand_in:
+                for key in ("model_path", "tokenizer_path"):
+                    if resolved.get(key) == stand_in:
+                        resolved[key] = model_path
+            result["resolved"] = resolved
+            if options.get("expert_location", False) and (resolved.get("ep_size") or 1) > 1:
+                result["stage"] = "expert_location"
+                result["expert_location"] = expert_location(server_args, resolved)
+        except Rejected:
+            raise
         except (KeyboardInterrupt, MemoryError):
             raise
         except BaseException as exc:
@@ -240,25 +271,61 @@ def check(argv: list[str], options: dict[str, Any], result: dict[str, Any]) -> N
         finally:
             if stand_in:
                 shutil.rmtree(stand_in, ignore_errors=True)
-
-        from sglang.srt.arg_groups.overrides import resolving_view
-
-        resolved = pick(resolving_view(server_args), FIELDS)
-        if stand_in:
-            for key in ("model_path", "tokenizer_path"):
-                if resolved.get(key) == stand_in:
-                    resolved[key] = model_path
-        result["resolved"] = resolved
         result["stage"] = None
 
 
-def main() -> None:
-    out = take_stdout()
+def expert_location(server_args: Any, resolved: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's initial expert placement for rank 0 of this server (see ``expert_location``
+    in the module docstring)."""
+    from sglang.srt import runtime_context
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.eplb import expert_location as placement
+
+    def from_model_config(model_config: Any) -> Any:
+        config = model_config.hf_config
+        return placement.ModelConfigForExpertLocation(
+            num_layers=config.num_hidden_layers,
+            num_logical_experts=config.n_routed_experts,
+            num_groups=getattr(config, "n_group", None),
+        )
+
+    placement.ModelConfigForExpertLocation.from_model_config = staticmethod(  # type: ignore[method-assign]
+        from_model_config
+    )
+    runtime_context.publish(server_args, role="scheduler")
+    model_config = ModelConfig.from_server_args(server_args)
     try:
-        request = read_request(sys.stdin)
+        with runtime_context.get_device().override(device="cpu"):
+            meta = placement.ExpertLocationMetadata.init_trivial(model_config, moe_ep_rank=0)
+    except AssertionError as exc:
+        slots = model_config.hf_config.n_routed_experts + (
+            resolved.get("ep_num_redundant_experts") or 0
+        )
+        raise Rejected(
+            f"AssertionError{': ' + str(exc) if str(exc) else ''} in SGLang's expert "
+            f"placement (sglang/srt/eplb/expert_location.py): {slots} physical expert slots "
+            f"do not split over ep_size {resolved.get('ep_size')}"
+        ) from exc
+    physical = meta.physical_to_logical_map
+    logical = model_config.hf_config.n_routed_experts
+    return {
+        "ep_size": meta.ep_size,
+        "num_layers": int(physical.shape[0]),
+        "num_physical_experts": meta.num_physical_experts,
+        "num_local_physical_experts": meta.num_local_physical_experts,
+        "num_logical_experts": logical,
+        # What each spare slot holds (layer 0) until EPLB moves experts.
+        "spare_slots_hold": [int(x) for x in physical[0, logical:].tolist()],
+        "rebalanced": bool(resolved.get("enable_eplb")),
+    }
+
+
+def handle(request: dict[str, Any]) -> dict[str, Any]:
+    """The verdict on one request."""
+    try:
         argv = strip_launcher(request["argv"], LAUNCHERS)
     except BadRequest as exc:
-        internal_failure(out, exc)
+        return internal_result(exc)
     legacy_launcher = "sglang.launch_server" in request["argv"][:3]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.update(request["env"])
@@ -285,10 +352,21 @@ def main() -> None:
     except Rejected as exc:
         result["error"] = str(exc)
     except Exception as exc:
-        internal_failure(out, exc)
+        return internal_result(exc)
     result["warnings"] = dedupe(result["warnings"], HOST_ARTIFACTS)
-    finish(out, result)
+    return result
+
+
+def warm_up() -> None:
+    """Import what parsing, resolution and expert placement import (server mode), by
+    resolving a one-GPU command line once in the parent."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import sglang.srt.configs.model_config
+    import sglang.srt.eplb.expert_location  # noqa: F401
+
+    result: dict[str, Any] = {"warnings": [], "notes": []}
+    check(["--model-path", "/models/warm-up", "--tp-size", "1"], {}, result)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(handle, warm_up)

@@ -17,7 +17,6 @@ Result: ``ok``, ``error``, ``stage`` (``parse``/``build`` when rejected),
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from checker_io import (
@@ -27,12 +26,10 @@ from checker_io import (
     clean,
     collect_warnings,
     dedupe,
-    finish,
-    internal_failure,
+    internal_result,
     pick,
-    read_request,
+    run_main,
     strip_launcher,
-    take_stdout,
 )
 
 LAUNCHERS = (
@@ -86,13 +83,12 @@ def check(argv: list[str], options: dict[str, Any], result: dict[str, Any]) -> N
         result["stage"] = None
 
 
-def main() -> None:
-    out = take_stdout()
+def handle(request: dict[str, Any]) -> dict[str, Any]:
+    """The verdict on one request."""
     try:
-        request = read_request(sys.stdin)
         argv = strip_launcher(request["argv"], LAUNCHERS)
     except BadRequest as exc:
-        internal_failure(out, exc)
+        return internal_result(exc)
     os.environ.update(request["env"])
     result: dict[str, Any] = {
         "ok": False,
@@ -112,10 +108,16 @@ def main() -> None:
     except Rejected as exc:
         result["error"] = str(exc)
     except Exception as exc:
-        internal_failure(out, exc)
+        return internal_result(exc)
     result["warnings"] = dedupe(result["warnings"])
-    finish(out, result)
+    return result
+
+
+def warm_up() -> None:
+    """Import the router once (server mode)."""
+    import sglang_router.launch_router
+    import sglang_router.router  # noqa: F401
 
 
 if __name__ == "__main__":
-    main()
+    run_main(handle, warm_up)

@@ -26,13 +26,20 @@ Steps:
    ``headless``, ``dp_supervisor``, ``grpc``) with ``api_server_count``.
    Not for the api_server module launcher.
 4. ``config`` (only with ``options.engine_config = true``):
-   ``create_engine_config()``. It runs on vLLM's CPU platform here, so results
-   that depend on the platform (executor backend, kernels, quantization
-   support) are the CPU platform's, not a GPU host's.
+   ``create_engine_config(headless=...)``, as ``vllm serve`` builds it for this
+   node. It runs on vLLM's CPU platform here, so results that depend on the
+   platform (executor backend, kernels, quantization support) are the CPU
+   platform's, not a GPU host's; the one CUDA-only gate on the way, EPLB's
+   (vllm/config/parallel.py: "only supported on CUDA devices"), is answered as
+   on a CUDA host. The resulting parallel config is reported as ``parallel``:
+   data-parallel load-balancing mode (internal, hybrid, external), world sizes,
+   ranks per node and this node's first DP rank, the all-to-all backend and
+   EPLB's spare expert slots.
 
 Result: ``ok``, ``error``, ``stage``, ``parsed`` (selected fields of the
-parsed namespace), ``engine_args`` (the same fields after EngineArgs), and
-``warnings`` (vLLM log warnings, e.g. deprecated arguments).
+parsed namespace), ``engine_args`` (the same fields after EngineArgs),
+``parallel`` (with ``engine_config``), and ``warnings`` (vLLM log warnings,
+e.g. deprecated arguments).
 """
 
 from __future__ import annotations
@@ -41,7 +48,6 @@ import copy
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -53,12 +59,10 @@ from checker_io import (
     clean,
     collect_warnings,
     dedupe,
-    finish,
-    internal_failure,
+    internal_result,
     pick,
-    read_request,
+    run_main,
     strip_launcher,
-    take_stdout,
 )
 
 SERVE_LAUNCHERS = (
@@ -189,6 +193,66 @@ def _launch_mode(args: Any) -> dict[str, Any]:
     }
 
 
+def _engine_config(engine_args: Any, headless: bool, *, tokenizer: bool) -> Any:
+    """``create_engine_config`` for this node, EPLB's CUDA-only gate answered as on CUDA.
+
+    Without the model's tokenizer (a stand-in model directory holds only config.json), the
+    reasoning config cannot turn its parser's start/end strings into token ids
+    (vllm/config/reasoning.py ``initialize_token_ids``, called from VllmConfig): the parser
+    is then looked up by name in vLLM's own registry (``list_registered``: the parser module
+    itself imports tokenizer code this CPU venv lacks), which is what can be checked here."""
+    from vllm.config import parallel
+    from vllm.config.reasoning import ReasoningConfig
+    from vllm.reasoning import ReasoningParserManager
+
+    platform = parallel.current_platform
+    real_cuda = platform.is_cuda_alike
+    real_init = ReasoningConfig.initialize_token_ids
+
+    def parser_by_name(self: Any, model_config: Any) -> None:
+        known = ReasoningParserManager.list_registered()
+        if self.reasoning_parser and self.reasoning_parser not in known:
+            raise KeyError(f"reasoning parser {self.reasoning_parser!r} is not registered")
+        self._enabled = bool(self.reasoning_parser)  # what a real tokenizer would give it
+
+    if engine_args.enable_eplb:
+        platform.is_cuda_alike = lambda: True  # type: ignore[method-assign]
+    if not tokenizer:
+        ReasoningConfig.initialize_token_ids = parser_by_name  # type: ignore[method-assign]
+    try:
+        return engine_args.create_engine_config(headless=headless)
+    finally:
+        platform.is_cuda_alike = real_cuda  # type: ignore[method-assign]
+        ReasoningConfig.initialize_token_ids = real_init  # type: ignore[method-assign]
+
+
+def _parallel(config: Any) -> dict[str, Any]:
+    """What the parallel config decides: load-balancing mode, sizes, ranks, experts."""
+    if config.data_parallel_external_lb:
+        mode = "external"
+    elif config.data_parallel_hybrid_lb:
+        mode = "hybrid"
+    else:
+        mode = "internal"
+    return {
+        "lb_mode": mode,
+        "world_size": config.world_size,
+        "world_size_across_dp": config.world_size_across_dp,
+        "data_parallel_size": config.data_parallel_size,
+        "data_parallel_size_local": config.data_parallel_size_local,
+        "data_parallel_rank": config.data_parallel_rank,
+        "data_parallel_master_ip": config.data_parallel_master_ip,
+        "data_parallel_rpc_port": config.data_parallel_rpc_port,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "pipeline_parallel_size": config.pipeline_parallel_size,
+        "enable_expert_parallel": config.enable_expert_parallel,
+        "all2all_backend": config.all2all_backend,
+        "enable_eplb": config.enable_eplb,
+        "num_redundant_experts": config.eplb_config.num_redundant_experts,
+        "distributed_executor_backend": str(config.distributed_executor_backend),
+    }
+
+
 def _reject(exc: BaseException) -> Rejected:
     return Rejected(f"{type(exc).__name__}: {clean(str(exc))}")
 
@@ -258,7 +322,17 @@ def check(
             if options.get("engine_config", False):
                 result["stage"] = "config"
                 notes.append("engine config created on vLLM's CPU platform")
-                engine_args.create_engine_config()
+                if stand_in and getattr(args, "reasoning_parser", None):
+                    notes.append(
+                        "no tokenizer in the stand-in: the reasoning parser is checked by "
+                        "name in vLLM's registry"
+                    )
+                config = _engine_config(
+                    engine_args,
+                    bool(getattr(args, "headless", False)),
+                    tokenizer=stand_in is None,
+                )
+                result["parallel"] = _parallel(config.parallel_config)
         except (KeyboardInterrupt, MemoryError):
             raise
         except Exception as exc:
@@ -269,19 +343,18 @@ def check(
         result["stage"] = None
 
 
-def main() -> None:
-    out = take_stdout()
+def handle(request: dict[str, Any]) -> dict[str, Any]:
+    """The verdict on one request."""
+    raw = request["argv"]
+    api_server = False
     try:
-        request = read_request(sys.stdin)
-        raw = request["argv"]
-        api_server = False
         try:
             argv = strip_launcher(raw, SERVE_LAUNCHERS)
         except BadRequest:
             argv = strip_launcher(raw, API_SERVER_LAUNCHERS)
             api_server = True
     except BadRequest as exc:
-        internal_failure(out, exc)
+        return internal_result(exc)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.update(request["env"])
@@ -303,10 +376,23 @@ def main() -> None:
     except Rejected as exc:
         result["error"] = str(exc)
     except Exception as exc:
-        internal_failure(out, exc)
+        return internal_result(exc)
     result["warnings"] = dedupe(result["warnings"], HOST_ARTIFACTS)
-    finish(out, result)
+    return result
+
+
+def warm_up() -> None:
+    """Import what parsing and EngineArgs import (server mode), by checking a one-GPU command
+    line once in the parent. Not the engine config: building one leaves model-config state
+    behind in the parent (a later multimodal checkpoint's processor lookup then fails in the
+    forked child, "treated as multimodal but has no registered multimodal processor"), so
+    each child builds its own."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    result: dict[str, Any] = {"warnings": [], "notes": []}
+    check(["/models/warm-up", "--tensor-parallel-size", "1"], False, {"engine_config": False},
+          result)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(handle, warm_up)

@@ -21,11 +21,18 @@ as the engine arguments alone.
 stdout: one JSON object ``{"ok", "error", "parsed", "warnings", ...}``.
 Exit status: 0 accepted, 1 rejected by the engine, 2 the checker itself failed
 (bad request, venv broken): the result then has ``"internal": true``.
+
+Server mode (``checker.py --serve``): the checker imports the engine once, then
+reads one request per line on stdin and writes one result per line on stdout,
+each request handled in a forked child (so no request sees another's state,
+and none pays the engine's import again). ``env`` is applied in the child,
+after the engine was imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -33,7 +40,7 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TextIO
 
@@ -196,6 +203,83 @@ def dedupe(items: Sequence[str], drop: Sequence[str] = ()) -> list[str]:
     return seen
 
 
+def internal_result(exc: BaseException) -> dict[str, Any]:
+    """The result of a checker that failed itself (not the engine's verdict)."""
+    return {
+        "ok": False,
+        "internal": True,
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exc(),
+        "parsed": {},
+        "warnings": [],
+    }
+
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def run_main(handle: Handler, warm_up: Callable[[], None]) -> NoReturn:
+    """A checker's entry point: one request (stdin) or, with ``--serve``, a stream."""
+    if "--serve" in sys.argv[1:]:
+        serve(handle, warm_up)
+    out = take_stdout()
+    try:
+        request = read_request(sys.stdin)
+    except BadRequest as exc:
+        internal_failure(out, exc)
+    finish(out, handle(request))
+
+
+def serve(handle: Handler, warm_up: Callable[[], None]) -> NoReturn:
+    """Answer one request per stdin line, each in a forked child of a warmed-up process."""
+    out = take_stdout()
+    pristine = dict(os.environ)  # what resolution may set while warming up is not kept
+    try:
+        warm_up()
+    except Exception as exc:
+        out.write(json.dumps(internal_result(exc)) + "\n")
+        out.close()
+        sys.exit(2)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = read_request(io.StringIO(line))
+        except BadRequest as exc:
+            result = internal_result(exc)
+        else:
+            result = _in_child(handle, request, pristine)
+        out.write(json.dumps(result, sort_keys=True) + "\n")
+        out.flush()
+    sys.exit(0)
+
+
+def _in_child(
+    handle: Handler, request: dict[str, Any], environ: dict[str, str]
+) -> dict[str, Any]:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, hand the result over, leave without cleanup
+        os.close(read_end)
+        os.environ.clear()
+        os.environ.update(environ)
+        try:
+            result = handle(request)
+        except BaseException as exc:
+            result = internal_result(exc)
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(json.dumps(result, sort_keys=True).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return internal_result(RuntimeError(f"checker child died (wait status {status})"))
+    parsed: dict[str, Any] = json.loads(data)
+    return parsed
+
+
 def finish(out: TextIO, result: dict[str, Any]) -> NoReturn:
     out.write(json.dumps(result, sort_keys=True) + "\n")
     out.close()
@@ -205,14 +289,4 @@ def finish(out: TextIO, result: dict[str, Any]) -> NoReturn:
 
 
 def internal_failure(out: TextIO, exc: BaseException) -> NoReturn:
-    finish(
-        out,
-        {
-            "ok": False,
-            "internal": True,
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-            "parsed": {},
-            "warnings": [],
-        },
-    )
+    finish(out, internal_result(exc))

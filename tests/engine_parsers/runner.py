@@ -14,16 +14,26 @@ Usage in a test (mark it ``@pytest.mark.parsers``)::
 ``python -m sglang_router.launch_router`` (``sglang-router``), ``vllm serve``
 / ``python -m vllm.entrypoints.openai.api_server`` (``vllm``). A missing venv
 raises ``ParsersNotInstalled`` (a test failure, never a skip).
+
+Each engine's checker runs as one long-lived server per test session (its
+``--serve`` mode): the engine is imported once and every request is answered
+by a forked child, so a check costs about a second instead of a fresh
+interpreter importing the engine. The servers end when their stdin closes, at
+the latest when the session ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import subprocess
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
@@ -84,6 +94,89 @@ def venv_python(engine: str, root: Path | None = None) -> Path:
     return python
 
 
+class _Server:
+    """One checker in server mode: requests in, results out, one line each."""
+
+    def __init__(self, engine: str, python: Path) -> None:
+        self.engine = engine
+        self.lock = threading.Lock()
+        # Kept open for the server's lifetime (closed in close()): its log, for error reports.
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        child_env["HF_HUB_OFFLINE"] = "1"
+        self.proc = subprocess.Popen(
+            [str(python), str(HERE / ENGINES[engine][1]), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=child_env,
+        )
+
+    def stderr_tail(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")[-4000:]
+
+    def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+                self.proc.stdin.flush()
+            except OSError as exc:
+                raise CheckerError(
+                    f"{self.engine} checker server is gone ({exc}).\n{self.stderr_tail()}"
+                ) from exc
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            if not ready:
+                self.close()
+                raise CheckerError(f"{self.engine} checker timed out after {timeout:.0f} s")
+            line = self.proc.stdout.readline()
+        if not line:
+            raise CheckerError(
+                f"{self.engine} checker server exited ({self.proc.poll()}).\n"
+                f"{self.stderr_tail()}"
+            )
+        data: dict[str, Any] = json.loads(line)
+        return data
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.stderr.close()
+
+
+_SERVERS: dict[Path, _Server] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def _server(engine: str, python: Path) -> _Server:
+    key = python.parent.parent / ENGINES[engine][1]
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(key)
+        if server is None or server.proc.poll() is not None:
+            server = _SERVERS[key] = _Server(engine, python)
+    return server
+
+
+@atexit.register
+def close_servers() -> None:
+    """End every checker server (they also end on their own when stdin closes)."""
+    with _SERVERS_LOCK:
+        servers = list(_SERVERS.values())
+        _SERVERS.clear()
+    for server in servers:
+        server.close()
+
+
 def check(
     engine: str,
     argv: list[str],
@@ -97,33 +190,13 @@ def check(
     real parser of ``engine``; ``env`` is the environment the command would
     run with. ``options`` are checker-specific (see the check_*.py files)."""
     python = venv_python(engine, root)
-    checker = HERE / ENGINES[engine][1]
     request = {"argv": list(argv), "env": dict(env or {}), "options": dict(options or {})}
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    child_env["HF_HUB_OFFLINE"] = "1"
-    try:
-        proc = subprocess.run(
-            [str(python), str(checker)],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=child_env,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise CheckerError(f"{engine} checker timed out after {timeout:.0f} s") from exc
-    try:
-        data = json.loads(proc.stdout)
-    except json.JSONDecodeError as exc:
+    server = _server(engine, python)
+    data = server.ask(request, timeout)
+    if data.get("internal"):
         raise CheckerError(
-            f"{engine} checker (exit {proc.returncode}) printed no JSON result.\n"
-            f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-4000:]}"
-        ) from exc
-    if data.get("internal") or proc.returncode not in (0, 1):
-        raise CheckerError(
-            f"{engine} checker failed (exit {proc.returncode}): {data.get('error')}\n"
-            f"{data.get('traceback', '')}\nstderr: {proc.stderr[-4000:]}"
+            f"{engine} checker failed: {data.get('error')}\n{data.get('traceback', '')}\n"
+            f"stderr: {server.stderr_tail()}"
         )
     return ParseResult(
         engine=engine,

@@ -10,27 +10,20 @@ rejected, which proves the check can fail. Needs .venv-sglang from scripts/insta
 
 from __future__ import annotations
 
-import os
 import shlex
-from concurrent.futures import ThreadPoolExecutor
-from functools import cache
-from pathlib import Path
 
 import pytest
 
 from k2provision import catalog
-from k2provision.inventory import load_cluster
-from k2provision.models import Plan, PoolPlan, Process
-from k2provision.plan import build_plan
 
+from . import goldens
+from .goldens import Launch
 from .runner import ParseResult, check
 
 pytestmark = pytest.mark.parsers
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CASES = ("sglang-tp", "sglang-pd-4p12d", "sglang-pd-1p1d", "sglang-pd-ipv6")
-SERVER = ("python3", "-m", "sglang.launch_server")
-ROUTER = ("python3", "-m", "sglang_router.launch_router")
+KTRANSFORMERS = "ktransformers"
 
 # Warnings the pinned release prints for these layouts that say nothing about flag spellings:
 # per-rank chunking under attention DP, DeepEP normal mode's eager prefill, PD decode's
@@ -40,6 +33,7 @@ INFORMATIONAL = (
     "Cuda graph is disabled because deepep_mode=`normal`",
     "Radix cache is disabled for decode server",
     "No IB devices specified for Mooncake backend, falling back to auto discovery.",
+    "EPLB is enabled. The expert_distribution_recorder_mode is automatically set.",
 )
 
 # Seed 001's 4P12D commands as written (shell variables filled in).
@@ -70,47 +64,9 @@ SEED_DECODE = (
 )
 
 
-@cache
-def golden_plan(case: str) -> Plan:
-    return build_plan(load_cluster(GOLDEN / case / "inventory.ini"))
-
-
-def processes(prefix: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """(case, host, process name) of every process whose argv starts with `prefix`."""
-    return [
-        (case, host.name, proc.name)
-        for case in CASES
-        for host in golden_plan(case).hosts
-        for proc in host.processes
-        if proc.argv[: len(prefix)] == prefix
-    ]
-
-
-SERVERS = processes(SERVER)
-ROUTERS = processes(ROUTER)
-
-
-def process(case: str, host: str, name: str) -> Process:
-    return next(p for p in golden_plan(case).host(host).processes if p.name == name)
-
-
-def pool_of(case: str, host: str) -> PoolPlan:
-    return next(p for p in golden_plan(case).pools if host in p.hosts)
-
-
-@cache
-def verdicts() -> dict[tuple[str, str, str], ParseResult]:
-    """Every server and router argv checked once, several checker processes at a time."""
-    jobs = [(key, "sglang") for key in SERVERS] + [(key, "sglang-router") for key in ROUTERS]
-
-    def run(job: tuple[tuple[str, str, str], str]) -> ParseResult:
-        key, engine = job
-        proc = process(*key)
-        return check(engine, list(proc.argv), dict(proc.env))
-
-    with ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2))) as pool:
-        results = list(pool.map(run, jobs))
-    return {key: result for (key, _), result in zip(jobs, results, strict=True)}
+SERVERS = goldens.launches(CASES, goldens.SGLANG_SERVER)
+ROUTERS = goldens.launches(CASES, goldens.SGLANG_ROUTER)
+KT_SERVERS = goldens.launches([KTRANSFORMERS], goldens.SGLANG_SERVER)
 
 
 def stale_warnings(result: ParseResult) -> list[str]:
@@ -119,31 +75,31 @@ def stale_warnings(result: ParseResult) -> list[str]:
 
 
 def test_cases_cover_both_layouts_and_every_host() -> None:
-    assert {golden_plan(c).layout for c in CASES} == {"tp", "pd"}
-    expected = sum(len(p.hosts) for c in CASES for p in golden_plan(c).pools)
+    assert {goldens.plan(c).layout for c in CASES} == {"tp", "pd"}
+    expected = sum(len(p.hosts) for c in CASES for p in goldens.plan(c).pools)
     assert len(SERVERS) == expected == 2 + 16 + 2 + 4
     assert len(ROUTERS) == 3  # one per PD case
+    assert len(KT_SERVERS) == 1
 
 
-@pytest.mark.parametrize(("case", "host", "name"), SERVERS)
-def test_server_argv_is_accepted_without_stale_flag_warnings(
-    case: str, host: str, name: str
-) -> None:
-    result = verdicts()[(case, host, name)]
-    assert result.ok, f"{case} {host} {name}: {result.stage}: {result.error}"
+@pytest.mark.parametrize("launch", [*SERVERS, *KT_SERVERS], ids=str)
+def test_server_argv_is_accepted_without_stale_flag_warnings(launch: Launch) -> None:
+    result = goldens.verdict(launch)
+    assert result.ok, f"{launch}: {result.stage}: {result.error}"
     assert result.version == catalog.RELEASES["sglang"].version
     assert stale_warnings(result) == []
     assert not any("deprecated" in w.lower() for w in result.warnings)
 
 
-@pytest.mark.parametrize(("case", "host", "name"), SERVERS)
-def test_parsed_server_matches_the_plan(case: str, host: str, name: str) -> None:
-    plan = golden_plan(case)
-    pool = pool_of(case, host)
+@pytest.mark.parametrize("launch", SERVERS, ids=str)
+def test_parsed_server_matches_the_plan(launch: Launch) -> None:
+    case, host = launch.case, launch.host
+    plan = goldens.plan(case)
+    pool = goldens.pool_of(launch)
     par = pool.parallel
-    cluster = load_cluster(GOLDEN / case / "inventory.ini")
+    cluster = goldens.cluster(case)
     t = cluster.tunables
-    r = verdicts()[(case, host, name)]
+    r = goldens.verdict(launch)
     assert r.ok, r.error
     for source in (r.parsed, r.resolved):  # as rendered, and after the release's resolution
         assert source["tp_size"] == par.tp
@@ -162,6 +118,7 @@ def test_parsed_server_matches_the_plan(case: str, host: str, name: str) -> None
     # The rendezvous is on the pool's rank 0, on its cluster address (an IPv6 one bracketed).
     assert r.parsed["dist_init_addr"] == bracketed(cluster.host(pool.master).local_ip, t.dist_port)
     assert r.parsed["tool_call_parser"] == "kimi_k2"
+    assert r.parsed["reasoning_parser"] is None  # Kimi-K2-Instruct does not think aloud
     assert r.parsed["trust_remote_code"] is True
     assert r.parsed["served_model_name"] == t.served_model_name
     assert r.parsed["context_length"] == plan.fit[0].context_length
@@ -172,30 +129,35 @@ def test_parsed_server_matches_the_plan(case: str, host: str, name: str) -> None
         return
     assert r.parsed["host"] == cluster.host(host).local_ip
     assert r.parsed["disaggregation_transfer_backend"] == t.pd_transfer_backend
-    assert r.value("ep_dispatch_algorithm") == "dynamic"
     assert r.parsed["watchdog_timeout"] <= 3600
     assert r.parsed["decode_log_interval"] > 1
+    # EPLB on both pools, each with one spare slot per GPU (the production PD config).
+    assert r.value("enable_eplb") is True
+    assert r.value("ep_num_redundant_experts") == par.redundant_experts == pool.gpus
+    assert r.value("eplb_algorithm") == "deepseek"
     if pool.name == "prefill":
         assert r.value("deepep_mode") == "normal"
         assert r.parsed["disaggregation_bootstrap_port"] == t.bootstrap_port
-        assert r.parsed["chunked_prefill_size"] == t.chunked_prefill_size
+        assert r.parsed["chunked_prefill_size"] == t.prefill_chunk_per_rank * par.dp
+        assert r.resolved["chunked_prefill_size"] == t.prefill_chunk_per_rank
         assert r.parsed["max_running_requests"] == t.max_running_requests_prefill
-        assert r.parsed["ep_num_redundant_experts"] == 0
+        assert r.value("ep_dispatch_algorithm") == "dynamic"
     else:
         assert r.value("deepep_mode") == "low_latency"
         assert r.value("cuda_graph_max_bs_decode") == t.cuda_graph_max_bs_decode
         assert r.value("max_running_requests") == par.dp * t.cuda_graph_max_bs_decode
-        assert r.value("ep_num_redundant_experts") == par.redundant_experts > 0
+        assert r.value("ep_dispatch_algorithm") == "static"  # EPLB's default
 
 
-@pytest.mark.parametrize(("case", "host", "name"), ROUTERS)
-def test_router_argv_is_accepted_and_wired_to_both_pools(case: str, host: str, name: str) -> None:
-    plan = golden_plan(case)
-    cluster = load_cluster(GOLDEN / case / "inventory.ini")
+@pytest.mark.parametrize("launch", ROUTERS, ids=str)
+def test_router_argv_is_accepted_and_wired_to_both_pools(launch: Launch) -> None:
+    case, host = launch.case, launch.host
+    plan = goldens.plan(case)
+    cluster = goldens.cluster(case)
     t = cluster.tunables
-    r = verdicts()[(case, host, name)]
-    assert r.ok, f"{case} {host} {name}: {r.stage}: {r.error}"
-    assert r.version == catalog.SGLANG_ROUTER_VERSION
+    r = goldens.verdict(launch)
+    assert r.ok, f"{launch}: {r.stage}: {r.error}"
+    assert r.version == catalog.ROUTER.version
     assert r.warnings == []
     prefill = cluster.host(next(p for p in plan.pools if p.name == "prefill").master)
     decode = cluster.host(next(p for p in plan.pools if p.name == "decode").master)
@@ -241,12 +203,30 @@ def test_seed_prefill_command_is_rejected() -> None:
 def test_deprecated_dp_attention_spelling_would_be_caught() -> None:
     """The rendered decode argv, respelled the seed's way, parses but warns: the warning
     check above is what keeps that spelling out."""
-    key = next(k for k in SERVERS if k[0] == "sglang-pd-1p1d" and k[2] == "sglang-decode")
-    proc = process(*key)
+    launch = next(k for k in SERVERS if k.case == "sglang-pd-1p1d" and k.name == "sglang-decode")
+    proc = goldens.process(launch)
     argv = list(proc.argv)
     i = argv.index("--attn-dp-size")
     argv[i : i + 2] = ["--dp-size", argv[i + 1], "--enable-dp-attention"]
     result = check("sglang", argv, dict(proc.env))
     assert result.ok, result.error
     assert stale_warnings(result), result.warnings
-    assert result.value("attn_dp_size") == pool_of(*key[:2]).parallel.dp
+    assert result.value("attn_dp_size") == goldens.pool_of(launch).parallel.dp
+
+
+def test_ktransformers_server_hands_the_routed_experts_to_kt_kernel() -> None:
+    """KTransformers is SGLang with kt-kernel: the options exist in the pinned SGLang and
+    carry the plan's values."""
+    (launch,) = KT_SERVERS
+    r = goldens.verdict(launch)
+    t = goldens.cluster(KTRANSFORMERS).tunables
+    assert r.ok, r.error
+    assert r.parsed["kt_weight_path"] == goldens.plan(KTRANSFORMERS).model_dir
+    assert r.parsed["kt_method"] == "FP8"
+    assert r.parsed["kt_cpuinfer"] == int(goldens.SAMPLE_HOST_VALUES["K2_KT_CPUINFER"])
+    assert r.parsed["kt_threadpool_count"] == int(goldens.SAMPLE_HOST_VALUES["K2_NUMA_NODES"])
+    assert r.parsed["kt_num_gpu_experts"] == t.ktransformers_gpu_experts
+    assert r.parsed["max_total_tokens"] == t.ktransformers_cache_lens
+    assert r.parsed["tool_call_parser"] == "kimi_k2"
+    assert r.parsed["tp_size"] == 1
+    assert r.parsed["port"] == t.api_port

@@ -1,11 +1,13 @@
-"""The stand-in engine image (the test double for the engines' GPU kernels) on a lab host:
+"""The stand-in engine image (the test double for the engines' GPU kernels) on lab hosts:
 built into the lab image store, run the way the launch role runs engines (`docker run
---network host --ipc host IMAGE sh LAUNCH_SCRIPT`), reached from the controller.
+--network host --ipc host IMAGE sh LAUNCH_SCRIPT`), reached from the controller; and a whole
+TensorRT-LLM deployment (sshd mesh on port 2233, mpirun from rank 0) taken through the launch
+and verify phases by `k2provision apply`.
 
-The host belongs to a private one-host lab instance (its own name and subnet; the rootfs and
+The hosts belong to a private two-host lab instance (its own name and subnet; the rootfs and
 the image store are shared with the default instance). The shared `lab` of tests/lab_support
 is where other suites apply and stop whole deployments, which removes containers they did
-not start; a private host keeps this test independent of them. Root is required, as for
+not start; private hosts keep this test independent of them. Root is required, as for
 every lab test (`require_lab`).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,29 +27,47 @@ from typing import Any
 
 import pytest
 
+from k2provision import catalog
 from k2provision import lab as labapi
 from k2provision.lab.proc import quiet_log
 from k2provision.lab.standin import STANDIN_IMAGE, build_standin, image_key
 from k2provision.plan import LAB_IMAGE
-from tests.lab_support import require_lab
+from tests.lab_support import ansible_env, require_lab
 
 pytestmark = pytest.mark.lab
 
 HOST = "lab1"
 INSTANCE = "k2sti"
 SUBNET = "10.77.213.0/24"
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_DIR = "/models/Kimi-K2-Instruct"
+TRTLLM_VARS: dict[str, labapi.VarValue] = {
+    "k2_engine": "trtllm",
+    "k2_layout": "tp_ep",
+    "k2_model_dir": MODEL_DIR,
+    "k2_context_length": 32768,
+}
 
 
 @pytest.fixture(scope="module")
-def standin_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[labapi.LabState]:
-    """One running host of a private lab instance, taken down after the module."""
+def lab_inventory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+    tuple[labapi.LabState, Path]
+]:
+    """Two running hosts of a private lab instance as a TensorRT-LLM cluster, taken down
+    after the module."""
     require_lab()
     cfg = labapi.LabConfig(lab_dir=labapi.default_lab_dir(), name=INSTANCE, subnet=SUBNET)
     inventory: Path = tmp_path_factory.mktemp("standin-lab") / "lab.ini"
     try:
-        yield labapi.up(1, cfg=cfg, inventory=inventory, log=quiet_log)
+        yield labapi.up(2, cfg=cfg, inventory=inventory, all_vars=TRTLLM_VARS,
+                        log=quiet_log), inventory
     finally:
         labapi.down(cfg=cfg, log=quiet_log)
+
+
+@pytest.fixture(scope="module")
+def standin_lab(lab_inventory: tuple[labapi.LabState, Path]) -> labapi.LabState:
+    return lab_inventory[0]
 
 
 def sh(state: labapi.LabState, command: str, timeout: float = 120, check: bool = True
@@ -142,3 +163,50 @@ def test_a_bad_launch_fails_in_the_container(standin_lab: labapi.LabState) -> No
     assert "--enable-ep-moe" in out.stderr
     assert "--tool-call-parser" in out.stderr
     assert "/models/none" in out.stderr
+
+
+def test_the_lab_image_runs_the_real_pinned_router(standin_lab: labapi.LabState) -> None:
+    """The PD router is not stood in for: the image carries sglang-router itself."""
+    build_standin()
+    out = sh(standin_lab, f"docker run --rm --network host {STANDIN_IMAGE} python3 -c "
+             + shlex.quote("import importlib.metadata as m, sglang_router, os; "
+                           "print(m.version('sglang-router'), os.path.dirname("
+                           "sglang_router.__file__))"))
+    version, where = out.stdout.split()
+    assert version == catalog.ROUTER.version
+    assert not where.startswith("/opt/standin")  # the installed package, not a stand-in
+    parsed = sh(standin_lab, f"docker run --rm --network host {STANDIN_IMAGE} python3 -m "
+                "sglang_router.launch_router --help", check=False)
+    assert parsed.returncode == 0, parsed.stderr
+    assert "--pd-disaggregation" in parsed.stdout
+
+
+def test_trtllm_launches_over_the_mesh_and_verifies(
+    lab_inventory: tuple[labapi.LabState, Path], tmp_path: Path
+) -> None:
+    """`k2provision apply` of a TensorRT-LLM tp_ep plan on two lab hosts: sshd on port 2233
+    in every container, mpirun from rank 0 through the mesh (its launch script finds the
+    interface and subnet of the host's address first), then verify asks the endpoint for the
+    plan's served name: the model directory's base name, as trtllm-serve names it."""
+    state, inventory = lab_inventory
+    build_standin()
+    for host in state.hosts:
+        made = subprocess.run(
+            labapi.ssh_command(state, host.name,
+                               f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json"),
+            capture_output=True, text=True, timeout=60, check=False)
+        assert made.returncode == 0, made.stderr
+    env = {**ansible_env(), "K2_RUNS_DIR": str(tmp_path), "COLUMNS": "200"}
+    k2 = [str(Path(sys.executable).parent / "k2provision")]
+    try:
+        applied = subprocess.run(
+            [*k2, "apply", str(inventory), "--tags", "ssh_mesh,launch,verify"],
+            cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env, check=False)
+        assert applied.returncode == 0, applied.stdout[-6000:] + applied.stderr[-2000:]
+        models = get_json(f"http://{state.hosts[0].address}:8000/v1/models")
+        assert [m["id"] for m in models["data"]] == [Path(MODEL_DIR).name]
+        script = sh(state, "cat /etc/k2provision/launch/trtllm-serve.sh").stdout
+        assert 'btl_tcp_if_include "${K2_SOCKET_SUBNET}"' in script
+    finally:
+        subprocess.run([*k2, "stop", str(inventory)], cwd=ROOT, capture_output=True,
+                       timeout=600, env=env, check=False)

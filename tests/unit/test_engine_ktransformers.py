@@ -1,16 +1,11 @@
-"""KTransformers renderer: one server on one host, options of the 0.3 server's ArgumentParser."""
+"""KTransformers renderer: SGLang with kt-kernel on one host, the routed experts on the CPU."""
 
 from __future__ import annotations
 
 from k2provision.engines import ktransformers
-from k2provision.engines.common import tool_parser
-from k2provision.models import Cluster, HostSpec, Plan, Tunables
+from k2provision.models import Cluster, HostSpec, Plan, Process, Tunables
 from k2provision.plan import build_plan
-
-AMX_RULES = (
-    "/opt/ktransformers/ktransformers/optimize/optimize_rules/"
-    "DeepSeek-V3-Chat-fp8-linear-ggml-experts-serve-amx.yaml"
-)
+from k2provision.render import launch_script
 
 
 def plan(**tunables: object) -> Plan:
@@ -18,17 +13,17 @@ def plan(**tunables: object) -> Plan:
     return build_plan(
         Cluster(
             inventory="test.ini", engine="ktransformers", layout="single",
-            model="moonshotai/Kimi-K2-Instruct", model_dir="/models/K2-GGUF", gpu="h200",
+            model="moonshotai/Kimi-K2-Instruct", model_dir="/models/K2", gpu="h200",
             gpus_per_node=8, context_length=30000, hosts=(host,),
             tunables=Tunables.model_validate(tunables),
         )
     )
 
 
-def argv_of(p: Plan) -> tuple[str, ...]:
+def process_of(p: Plan) -> Process:
     (host,) = p.hosts
     (proc,) = host.processes
-    return proc.argv
+    return proc
 
 
 def opt(argv: tuple[str, ...], flag: str) -> str:
@@ -36,43 +31,60 @@ def opt(argv: tuple[str, ...], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-def test_server_command() -> None:
-    argv = argv_of(plan())
-    assert argv[:3] == ("python3", "-m", "ktransformers.server.main")
-    assert opt(argv, "--model_path") == "/models/K2-GGUF"
-    assert opt(argv, "--gguf_path") == "/models/K2-GGUF"
-    assert opt(argv, "--cache_lens") == "30000"
+def test_server_is_sglang_with_the_experts_on_kt_kernel() -> None:
+    argv = process_of(plan()).argv
+    assert argv[:3] == ("python3", "-m", "sglang.launch_server")
+    assert opt(argv, "--model-path") == "/models/K2"
+    assert opt(argv, "--kt-weight-path") == "/models/K2"  # FP8 experts read as shipped
+    assert opt(argv, "--kt-method") == "FP8"
+    assert opt(argv, "--kt-num-gpu-experts") == "0"
+    assert opt(argv, "--tp-size") == "1"
+    assert opt(argv, "--max-total-tokens") == "30000"
+    assert opt(argv, "--context-length") == "30000"
+    assert opt(argv, "--served-model-name") == "kimi-k2"
+    assert opt(argv, "--tool-call-parser") == "kimi_k2"
     assert opt(argv, "--host") == "0.0.0.0"
     assert opt(argv, "--port") == "8000"
-    assert opt(argv, "--model_name") == "kimi-k2"
+    assert "--disable-shared-experts-fusion" in argv
 
 
-def test_every_option_is_one_the_server_parses() -> None:
-    argv = argv_of(plan(ktransformers_optimize_config=AMX_RULES))
-    options = [a for a in argv[3:] if a.startswith("--")]
-    assert set(options) <= ktransformers.SERVER_OPTIONS
-    assert len(argv[3:]) == 2 * len(options)  # every option takes exactly one value
+def test_cpu_threads_and_pools_come_from_the_host() -> None:
+    proc = process_of(plan())
+    assert opt(proc.argv, "--kt-cpuinfer") == "${K2_KT_CPUINFER}"
+    assert opt(proc.argv, "--kt-threadpool-count") == "${K2_NUMA_NODES}"
+    values = {v.name: v for v in proc.resolve}
+    # Physical cores minus the GPUs the server drives.
+    assert (values["K2_KT_CPUINFER"].kind, values["K2_KT_CPUINFER"].arg) == (
+        "physical-cores-minus", "1"
+    )
+    assert values["K2_NUMA_NODES"].kind == "numa-nodes"
+    script = launch_script(proc, "/etc/k2provision")
+    assert 'K2_KT_CPUINFER=$(python3 /etc/k2provision/launch/k2-host-values.py ' \
+        "physical-cores-minus 1)" in script
+    assert '--kt-cpuinfer "${K2_KT_CPUINFER}"' in script
 
 
-def test_optimize_rules_only_when_asked() -> None:
-    assert "--optimize_config_path" not in argv_of(plan())
-    argv = argv_of(plan(ktransformers_optimize_config=AMX_RULES))
-    assert opt(argv, "--optimize_config_path") == AMX_RULES
+def test_cpu_threads_can_be_fixed() -> None:
+    proc = process_of(plan(ktransformers_cpuinfer=96, ktransformers_gpu_experts=16))
+    assert opt(proc.argv, "--kt-cpuinfer") == "96"
+    assert opt(proc.argv, "--kt-num-gpu-experts") == "16"
+    assert [v.name for v in proc.resolve] == ["K2_NUMA_NODES"]
 
 
-def test_no_tool_parser_flag_because_the_server_has_none() -> None:
-    assert tool_parser("ktransformers") is None
-    argv = argv_of(plan())
-    assert not any("tool" in a for a in argv)
-
-
-def test_single_process_with_a_models_health_gate() -> None:
+def test_single_process_with_a_health_gate_and_no_socket_pinning() -> None:
     p = plan()
-    (host,) = p.hosts
-    (proc,) = host.processes
+    proc = process_of(p)
     assert proc.container == ktransformers.CONTAINER
     assert proc.stage == 0
     assert proc.exec_in is False
     assert proc.health is not None
-    assert proc.health.url == "http://10.9.0.4:8000/v1/models"
+    assert proc.health.url == "http://10.9.0.4:8000/health"
     assert p.endpoint == "http://10.9.0.4:8000"
+    assert "NCCL_SOCKET_IFNAME" not in proc.env  # one host: nothing crosses the network
+
+
+def test_image_is_built_from_the_pinned_kt_kernel() -> None:
+    p = plan()
+    assert p.engine_version == "0.7.2"
+    assert any("build containers/ktransformers" in w for w in p.warnings)
+    assert not any("build containers" in w for w in plan(image="reg/kt:1").warnings)

@@ -137,10 +137,31 @@ def test_tp_ports_and_names_follow_tunables() -> None:
     assert plan.endpoint == "http://10.1.0.1:31000"
 
 
-def test_no_socket_ifname_env_unless_asked() -> None:
-    for proc in all_processes(build_plan(tp_cluster())):
+def test_socket_interface_is_found_on_each_host_unless_named() -> None:
+    """Without k2_socket_ifname each host's launch script finds the interface that holds its
+    k2_local_ip: NCCL and Gloo get that name, never a guess."""
+    plan = build_plan(tp_cluster())
+    for host in plan.hosts:
+        (proc,) = host.processes
+        assert proc.env["NCCL_SOCKET_IFNAME"] == "${K2_SOCKET_IFNAME}"
+        assert proc.env["GLOO_SOCKET_IFNAME"] == "${K2_SOCKET_IFNAME}"
+        (value,) = proc.resolve
+        assert (value.name, value.kind, value.arg) == (
+            "K2_SOCKET_IFNAME", "ifname-of", f"10.1.0.{plan.host(host.name).node_rank + 1}"
+        )
+        assert "/etc/k2provision/launch/k2-host-values.py" in host.files
+    assert plan.warnings == ()
+
+
+def test_a_local_ip_that_is_a_name_cannot_give_an_interface() -> None:
+    cluster = tp_cluster()
+    named = cluster.model_copy(update={"hosts": tuple(
+        h.model_copy(update={"local_ip": f"node{i}.cluster"}) for i, h in enumerate(cluster.hosts)
+    )})
+    plan = build_plan(named)
+    for proc in all_processes(plan):
         assert "NCCL_SOCKET_IFNAME" not in proc.env
-        assert "GLOO_SOCKET_IFNAME" not in proc.env
+    assert any("k2_local_ip of n0, n1 is a name" in w for w in plan.warnings)
 
 
 # ---------------------------------------------------------------- layout pd: the seed's 4P12D
@@ -182,11 +203,13 @@ def test_prod_prefill_flags(prod: Plan) -> None:
         argv = proc.argv
         assert flag(argv, "--moe-a2a-backend") == "deepep"
         assert flag(argv, "--deepep-mode") == "normal"
-        assert flag(argv, "--chunked-prefill-size") == "131072"
+        # Per instance, as ome's production PD config: SGLang divides it by DP 32.
+        assert flag(argv, "--chunked-prefill-size") == "524288"
         assert flag(argv, "--max-running-requests") == "1024"
         assert flag(argv, "--disaggregation-bootstrap-port") == "8998"
         assert flag(argv, "--mem-fraction-static") == str(prod.pools[0].mem_fraction)
-        assert "--ep-num-redundant-experts" not in argv
+        assert flag(argv, "--ep-num-redundant-experts") == "32"  # one per prefill GPU
+        assert flag(argv, "--ep-dispatch-algorithm") == "dynamic"
         assert "--cuda-graph-max-bs-decode" not in argv
         assert "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK" not in proc.env
 
@@ -197,6 +220,7 @@ def test_prod_decode_flags(prod: Plan) -> None:
         assert flag(argv, "--moe-a2a-backend") == "deepep"
         assert flag(argv, "--deepep-mode") == "low_latency"
         assert flag(argv, "--ep-num-redundant-experts") == "96"
+        assert "--ep-dispatch-algorithm" not in argv  # EPLB's default: the static table
         assert flag(argv, "--cuda-graph-max-bs-decode") == "480"
         # dp x cuda-graph batch: the seed's 46080.
         assert flag(argv, "--max-running-requests") == str(96 * 480)
@@ -215,7 +239,8 @@ def test_prod_shared_pd_flags(prod: Plan) -> None:
         ):
             assert switch in argv, switch
         assert flag(argv, "--moe-dense-tp-size") == "1"
-        assert flag(argv, "--ep-dispatch-algorithm") == "dynamic"
+        # Spare expert slots are rebalanced by EPLB on both pools, never fixed copies.
+        assert "--enable-eplb" in argv
         assert flag(argv, "--eplb-algorithm") == "deepseek"
         assert flag(argv, "--disaggregation-transfer-backend") == "mooncake"
         assert flag(argv, "--port") == "30000"
@@ -297,6 +322,51 @@ def test_pd_sizes_follow_pool_plan() -> None:
         redundant = decode.parallel.redundant_experts
         assert flag(proc.argv, "--ep-num-redundant-experts") == str(redundant)
         assert flag(proc.argv, "--max-running-requests") == str(24 * 480)
+
+
+def test_pd_spare_experts_follow_tunables_and_never_go_without_eplb() -> None:
+    plan = build_plan(pd_cluster(prefill=2, decode=2, prefill_redundant_experts=0,
+                                 decode_redundant_experts=32))
+    for proc in servers(plan, "prefill"):
+        assert "--ep-num-redundant-experts" not in proc.argv
+        assert "--enable-eplb" in proc.argv  # rebalancing pays without spare slots too
+    for proc in servers(plan, "decode"):
+        assert flag(proc.argv, "--ep-num-redundant-experts") == "32"
+        assert "--enable-eplb" in proc.argv
+    for name, pool in (("prefill", 0), ("decode", 32)):
+        assert next(p for p in plan.pools if p.name == name).parallel.redundant_experts == pool
+
+
+def test_pd_prefill_chunk_is_per_rank_times_the_pools_dp() -> None:
+    plan = build_plan(pd_cluster(prefill=2, decode=2, prefill_chunk_per_rank=8192))
+    for proc in servers(plan, "prefill"):
+        assert flag(proc.argv, "--chunked-prefill-size") == str(8192 * 16)
+
+
+def test_pd_servers_pin_nccl_gloo_and_nvshmem_to_the_local_ip_interface() -> None:
+    plan = build_plan(pd_cluster(prefill=2, decode=2))
+    for host in plan.hosts:
+        for proc in host.processes:
+            if proc.name == "sglang-router":
+                assert proc.resolve == ()
+                assert "NCCL_SOCKET_IFNAME" not in proc.env
+                continue
+            (value,) = proc.resolve
+            assert value.arg == next(h.local_ip for h in pd_cluster(2, 2).hosts
+                                     if h.name == host.name)
+            for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                        "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"):
+                assert proc.env[var] == "${K2_SOCKET_IFNAME}"
+
+
+def test_router_runs_in_its_own_image_when_given() -> None:
+    plan = build_plan(pd_cluster(router_image="reg/sglang-router:0.3.2"))
+    (router,) = [p for h in plan.hosts for p in h.processes if p.name == "sglang-router"]
+    assert router.image == "reg/sglang-router:0.3.2"
+    assert router.argv[:3] == ("python3", "-m", "sglang_router.launch_router")
+    assert not any("k2_router_image" in w for w in plan.warnings)
+    assert any("set k2_router_image" in w for w in build_plan(pd_cluster()).warnings)
+    assert not any("k2_router_image" in w for w in build_plan(pd_cluster(lab=True)).warnings)
 
 
 def test_pd_decode_batch_follows_tunable() -> None:

@@ -200,10 +200,34 @@ def test_process_env_reaches_every_rank() -> None:
     assert proc.env["HF_HUB_OFFLINE"] == "1"
 
 
-def test_no_interface_pinning_unless_asked() -> None:
+def test_interfaces_are_found_on_rank_0_unless_named() -> None:
+    """NCCL/Gloo get the name of rank 0's interface holding its k2_local_ip (mpirun forwards
+    it to every rank); Open MPI's own TCP is pinned to that interface's subnet, which holds
+    whatever the interfaces are called on the other hosts."""
     _, proc = serve_process(plan())
-    assert "btl_tcp_if_include" not in proc.argv
-    assert "NCCL_SOCKET_IFNAME" not in proc.env
+    assert opt(proc.argv, "btl_tcp_if_include") == "${K2_SOCKET_SUBNET}"
+    assert opt(proc.argv, "oob_tcp_if_include") == "${K2_SOCKET_SUBNET}"
+    assert proc.env["NCCL_SOCKET_IFNAME"] == proc.env["GLOO_SOCKET_IFNAME"] == "${K2_SOCKET_IFNAME}"
+    assert {(v.name, v.kind, v.arg) for v in proc.resolve} == {
+        ("K2_SOCKET_IFNAME", "ifname-of", ADDRESSES[0]),
+        ("K2_SOCKET_SUBNET", "cidr-of", ADDRESSES[0]),
+    }
+
+
+def test_served_name_is_the_model_directorys_base_name() -> None:
+    """trtllm-serve 1.2 lists a model given as a directory by its base name
+    (tensorrt_llm/serve/openai_server.py): that is the name verify asks for."""
+    assert plan().served_model_name == "K2"
+    assert trtllm.served_model_name("/models/Kimi-K2-Instruct/") == "Kimi-K2-Instruct"
+
+
+def test_container_runs_unprivileged_with_what_mpi_and_rdma_need() -> None:
+    options = plan().container
+    assert options.privileged is False
+    assert set(options.cap_add) == {"IPC_LOCK", "SYS_PTRACE"}
+    assert options.devices == ("/dev/infiniband",)
+    assert "stack=67108864:67108864" in options.ulimits
+    assert all(f"--cap-add {cap}" in options.reasons for cap in options.cap_add)
 
 
 # ---------------------------------------------------------------- sshd on every host

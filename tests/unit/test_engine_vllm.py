@@ -150,7 +150,9 @@ def test_ray_ports_follow_tunables() -> None:
 def test_dp_ep_ranks_and_headless_workers() -> None:
     p = plan("dp_ep")
     head, worker = (h.processes[0] for h in p.hosts)
-    assert opt(head.argv, "--data-parallel-start-rank") == "0"
+    # A start rank on the head would select hybrid load balancing, which refuses headless
+    # ranks at the handshake (vllm/v1/engine/utils.py): the head takes none.
+    assert "--data-parallel-start-rank" not in head.argv
     assert opt(worker.argv, "--data-parallel-start-rank") == "8"
     assert "--headless" not in head.argv
     assert "--headless" in worker.argv
@@ -159,6 +161,9 @@ def test_dp_ep_ranks_and_headless_workers() -> None:
         assert opt(proc.argv, "--data-parallel-size-local") == "8"
         assert opt(proc.argv, "--data-parallel-rpc-port") == "13345"
         assert "--enable-expert-parallel" in proc.argv
+        assert opt(proc.argv, "--all2all-backend") == "deepep_low_latency"
+        assert "--enable-eplb" in proc.argv
+        assert opt(proc.argv, "--eplb-config") == '{"num_redundant_experts":16}'
         assert opt(proc.argv, "--max-num-batched-tokens") == "8192"
         assert opt(proc.argv, "--max-num-seqs") == "256"
         assert opt(proc.argv, "--gpu-memory-utilization") == f"{p.pools[0].mem_fraction:g}"
@@ -168,8 +173,24 @@ def test_dp_ep_ranks_and_headless_workers() -> None:
 
 def without_rank(argv: tuple[str, ...]) -> list[str]:
     """`argv` less `--headless` and `--data-parallel-start-rank N`."""
+    if "--data-parallel-start-rank" not in argv:
+        return list(argv)
     i = argv.index("--data-parallel-start-rank")
     return [a for a in argv[:i] + argv[i + 2 :] if a != "--headless"]
+
+
+def test_dp_ep_spare_experts_and_all2all_follow_tunables() -> None:
+    none = plan("dp_ep", vllm_redundant_experts=0).hosts[0].processes[0]
+    assert "--enable-eplb" not in none.argv
+    assert "--eplb-config" not in none.argv
+    ht = plan("dp_ep", vllm_all2all_backend="deepep_high_throughput").hosts[1].processes[0]
+    assert opt(ht.argv, "--all2all-backend") == "deepep_high_throughput"
+
+
+def test_every_process_waits_for_its_engines_as_long_as_the_gate() -> None:
+    for layout in ("tp", "tp_pp", "dp_ep"):
+        for _, proc in procs(plan(layout, health_timeout_s=5400)):
+            assert proc.env["VLLM_ENGINE_READY_TIMEOUT_S"] == "5400"
 
 
 def test_dp_ep_workers_differ_from_the_head_only_by_rank_and_headless() -> None:
@@ -215,8 +236,10 @@ def test_vllm_host_ip_is_each_hosts_own_address(layout: str) -> None:
         for proc in h.processes:
             assert proc.env["VLLM_HOST_IP"] == h.address
             assert proc.env["HF_HUB_OFFLINE"] == "1"
-            assert "NCCL_SOCKET_IFNAME" not in proc.env
-            assert "GLOO_SOCKET_IFNAME" not in proc.env
+            # The interface that holds this host's address, found by its launch script.
+            assert proc.env["NCCL_SOCKET_IFNAME"] == "${K2_SOCKET_IFNAME}"
+            assert proc.env["GLOO_SOCKET_IFNAME"] == "${K2_SOCKET_IFNAME}"
+            assert [(v.kind, v.arg) for v in proc.resolve] == [("ifname-of", h.address)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

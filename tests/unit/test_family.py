@@ -80,7 +80,9 @@ def test_every_layout_is_searched_for_a_fix(tmp_path: Path) -> None:
     assert "k2_layout=dp_ep on 3 nodes" in line
 
 
-def test_tensorrt_llm_and_ktransformers_refuse_the_int4_family(tmp_path: Path) -> None:
+def test_tensorrt_llm_refuses_the_int4_family_and_ktransformers_reads_it_raw(
+    tmp_path: Path,
+) -> None:
     inv = tmp_path / "t.ini"
     inv.write_text(
         "[nodes]\na ansible_host=10.9.0.1\nb ansible_host=10.9.0.2\n[all:vars]\n"
@@ -92,8 +94,13 @@ def test_tensorrt_llm_and_ktransformers_refuse_the_int4_family(tmp_path: Path) -
     assert "no trtllm release is known to serve it" in line
     assert "NVFP4" in line
     assert "fix: choose k2_engine=sglang or vllm" in line
-    with pytest.raises(PlanError, match="no ktransformers release is known to serve it"):
-        plan_of(tmp_path, 1, "ktransformers", "single", K25)
+    # kt-kernel reads the native INT4 experts as they are (--kt-method RAWINT4).
+    plan = plan_of(tmp_path, 1, "ktransformers", "single", K25)
+    (proc,) = plan.hosts[0].processes
+    assert proc.argv[proc.argv.index("--kt-method") + 1] == "RAWINT4"
+    fp8 = plan_of(tmp_path, 1, "ktransformers", "single", "moonshotai/Kimi-K2-Instruct")
+    (proc,) = fp8.hosts[0].processes
+    assert proc.argv[proc.argv.index("--kt-method") + 1] == "FP8"
 
 
 def test_an_older_release_is_refused_naming_what_it_needs_and_k2_image() -> None:

@@ -152,5 +152,5 @@ def test_the_docs_fractions_beside_upstream_are_the_plans(tmp_path: Path) -> Non
     prod = build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
     prefill, decode = (f.mem_fraction for f in prod.fit)
     assert f"| 0.9 | {single:g} at `k2_context_length=32768` |" in text
-    assert f"| 0.85 | {prefill:g} (4096 tokens per rank) |" in text
+    assert f"| 0.85 | {prefill:g} (16384 tokens per rank) |" in text
     assert text.count(f"| {decode:g} |") == 2

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from k2provision import role_specs
 from k2provision.engines.common import host_port, http_url
@@ -149,7 +148,10 @@ def test_ipv6_is_bracketed_wherever_host_and_port_meet(
         # An unbracketed address followed by :port ("fd00:100::1:5757") is never written.
         for n in range(1, 5):
             assert f"fd00:100::{n}:" not in text.replace(f"[fd00:100::{n}]:", ""), text
-    assert "0.0.0.0" not in "\n".join(texts)  # servers listen on IPv6 too (::)
+    # Servers listen on IPv6 too (::), never on the IPv4 wildcard alone.
+    argv = [a for h in plan.hosts for p in h.processes for a in p.argv]
+    assert "0.0.0.0" not in argv
+    assert "::" in argv
     if engine == "sglang":
         assert any(t == "[fd00:100::1]:5757" for t in texts)
 

@@ -152,13 +152,25 @@ def test_every_process_gets_a_launch_script(tmp_path: Path) -> None:
             assert proc.argv[0] in script
 
 
-def test_multi_node_vllm_without_socket_ifname_warns(tmp_path: Path) -> None:
-    plan = build_plan(load_cluster(nodes_inventory(tmp_path, 2, "vllm", "tp")))
-    assert any("k2_socket_ifname is unset" in w for w in plan.warnings)
-    pinned = build_plan(
-        load_cluster(nodes_inventory(tmp_path, 2, "vllm", "tp", "k2_socket_ifname=bond0\n"))
-    )
-    assert not any("k2_socket_ifname" in w for w in pinned.warnings)
+def test_multi_node_socket_interface_is_derived_or_warned(tmp_path: Path) -> None:
+    """Each host's interface is found from its k2_local_ip at launch; where k2_local_ip is a
+    name (it defaults to ansible_host, which may be one), nothing can be derived and the plan
+    says so, for every engine."""
+    for engine, layout in (("vllm", "tp"), ("sglang", "tp"), ("trtllm", "tp_ep")):
+        plan = build_plan(load_cluster(nodes_inventory(tmp_path, 2, engine, layout)))
+        assert not any("k2_socket_ifname" in w for w in plan.warnings)
+        assert all(p.resolve for h in plan.hosts for p in h.processes if p.name != "sshd")
+        named = nodes_inventory(tmp_path, 2, engine, layout).read_text().replace(
+            "ansible_host=10.9.0.2", "ansible_host=n2.cluster"
+        )
+        (tmp_path / "named.ini").write_text(named)
+        plan = build_plan(load_cluster(tmp_path / "named.ini"))
+        assert any("k2_socket_ifname is unset and k2_local_ip of n2 is a name" in w
+                   for w in plan.warnings), (engine, plan.warnings)
+        pinned = build_plan(
+            load_cluster(nodes_inventory(tmp_path, 2, engine, layout, "k2_socket_ifname=bond0\n"))
+        )
+        assert not any("k2_socket_ifname" in w for w in pinned.warnings)
 
 
 def test_a_local_config_json_overrides_the_catalog(tmp_path: Path) -> None:

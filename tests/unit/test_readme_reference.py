@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_readme_tables_match_the_planner_and_the_tunables() -> None:
     check = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "inventory-reference"), "--check"],
+        [sys.executable, str(ROOT / "scripts" / "readme-tables"), "--check"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert check.returncode == 0, check.stdout + check.stderr
@@ -21,7 +21,7 @@ def test_readme_tables_match_the_planner_and_the_tunables() -> None:
 
 def test_the_pool_size_table_has_a_row_per_pool_of_every_layout() -> None:
     readme = (ROOT / "README.md").read_text()
-    table = readme.split("inventory-reference: pool-sizes -->")[1].split("<!-- end")[0]
+    table = readme.split("readme-tables: pool-sizes -->")[1].split("<!-- end")[0]
     for engine, layouts in LAYOUTS.items():
         for layout in layouts:
             pools = ("prefill", "decode") if layout == "pd" else ("nodes",)

@@ -328,78 +328,109 @@ def test_sglang_two_nodes_rendezvous(env: Env, procs: list[Proc]) -> None:
     assert "went away" in rank0.output()
 
 
-# ---------------------------------------------------------------- SGLang PD + router
+# ---------------------------------------------------------------- SGLang expert rules
 
 
-def test_router_pd_wiring(env: Env, procs: list[Proc]) -> None:
+def pd_argv(env: Env, port: int, *extra: str) -> list[str]:
+    return sglang_argv(env, port, "--moe-a2a-backend", "deepep", "--attn-dp-size", "8",
+                       "--disaggregation-mode", "decode", *extra)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        # The PD decode render of old: spare slots that nothing rebalances.
+        (("--ep-num-redundant-experts", "8"), "fixed copies of experts 0..7"),
+        # SGLang asserts an even split of the slots over the EP ranks at model load.
+        (("--ep-num-redundant-experts", "6", "--enable-eplb"),
+         "390 physical expert slots (routed + --ep-num-redundant-experts) do not split over 8"),
+        (("--kt-weight-path", "/absent", "--kt-cpuinfer", "8", "--kt-threadpool-count", "1",
+          "--kt-num-gpu-experts", "0"), "--kt-weight-path /absent"),
+    ],
+)
+def test_sglang_refuses_what_fails_or_wastes_a_gpu_launch(
+    env: Env, extra: tuple[str, ...], named: str
+) -> None:
+    result = run(env, pd_argv(env, free_port(), *extra))
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+
+
+def test_sglang_accepts_eplb_spares_and_kt_kernel(env: Env) -> None:
+    items = [
+        {"argv": pd_argv(env, 1, "--ep-num-redundant-experts", "8", "--enable-eplb")},
+        {"argv": sglang_argv(env, 2, "--kt-weight-path", str(env.model), "--kt-method", "FP8",
+                             "--kt-cpuinfer", "56", "--kt-threadpool-count", "2",
+                             "--kt-num-gpu-experts", "0")},
+    ]
+    checked = subprocess.run(
+        ["python3", "-m", "k2standin.dispatch"], input=json.dumps({"items": items}),
+        env=env.vars, capture_output=True, text=True, check=True, timeout=60)
+    assert [r["errors"] for r in json.loads(checked.stdout)["results"]] == [[], []]
+
+
+# ---------------------------------------------------------------- the real PD router
+
+ROUTER_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
+
+
+def real_router(procs: list[Proc], env: Env, *argv: str) -> Proc:
+    """The pinned sglang-router itself (from the parser venv), not a stand-in."""
+    if not ROUTER_PYTHON.exists():
+        pytest.fail(f"{ROUTER_PYTHON} is missing: run scripts/install-engine-parsers")
+    vars_ = {k: v for k, v in env.vars.items() if k != "PYTHONPATH"}
+    router_env = Env(vars_, env.records, env.model, env.tmp)
+    return start(procs, router_env,
+                 [str(ROUTER_PYTHON), "-m", "sglang_router.launch_router", *argv])
+
+
+@pytest.mark.parsers
+def test_real_router_serves_in_front_of_the_standins(env: Env, procs: list[Proc]) -> None:
+    """The router the lab runs (sglang-router, pinned in the catalog): its CLI as rendered,
+    its /readiness once both pools answer, and a chat completion through it."""
+    from k2provision import catalog
+
     p_port, d_port, boot, r_port = free_port(), free_port(), free_port(), free_port()
     pd = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"}
     prefill = start(procs, env, sglang_argv(
         env, p_port, "--disaggregation-mode", "prefill",
         "--disaggregation-bootstrap-port", str(boot)), pd)
     decode = start(procs, env, sglang_argv(env, d_port, "--disaggregation-mode", "decode"), pd)
-    router = start(procs, env, [
-        "python3", "-m", "sglang_router.launch_router", "--pd-disaggregation",
+    version = subprocess.run(
+        [str(ROUTER_PYTHON), "-c",
+         "import importlib.metadata as m; print(m.version('sglang-router'))"],
+        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert version == catalog.ROUTER.version
+    router = real_router(
+        procs, env, "--pd-disaggregation",
         "--prefill", f"http://127.0.0.1:{p_port}", str(boot),
         "--decode", f"http://127.0.0.1:{d_port}",
         "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(r_port),
-        "--worker-startup-timeout-secs", "10",
-    ])
+    )
     base = f"http://127.0.0.1:{r_port}"
-    wait_status(f"{base}/readiness", router)
-    workers = get_json(f"{base}/workers")
-    assert [w["url"] for w in workers["prefill"]] == [f"http://127.0.0.1:{p_port}"]
-    assert workers["prefill"][0]["bootstrap_port"] == boot
-    assert [w["healthy"] for w in workers["workers"]] == [True, True]
-    assert_serves(base, router, "kimi-k2")
-    for proc in (router, prefill, decode):
+    wait_status(f"{base}/readiness", router, timeout=120)
+    models = get_json(f"{base}/v1/models")
+    assert [m["id"] for m in models["data"]] == ["kimi-k2"]
+    status, body = http(f"{base}/v1/chat/completions", {
+        "model": "kimi-k2", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
+    }, timeout=30)
+    assert status == 200, body
+    assert "ready (stand-in)" in json.loads(body)["choices"][0]["message"]["content"]
+    for proc in (prefill, decode):
         assert proc.terminate() == 0
 
 
-def test_router_refuses_swapped_roles(env: Env, procs: list[Proc]) -> None:
-    d_port, r_port = free_port(), free_port()
-    start(procs, env, sglang_argv(env, d_port, "--disaggregation-mode", "decode"))
-    other = free_port()
-    start(procs, env, sglang_argv(env, other, "--disaggregation-mode", "decode"))
-    router = start(procs, env, [
-        "python3", "-m", "sglang_router.launch_router", "--pd-disaggregation",
-        "--prefill", f"http://127.0.0.1:{d_port}", "--decode", f"http://127.0.0.1:{other}",
-        "--host", "127.0.0.1", "--port", str(r_port), "--worker-startup-timeout-secs", "10",
-    ])
-    assert router.wait_exit(15) == 1
-    assert "runs --disaggregation-mode decode" in router.output()
-
-
-def test_router_times_out_without_workers(env: Env, procs: list[Proc]) -> None:
+@pytest.mark.parsers
+def test_real_router_is_not_ready_without_workers(env: Env, procs: list[Proc]) -> None:
     r_port = free_port()
-    router = start(procs, env, [
-        "python3", "-m", "sglang_router.launch_router", "--pd-disaggregation",
+    router = real_router(
+        procs, env, "--pd-disaggregation",
         "--prefill", f"http://127.0.0.1:{free_port()}", "8998",
         "--decode", f"http://127.0.0.1:{free_port()}",
-        "--host", "127.0.0.1", "--port", str(r_port), "--worker-startup-timeout-secs", "1",
-    ])
-    assert wait_status(f"http://127.0.0.1:{r_port}/health", router) == b""
+        "--host", "127.0.0.1", "--port", str(r_port),
+    )
+    wait_status(f"http://127.0.0.1:{r_port}/liveness", router, timeout=120)
     assert http(f"http://127.0.0.1:{r_port}/readiness")[0] == 503
-    assert router.wait_exit(15) == 1
-    assert "--worker-startup-timeout-secs" in router.output()
-
-
-@pytest.mark.parametrize(
-    ("argv", "named"),
-    [
-        (["--pd-disaggregation", "--decode", "http://127.0.0.1:1"], "--prefill"),
-        (["--pd-disaggregation", "--prefill", "http://127.0.0.1:1"], "--decode"),
-        (["--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"],
-         "--pd-disaggregation"),
-        (["--pd-disaggregation", "--prefill", "127.0.0.1:1", "--decode", "http://h:2"],
-         "--prefill"),
-        (["--worker-urls", "http://127.0.0.1:1", "--enable-ep-moe"], "--enable-ep-moe"),
-    ],
-)
-def test_router_rejects(env: Env, argv: list[str], named: str) -> None:
-    result = run(env, ["python3", "-m", "sglang_router.launch_router", *argv])
-    assert result.returncode == 2
-    assert named in result.stderr
 
 
 # ---------------------------------------------------------------- vLLM and Ray
@@ -457,7 +488,7 @@ def test_vllm_data_parallel_across_nodes(env: Env, procs: list[Proc]) -> None:
     dp = ("--tensor-parallel-size", "1", "--data-parallel-size", "4",
           "--data-parallel-size-local", "2", "--data-parallel-address", "127.0.0.1",
           "--data-parallel-rpc-port", str(rpc), "--enable-expert-parallel")
-    head = start(procs, env, [*vllm_argv(env, port), *dp, "--data-parallel-start-rank", "0"])
+    head = start(procs, env, [*vllm_argv(env, port), *dp])
     base = f"http://127.0.0.1:{port}"
     wait_status(f"{base}/health", head, want=503)
     headless = start(procs, env, [*vllm_argv(env, free_port()), *dp,
@@ -466,6 +497,33 @@ def test_vllm_data_parallel_across_nodes(env: Env, procs: list[Proc]) -> None:
     assert env.record("vllm", headless.pid)["role"] == "headless"
     assert get_json(f"{base}/server_info")["joined"][1]["ranks"] == [2, 4]
     assert headless.terminate() == 0
+
+
+def test_vllm_head_with_a_start_rank_refuses_headless_ranks(env: Env, procs: list[Proc]) -> None:
+    """vllm/v1/engine/utils.py: a head in hybrid load-balancing mode (a start rank on a node
+    that is not headless) refuses headless ranks at the handshake, and its start fails."""
+    port, rpc = free_port(), free_port()
+    dp = ("--tensor-parallel-size", "1", "--data-parallel-size", "4",
+          "--data-parallel-size-local", "2", "--data-parallel-address", "127.0.0.1",
+          "--data-parallel-rpc-port", str(rpc), "--enable-expert-parallel")
+    head = start(procs, env, [*vllm_argv(env, port), *dp, "--data-parallel-start-rank", "0"])
+    wait_status(f"http://127.0.0.1:{port}/health", head, want=503)
+    headless = start(procs, env, [*vllm_argv(env, free_port()), *dp,
+                                  "--data-parallel-start-rank", "2", "--headless"])
+    assert headless.wait_exit(20) == 1
+    assert head.wait_exit(20) == 1
+    message = "Remote engine 2 must not use --headless in external or hybrid dp lb mode"
+    assert message in head.output()
+    assert message in headless.output()
+
+
+def test_vllm_eplb_slots_must_split_over_the_ep_ranks(env: Env) -> None:
+    argv = [*vllm_argv(env, free_port()), "--tensor-parallel-size", "1",
+            "--data-parallel-size", "8", "--enable-expert-parallel", "--enable-eplb",
+            "--eplb-config", '{"num_redundant_experts": 4}']
+    result = run(env, argv)
+    assert result.returncode == 2
+    assert "EPLB: 388 expert slots do not split over 8 EP ranks" in result.stderr
 
 
 def test_ray_cluster_and_vllm_on_ray(env: Env, procs: list[Proc]) -> None:
@@ -633,35 +691,13 @@ def test_mpirun_rejects_unknown_option_and_missing_ssh_config(env: Env) -> None:
     assert "ssh config" in result.stderr
 
 
-# ---------------------------------------------------------------- KTransformers
-
-
-def kt_argv(env: Env, port: int) -> list[str]:
-    return ["python3", "-m", "ktransformers.server.main", "--model_path", str(env.model),
-            "--gguf_path", str(env.model), "--cache_lens", "30000", "--host", "127.0.0.1",
-            "--port", str(port), "--model_name", "kimi-k2"]
-
-
-def test_ktransformers_serves(env: Env, procs: list[Proc]) -> None:
-    port = free_port()
-    proc = start(procs, env, kt_argv(env, port))
-    assert_serves(f"http://127.0.0.1:{port}", proc, "kimi-k2")
-    assert proc.terminate() == 0
-
-
-def test_ktransformers_rejects_missing_gguf(env: Env) -> None:
-    argv = kt_argv(env, free_port())
-    argv[argv.index("--gguf_path") + 1] = str(env.tmp / "gguf")
-    result = run(env, argv)
-    assert result.returncode == 2
-    assert "--gguf_path" in result.stderr
-
-
 # ---------------------------------------------------------------- rendered plans
 
 
 EXAMPLES = [*sorted((REPO / "inventory" / "examples").glob("*.ini")),
             REPO / "inventory" / "prod.ini"]
+HOST_VALUES = {"ifname-of": "bond0", "cidr-of": "10.0.0.0/16", "physical-cores-minus": "56",
+               "numa-nodes": "2"}
 
 
 @pytest.mark.parametrize("inventory", EXAMPLES, ids=lambda p: p.stem)
@@ -686,6 +722,10 @@ def test_rendered_launches_pass_the_standin_checks(env: Env, inventory: Path) ->
         for process in host["processes"]:
             argv = [a.replace(plan["model_dir"], str(env.model)).replace(config_dir, local_config)
                     for a in process["argv"]]
+            # What the launch script finds on the host, as a host would answer.
+            for value in process.get("resolve", []):
+                found = HOST_VALUES[value["kind"]]
+                argv = [a.replace("${" + value["name"] + "}", found) for a in argv]
             items.append({"argv": argv, "env": process["env"]})
     assert items
     checked = subprocess.run(
@@ -714,3 +754,24 @@ def test_content_hash_tracks_the_sources(tmp_path: Path) -> None:
     (copy / "Containerfile").unlink()
     with pytest.raises(LabError, match="no Containerfile"):
         content_hash(copy)
+
+
+# ---------------------------------------------------------------- pins
+
+
+@pytest.mark.parametrize(
+    ("containerfile", "arg", "pinned"),
+    [
+        ("standin", "SGLANG_ROUTER_VERSION", "router"),
+        ("router", "SGLANG_ROUTER_VERSION", "router"),
+        ("ktransformers", "KT_KERNEL_VERSION", "ktransformers"),
+    ],
+)
+def test_images_carry_the_catalogs_pins(containerfile: str, arg: str, pinned: str) -> None:
+    from k2provision import catalog
+
+    text = (REPO / "containers" / containerfile / "Containerfile").read_text()
+    (line,) = [x for x in text.splitlines() if x.startswith(f"ARG {arg}=")]
+    release = catalog.RELEASES["ktransformers"]
+    want = catalog.ROUTER.version if pinned == "router" else release.version
+    assert line == f"ARG {arg}={want}"

@@ -37,6 +37,8 @@ STALE_FLAGS: dict[str, str] = {
 }
 
 KIMI_TOOL_PARSER = "kimi_k2"
+# Kimi-K2's routed experts, for a model directory whose config.json does not say.
+KIMI_K2_ROUTED_EXPERTS = 384
 _HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
@@ -218,6 +220,15 @@ class Checker:
         if parsed is None:
             self.error(f"{option} {value!r}: expected HOST:PORT")
         return parsed
+
+
+def routed_experts(model_dir: str | None) -> int:
+    """n_routed_experts of the model's config.json (Kimi-K2's when it does not say)."""
+    try:
+        config = json.loads((Path(model_dir or "") / "config.json").read_text())
+        return int(config.get("n_routed_experts", KIMI_K2_ROUTED_EXPERTS))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return KIMI_K2_ROUTED_EXPERTS
 
 
 def is_host(value: str) -> bool:

@@ -1,5 +1,8 @@
 """Check a whole launch argv the way the stand-in entry points would, without running it.
 
+The PD router is not stood in for: the lab image carries the real, pinned sglang-router, so
+its argv passes here unchecked (the real parser checks it in the test suite).
+
 `check_argv(argv, env)` picks the entry point from the launcher (`python3 -m
 sglang.launch_server`, `vllm serve`, `ray start`, `mpirun ... trtllm-llmapi-launch
 trtllm-serve serve`, ...) and returns the problems its checks find (empty: accepted).
@@ -16,10 +19,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k2standin import ktransformers_server, mpirun, ray_cli, router, sglang_server, trtllm, vllm_cli
+from k2standin import mpirun, ray_cli, sglang_server, trtllm, vllm_cli
 from k2standin.common import Rejected, StartError
 
 PYTHON = ("python3", "python")
+# Modules the lab image runs for real, not as stand-ins.
+REAL_MODULES = frozenset({"sglang_router.launch_router"})
 
 
 def _module(argv: Sequence[str]) -> tuple[str, list[str]] | None:
@@ -39,10 +44,8 @@ def check_argv(
             name, rest = module
             if name == "sglang.launch_server":
                 sglang_server.check(rest, environ)
-            elif name == "sglang_router.launch_router":
-                router.check(rest)
-            elif name == "ktransformers.server.main":
-                ktransformers_server.check(rest)
+            elif name in REAL_MODULES:
+                return name, []
             else:
                 return name, [f"python3 -m {name}: no stand-in for this module"]
             return name, []

@@ -176,6 +176,7 @@ class ModelServer:
         g["/server_info"] = self.server_info
         g["/get_server_info"] = self.server_info
         g["/get_model_info"] = self.model_info
+        g["/model_info"] = self.model_info
         g["/version"] = self.version
         g["/metrics"] = self.metrics
         p["/v1/chat/completions"] = self.chat

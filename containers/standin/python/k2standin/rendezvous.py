@@ -7,8 +7,13 @@ exchanges a heartbeat line every couple of seconds. The leader is ready once the
 0..total-1 are covered exactly once. As with NCCL, a node that goes away breaks the group:
 both sides exit non-zero so the launch role recreates them.
 
+An engine may also refuse a member for what it is (`admit`): vLLM's head refuses headless
+ranks unless it balances load internally. Such a refusal stops the leader too, as the engine's
+start-up fails.
+
 Wire format: one JSON object per line.
-  member -> leader: {"ranks": [first, end], "fingerprint": {...}}  (end exclusive)
+  member -> leader: {"ranks": [first, end], "fingerprint": {...}, ...}  (end exclusive; more
+                    keys as the engine's handshake carries them, e.g. "headless")
   leader -> member: {"ok": true} | {"ok": false, "error": "..."}
   then member -> leader {"ping": n}, leader -> member {"pong": n}.
 """
@@ -64,8 +69,10 @@ class Leader:
         own: tuple[int, int],
         fingerprint: dict[str, Any],
         on_complete: Callable[[], None],
+        admit: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
         self.rt = rt
+        self.admit = admit
         self.what = what
         self.total = total
         self.fingerprint = fingerprint
@@ -124,6 +131,10 @@ class Leader:
                 for k in diff
             )
             return None, f"settings differ from rank 0's ({detail})"
+        refusal = self.admit(hello) if self.admit is not None else None
+        if refusal is not None:
+            self.rt.fatal(refusal)  # the engine's start-up fails on the leader as well
+            return None, refusal
         host = peer
         with self.lock:
             taken = self.covered() & set(range(ranks[0], ranks[1]))
@@ -182,6 +193,7 @@ def join(
     leader: tuple[str, int],
     ranks: tuple[int, int],
     fingerprint: dict[str, Any],
+    hello: dict[str, Any] | None = None,
 ) -> str | None:
     """Join the leader (retrying until K2_STANDIN_JOIN_TIMEOUT); then heartbeat from a thread.
 
@@ -206,7 +218,7 @@ def join(
         sock.settimeout(peer_timeout)
         reader = sock.makefile("rb")
         try:
-            _send(sock, {"ranks": list(ranks), "fingerprint": fingerprint})
+            _send(sock, {**(hello or {}), "ranks": list(ranks), "fingerprint": fingerprint})
             reply = _recv(reader)
         except (OSError, ValueError) as exc:
             sock.close()
@@ -250,11 +262,12 @@ def start_leader(
     ms: ModelServer,
     own: tuple[int, int] = (0, 1),
     what: str = "node rank",
+    admit: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> Leader:
     """Listen for the other nodes on `address`; `ms` turns ready once all joined."""
     try:
         leader = Leader(
-            rt, what, address[0], address[1], total, own, fingerprint, ms.set_ready
+            rt, what, address[0], address[1], total, own, fingerprint, ms.set_ready, admit
         )
     except OSError as exc:
         raise StartError(

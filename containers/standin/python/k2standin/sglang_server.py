@@ -4,7 +4,15 @@ Checks: --model-path (a directory), --tp-size/--tp, --tool-call-parser kimi_k2,
 --trust-remote-code; with --nnodes > 1, --dist-init-addr HOST:PORT and --node-rank in range;
 --disaggregation-mode prefill|decode whenever other disaggregation options or
 SGLANG_DISAGGREGATION_* variables are given; the GPUs per node the layout needs; --host and
---port; no stale options.
+--port; no stale options. Rules SGLang applies only on GPUs, at model load:
+- the physical expert slots (routed experts + --ep-num-redundant-experts) split evenly over
+  the EP ranks (sglang/srt/eplb/expert_location.py, `_init_common` asserts it);
+- spare expert slots come with --enable-eplb: without it they hold fixed copies of experts
+  0..N-1 that nothing ever rebalances (expert_location.py `init_trivial`), GPU memory for
+  nothing, so the stand-in refuses them;
+- KTransformers' kt-kernel options (--kt-weight-path a directory, --kt-method one kt-kernel
+  offers, --kt-cpuinfer / --kt-threadpool-count / --kt-num-gpu-experts numbers;
+  sglang/srt/layers/moe/kt_ep_wrapper.py builds its KTConfig from them).
 
 Runs: node rank 0 (or a single node) serves HTTP on --host:--port; with --nnodes > 1 it
 listens on --dist-init-addr and is ready once every node rank joined (the others connect
@@ -22,10 +30,12 @@ from typing import Any
 from k2standin import rendezvous
 from k2standin.common import (
     Checker,
+    Opts,
     Runtime,
     StartError,
     gpus_per_node,
     log,
+    routed_experts,
     run_entry,
     scan,
     write_record,
@@ -38,6 +48,49 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 DEFAULT_BOOTSTRAP_PORT = 8998
 PD_MODES = ("prefill", "decode")
+# CPU expert formats of kt-kernel (kvcache-ai/ktransformers kt-kernel docs).
+KT_METHODS = ("FP8", "FP8_PERCHANNEL", "BF16", "RAWINT4", "AMXINT4", "AMXINT8", "LLAMAFILE")
+
+
+def check_experts(c: Checker, opts: Opts, model: str | None, tp: int) -> None:
+    """EP placement rules SGLang applies at model load (see the module docstring)."""
+    spare = 0
+    if opts.value("--ep-num-redundant-experts") not in (None, "0"):
+        spare = c.positive_int(opts, "--ep-num-redundant-experts") or 0
+    a2a = opts.value("--moe-a2a-backend")
+    # DeepEP and the other a2a backends run EP over the whole TP group.
+    ep = tp if a2a not in (None, "none") else (
+        c.positive_int(opts, "--ep-size", "--expert-parallel-size", "--ep", default=1) or 1
+    )
+    if spare and not opts.has("--enable-eplb"):
+        c.error(
+            f"--ep-num-redundant-experts {spare} without --enable-eplb: the spare slots hold "
+            f"fixed copies of experts 0..{spare - 1} and are never rebalanced "
+            "(sglang/srt/eplb/expert_location.py)"
+        )
+    slots = routed_experts(model) + spare
+    if ep > 1 and slots % ep:
+        c.error(
+            f"{slots} physical expert slots (routed + --ep-num-redundant-experts) do not split "
+            f"over {ep} EP ranks; SGLang asserts this at model load "
+            "(sglang/srt/eplb/expert_location.py)"
+        )
+
+
+def check_kt(c: Checker, opts: Opts) -> None:
+    """KTransformers' options, when the server hands experts to kt-kernel."""
+    if not opts.has("--kt-weight-path"):
+        return
+    c.model_dir("--kt-weight-path", opts.value("--kt-weight-path"))
+    method = opts.value("--kt-method")
+    if method is not None and method.upper() not in KT_METHODS:
+        c.error(f"--kt-method {method!r}: kt-kernel offers {', '.join(KT_METHODS)}")
+    for name in ("--kt-cpuinfer", "--kt-threadpool-count"):
+        if c.required(opts, name) is not None:
+            c.positive_int(opts, name)
+    gpu_experts = c.required(opts, "--kt-num-gpu-experts")
+    if gpu_experts is not None and not gpu_experts.isdigit():
+        c.error(f"--kt-num-gpu-experts {gpu_experts!r}: expected a whole number")
 
 
 @dataclass
@@ -138,6 +191,8 @@ def check(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Sgla
     elif mode not in PD_MODES:
         c.error(f"--disaggregation-mode {mode!r}: expected prefill or decode")
     bootstrap = c.port(opts, DEFAULT_BOOTSTRAP_PORT, "--disaggregation-bootstrap-port")
+    check_experts(c, opts, model, tp)
+    check_kt(c, opts)
     host = c.host(opts, DEFAULT_HOST)
     port = c.port(opts, DEFAULT_PORT)
     c.done()

@@ -11,10 +11,21 @@ first waits (K2_STANDIN_RAY_WAIT seconds, default 120) for the Ray cluster of th
 to offer --tensor-parallel-size x --pipeline-parallel-size GPUs. With data parallel across
 nodes it listens on --data-parallel-address:--data-parallel-rpc-port and is ready once every
 --headless node joined; a --headless node joins there and stays in the foreground.
+
+Rules vLLM applies only when the engines start, on GPUs:
+- The data-parallel load-balancing mode of the head decides who may join it. A start rank on
+  a node that is not headless selects hybrid load balancing (vllm/engine/arg_utils.py), and
+  then the head refuses every --headless rank at the handshake and stops ("Remote engine N
+  must not use --headless in external or hybrid dp lb mode",
+  vllm/v1/engine/utils.py `wait_for_engine_startup`); the stand-in head does the same.
+- With EPLB, the expert slots (routed experts + --eplb-config's num_redundant_experts) split
+  evenly over the EP ranks (tp x dp), which vllm/model_executor/layers/fused_moe/layer.py
+  checks when it builds each MoE layer.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +41,7 @@ from k2standin.common import (
     env_seconds,
     gpus_per_node,
     log,
+    routed_experts,
     run_entry,
     scan,
     write_record,
@@ -57,6 +69,8 @@ class VllmArgs:
     backend: str | None
     host: str
     port: int
+    hybrid_lb: bool = False
+    experts: dict[str, Any] | None = None
 
     def info(self) -> dict[str, Any]:
         return {
@@ -75,7 +89,28 @@ class VllmArgs:
 
     def fingerprint(self) -> dict[str, Any]:
         return {"model": self.model, "tensor_parallel_size": self.tp,
-                "pipeline_parallel_size": self.pp, "data_parallel_size": self.dp}
+                "pipeline_parallel_size": self.pp, "data_parallel_size": self.dp,
+                "experts": self.experts}
+
+
+def _experts(c: Checker, opts: Opts, model: str | None, tp: int, dp: int) -> dict[str, Any]:
+    """Expert parallelism and EPLB as every node of the engine must see them."""
+    spare = 0
+    config_text = opts.value("--eplb-config")
+    if config_text is not None:
+        try:
+            config = json.loads(config_text)
+            spare = int(config.get("num_redundant_experts", 0))
+        except (ValueError, TypeError, AttributeError):
+            c.error(f"--eplb-config {config_text!r}: expected a JSON object")
+    eplb = opts.has("--enable-eplb")
+    ep = tp * dp if opts.has("--enable-expert-parallel", "-ep") else 1
+    slots = routed_experts(model) + spare
+    if eplb and ep > 1 and slots % ep:
+        c.error(f"EPLB: {slots} expert slots do not split over {ep} EP ranks "
+                "(vllm/model_executor/layers/fused_moe/layer.py)")
+    return {"ep": ep, "eplb": eplb, "redundant": spare,
+            "all2all": opts.value("--all2all-backend")}
 
 
 def _int(c: Checker, opts: Opts, names: tuple[str, ...], default: int, minimum: int) -> int:
@@ -136,6 +171,12 @@ def check(argv: Sequence[str]) -> VllmArgs:
                                    f"{address}:{rpc}")
     if headless and start_rank == 0:
         c.error("--headless needs --data-parallel-start-rank > 0 (rank 0 is the API server's)")
+    # vllm/engine/arg_utils.py: a start rank on a node that is not headless means hybrid
+    # load balancing, unless this node holds every DP rank.
+    # (Hybrid with one local rank is external load balancing: the same for joining nodes.)
+    hybrid_lb = (not headless and opts.has("--data-parallel-start-rank", "-dpr")
+                 and dp_local < dp)
+    experts = _experts(c, opts, model, tp, dp)
     if not headless and start_rank != 0:
         c.error(f"--data-parallel-start-rank {start_rank} without --headless: the API server "
                 "holds data-parallel rank 0")
@@ -152,7 +193,20 @@ def check(argv: Sequence[str]) -> VllmArgs:
     assert model is not None
     served = opts.values("--served-model-name")
     return VllmArgs(model, served[0] if served else model, tp, pp, dp, dp_local, start_rank,
-                    dp_address, headless, backend, host, port)
+                    dp_address, headless, backend, host, port, hybrid_lb, experts)
+
+
+def handshake_problem(head: VllmArgs, hello: dict[str, Any]) -> str | None:
+    """The head's verdict on a joining node (vllm/v1/engine/utils.py wait_for_engine_startup):
+    remote engines must be headless exactly when the head balances load internally."""
+    remote_should_be_headless = not head.hybrid_lb
+    if bool(hello.get("headless")) != remote_should_be_headless:
+        first = (hello.get("ranks") or [0])[0]
+        if remote_should_be_headless:
+            return (f"Remote engine {first} must use --headless unless in external or hybrid "
+                    "dp lb mode")
+        return f"Remote engine {first} must not use --headless in external or hybrid dp lb mode"
+    return None
 
 
 def wait_for_ray(rt: Runtime, need: int) -> str:
@@ -199,6 +253,7 @@ def serve(argv: Sequence[str]) -> int:
             problem = rendezvous.join(
                 rt, "data-parallel rank", args.dp_address,
                 (args.start_rank, args.start_rank + args.dp_local), args.fingerprint(),
+                hello={"headless": True},
             )
             if problem is not None:
                 raise StartError(f"--data-parallel-address: {problem}")
@@ -219,10 +274,12 @@ def serve(argv: Sequence[str]) -> int:
         server = listen(ms.api, args.host, args.port)
         if args.dp > args.dp_local and args.dp_address is not None:
             ms.set_not_ready(f"waiting for data-parallel ranks {args.dp_local}..{args.dp - 1}")
+            head = args
             leader = rendezvous.start_leader(
                 rt, "--data-parallel-address/--data-parallel-rpc-port", args.dp_address,
                 args.dp, args.fingerprint(), ms, own=(0, args.dp_local),
                 what="data-parallel rank",
+                admit=lambda hello: handshake_problem(head, hello),
             )
         else:
             ms.set_ready()

@@ -78,6 +78,18 @@ def _plain_args(func: Any) -> Any:
     return wrapper
 
 
+def json_body(result: dict[str, Any]) -> Any:
+    """The JSON a `uri` result carries, whatever the reply's content type said (sglang-router
+    0.3.2 types its /v1/models JSON text/plain, so `uri` leaves `.json` unset); {} when the
+    body is not JSON."""
+    if "json" in result:
+        return result["json"]
+    try:
+        return json.loads(result.get("content") or "")
+    except ValueError:
+        return {}
+
+
 class FilterModule:
     """Ansible's entry point for filter plugins."""
 
@@ -89,5 +101,6 @@ class FilterModule:
             docker_exec_argv,
             stale_containers,
             plan_stages,
+            json_body,
         )
         return {f.__name__: _plain_args(f) for f in funcs}

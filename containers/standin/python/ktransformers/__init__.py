@@ -1,1 +1,0 @@
-"""Stand-in `ktransformers` package (test double for KTransformers' kernels; lab image only)."""

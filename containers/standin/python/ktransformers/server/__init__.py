@@ -1,1 +1,0 @@
-"""Stand-in `ktransformers.server` package (lab image only)."""
