@@ -106,9 +106,11 @@ _SGLANG_K25 = EngineSupport(
     min_version="0.5.9",
     source="the first sglang wheel with sglang/srt/models/kimi_k25.py (0.5.8 has none)",
 )
-# What a multimodal Kimi checkpoint carries besides weights and tokenizer: the MoonViT
-# processor's code, its configs and the chat template.
-_MULTIMODAL_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.tiktoken", "*.jinja", "*.md")
+# What a multimodal Kimi checkpoint carries besides the text model's files: the MoonViT
+# processor's code and configs (kimi_k25_processor.py, media_utils.py,
+# preprocessor_config.json), which the text model's patterns already match, and the docs the
+# model card links.
+_MULTIMODAL_PATTERNS = (*ModelSpec.model_fields["allow_patterns"].default, "*.md")
 
 
 def _k25_family(model_id: str, vllm: str, vllm_source: str, note: str) -> ModelSpec:

@@ -381,9 +381,9 @@ class ModelSpec(Record):
     vision: VisionSpec | None = None
     checkpoint_gib: float
     shard_count: int
-    # Default download patterns (hub file names): multimodal checkpoints also carry the
-    # vision processor's code and configs.
-    allow_patterns: tuple[str, ...] = ("*.safetensors", "*.json", "*.py", "*.tiktoken")
+    # Default download patterns (hub file names): weights and their index, configs, the
+    # remote code, the tokenizer (`tiktoken.model`) and the chat template.
+    allow_patterns: tuple[str, ...] = ("*.safetensors", "*.json", "*.py", "*.model", "*.jinja")
     # The engines' parser names for this model's tool calls and reasoning (None: none).
     tool_parser: str | None = "kimi_k2"
     reasoning_parser: str | None = None

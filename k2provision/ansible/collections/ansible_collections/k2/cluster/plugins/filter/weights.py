@@ -5,31 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k2provision.catalog import MODELS
+from k2provision.catalog import MODELS, config_json
 from k2provision.weights.kernel import common, events
 
 DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
-_NOT_CONFIG = ("id", "revision", "checkpoint_gib", "shard_count", "weight_block_size")
 
 
 def weights_synthetic_config(model: str) -> dict[str, Any]:
-    """A config.json with the model's real architecture numbers (Kimi-K2's by default)."""
+    """A config.json of the model's own form, numbers and weight formats (Kimi-K2's for a
+    model the catalog does not know), marked synthetic."""
     spec = MODELS.get(model) or MODELS[DEFAULT_MODEL]
-    config: dict[str, Any] = {
-        k: list(v) if isinstance(v, tuple) else v
-        for k, v in spec.model_dump().items()
-        if k not in _NOT_CONFIG
-    }
-    config["num_key_value_heads"] = config["num_attention_heads"]
-    config["torch_dtype"] = "bfloat16"
-    config["quantization_config"] = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "activation_scheme": "dynamic",
-        "weight_block_size": list(spec.weight_block_size),
-    }
-    config["k2provision_synthetic"] = True
-    return config
+    return {**config_json(spec), "k2provision_synthetic": True}
 
 
 def weights_chain(targets: Sequence[str], addresses: Mapping[str, str], port: int) -> str:
