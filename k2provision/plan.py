@@ -13,7 +13,8 @@ from pathlib import Path
 
 from k2provision import catalog
 from k2provision.catalog import GIB
-from k2provision.engines import REGISTRY, Deployment
+from k2provision.engines import REGISTRY
+from k2provision.engines.base import Deployment
 from k2provision.errors import PlanError
 from k2provision.models import (
     Cluster,

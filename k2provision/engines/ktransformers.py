@@ -16,7 +16,7 @@ So there is no flag to render (`common.tool_parser("ktransformers")` is None).
 
 from __future__ import annotations
 
-from k2provision.engines import Deployment, HostRender
+from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import http_gate
 from k2provision.models import Process
 

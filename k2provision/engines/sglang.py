@@ -12,7 +12,7 @@ now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
 
 from __future__ import annotations
 
-from k2provision.engines import Deployment, HostRender
+from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import http_gate, tool_parser
 from k2provision.models import HostSpec, PoolName, PoolPlan, Process, Tunables
 

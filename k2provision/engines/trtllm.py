@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import yaml
 
 from k2provision import catalog
-from k2provision.engines import Deployment, HostRender
+from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import TOOL_PARSER, http_gate
 from k2provision.engines.trtllm_schema import (
     TRTLLM_VERSION,

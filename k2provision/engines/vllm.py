@@ -30,7 +30,7 @@ Workers always point at the head's inventory address; each host announces its ow
 
 from __future__ import annotations
 
-from k2provision.engines import Deployment, HostRender
+from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import http_gate, tool_parser
 from k2provision.models import HealthGate, HostSpec, PoolPlan, Process
 
