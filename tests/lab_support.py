@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import lab as labmod
-from k2provision.lab.proc import proc_ref
+import k2lab as labmod
+from k2lab.proc import proc_ref
 
 LAB_HOSTS = 4
 

@@ -17,11 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from k2provision import lab
-from k2provision.lab.config import LabConfig, default_lab_dir
-from k2provision.lab.errors import LabError
-from k2provision.lab.inventory import parse_pairs, parse_var_value
-from k2provision.lab.standin import build_standin
+import k2lab as lab
+from k2lab.config import LabConfig, default_lab_dir
+from k2lab.errors import LabError
+from k2lab.inventory import parse_pairs, parse_var_value
+from k2lab.standin import build_standin
 
 
 def main(argv: list[str]) -> int:

@@ -12,12 +12,12 @@ from pathlib import Path
 import ansible_runner
 import pytest
 
-from k2provision import lab as labapi
-from k2provision.lab.config import LabConfig
-from k2provision.lab.fs import mounts_under
-from k2provision.lab.hosts import port_open
-from k2provision.lab.images import BASE_IMAGE
-from k2provision.lab.proc import is_alive, quiet_log
+import k2lab as labapi
+from k2lab.config import LabConfig
+from k2lab.fs import mounts_under
+from k2lab.hosts import port_open
+from k2lab.images import BASE_IMAGE
+from k2lab.proc import is_alive, quiet_log
 from tests.lab_support import ansible_env
 
 pytestmark = pytest.mark.lab
@@ -132,7 +132,7 @@ def test_an_image_built_on_the_controller_runs_in_every_host(
                 "built-for-the-lab\n"
             )
     finally:
-        from k2provision.lab.images import remove_image
+        from k2lab.images import remove_image
 
         remove_image(LabConfig.default(), tag)
 

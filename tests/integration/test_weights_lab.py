@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from k2provision import lab as lab_api
+import k2lab as lab_api
 
 pytestmark = pytest.mark.lab
 
