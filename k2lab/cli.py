@@ -95,8 +95,7 @@ def up_cmd(
         all_vars = {k: parse_var_value(v) for k, v in parse_pairs(var or [], "--var").items()}
         chosen = None
         if counts is None and not all_vars:
-            require_root()
-            chosen = demo.choose(LabConfig.default(), n)
+            chosen = demo.choose(LabConfig.default(), n)  # refused here, before anything is made
             counts, all_vars = chosen.groups, chosen.all_vars
         state = core.up(
             n,

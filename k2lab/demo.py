@@ -178,11 +178,11 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(parts)
 
 
-def valid_counts(cfg: LabConfig, limit: int = VALID_SCAN_LIMIT) -> list[int]:
-    """The host counts up to `limit` for which some candidate plans."""
+def valid_counts(cfg: LabConfig, limit: int | None = None) -> list[int]:
+    """The host counts up to `limit` (VALID_SCAN_LIMIT) for which some candidate plans."""
     return [
         n
-        for n in range(1, limit + 1)
+        for n in range(1, (limit or VALID_SCAN_LIMIT) + 1)
         if any(_plans_from_groups(cfg, n, c) for c in candidates(n))
     ]
 
