@@ -32,7 +32,6 @@ lab_app = typer.Typer(
     help="A lab of real SSH hosts on this machine (namespaces + overlay roots). Needs root.",
     no_args_is_help=True,
     add_completion=False,
-    rich_markup_mode=None,
 )
 
 
@@ -74,11 +73,11 @@ def up_cmd(
         ),
     ] = None,
     children: Annotated[
-        list[str] | None, typer.Option(help="PARENT=G1,G2: a [PARENT:children] section.")
+        list[str] | None, typer.Option(help="PARENT=G1,G2: a \\[PARENT:children] section.")
     ] = None,
     var: Annotated[
         list[str] | None,
-        typer.Option(help="KEY=VALUE for [all:vars], repeatable (k2_engine=sglang)."),
+        typer.Option(help="KEY=VALUE for \\[all:vars], repeatable (k2_engine=sglang)."),
     ] = None,
 ) -> None:
     """Start N hosts (idempotent: running hosts are kept, dead ones restarted).

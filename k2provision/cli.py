@@ -66,7 +66,6 @@ def build_app(extra: Iterable[EntryPoint] | None = None) -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
-        rich_markup_mode=None,
     )
     app.callback()(_root)
     for register in COMMANDS:

@@ -19,7 +19,7 @@ class OutputFormat(StrEnum):
 InventoryArg = Annotated[
     Path,
     typer.Argument(
-        help="Ansible inventory (INI file, e.g. inventory/prod.ini)", show_default=False
+        help="Ansible inventory (INI file, e.g. inventory/prod.ini)"
     ),
 ]
 FormatOpt = Annotated[

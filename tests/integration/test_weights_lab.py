@@ -46,7 +46,7 @@ def weights(
 ) -> subprocess.CompletedProcess[str]:
     """The weights command, as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "k2provision.weights.cli", str(inventory), *args],
+        [sys.executable, "-m", "k2provision.cli", "weights", str(inventory), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -247,7 +247,7 @@ def test_host_killed_mid_transfer_rest_finish_and_rerun_completes_it(
     lab_api.shape(40)  # about 5 MB/s per link: 24 MiB takes several seconds down the chain
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "k2provision.weights.cli", str(inventory)],
+            [sys.executable, "-m", "k2provision.cli", "weights", str(inventory)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
