@@ -24,7 +24,6 @@ from k2lab.errors import LabError
 from k2lab.inventory import parse_pairs, parse_var_value
 from k2lab.standin import build_standin
 
-
 # Molecule runs this from the scenario's directory: the lab dir is the checkout's own .lab
 # (shared with the tests), unless K2_LAB_DIR names another.
 LAB_DIR = Path(os.environ.get("K2_LAB_DIR") or Path(__file__).resolve().parents[2] / ".lab")

@@ -2,5 +2,5 @@
 
 A command module parses its options, calls the core or the shared run flow (flow.py) and
 returns an exit code; cli.py lists the modules in its registry. Adding a command is a new
-module here plus one line in cli.COMMANDS.
+module here, imported and listed in cli.COMMANDS.
 """
