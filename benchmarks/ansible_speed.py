@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from k2provision import lab
-from k2provision.lab.config import LabConfig, default_lab_dir
-from k2provision.lab.standin import build_standin
+import k2lab as lab
+from k2lab.config import LabConfig, default_lab_dir
+from k2lab.standin import build_standin
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

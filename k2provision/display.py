@@ -1,33 +1,71 @@
-"""Rich tables for plans and errors. Output only; no decisions here."""
+"""Rich output for plans, errors and runs. Output only; no decisions here.
+
+Everything shown comes from data (host names, addresses, Ansible's output, values from the
+inventory), so nothing printed is ever read as rich markup or emoji codes: both consoles have
+markup, emoji and highlighting off, and styles are applied through `Text` objects only.
+`fatal: [lab1]: UNREACHABLE`, `[/etc/x]` and `fd00:100::1` print exactly as they are.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, Group
+from rich.live import Live
+from rich.spinner import Spinner
 from rich.table import Table
+from rich.text import Text
 
 from k2provision.errors import K2Error
+from k2provision.events import Event, HostResult, PlayStarted, Tally, TaskStarted
 from k2provision.models import Plan
 
-# Pipes and CI logs get wide lines instead of rich's 80-column default.
-# emoji=False: data such as the IPv6 address fd00:100::1 must not turn ":100:" into an emoji.
-console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
+
+def _console(stderr: bool) -> Console:
+    # Pipes and CI logs get wide lines instead of rich's 80-column default.
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(
+        stderr=stderr,
+        width=None if stream.isatty() else 160,
+        markup=False,
+        emoji=False,
+        highlight=False,
+    )
 
 
-def print_errors(error: K2Error) -> None:
+console = _console(stderr=False)
+err_console = _console(stderr=True)
+
+
+def labelled(label: str, style: str, text: str) -> Text:
+    """`label text` with only the label styled; `text` stays exactly as given."""
+    return Text.assemble((label, style), " ", text)
+
+
+def print_errors(error: K2Error, label: str = "error:") -> None:
     """One line per problem on stderr."""
     for problem in error.problems:
-        err_console.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+        err_console.print(labelled(label, "bold red", problem), soft_wrap=True)
 
 
-def print_warnings(plan: Plan) -> None:
-    """The plan's warnings, one line each, on stderr."""
-    for warning in plan.warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+def print_warnings(warnings: Iterable[str]) -> None:
+    """One line per warning on stderr (stdout stays the command's own output)."""
+    for warning in warnings:
+        err_console.print(labelled("warning:", "yellow", warning), soft_wrap=True)
+
+
+def print_unexpected(error: BaseException, where: str) -> None:
+    """The one line an unexpected failure gets: what it was, and where the details are."""
+    err_console.print(
+        labelled(
+            "error:",
+            "bold red",
+            f"unexpected {type(error).__name__}: {error}; details: {where}",
+        ),
+        soft_wrap=True,
+    )
 
 
 def _sizes(plan: Plan, pool_name: str) -> str:
@@ -55,14 +93,7 @@ def plan_table(plan: Plan) -> Table:
         table.add_column(column)
     for host in plan.hosts:
         runs = ", ".join(f"{p.name} ({p.stage})" for p in host.processes) or "-"
-        table.add_row(
-            escape(host.name),
-            escape(host.address),
-            host.role,
-            str(host.node_rank),
-            str(host.gpus),
-            escape(runs),
-        )
+        table.add_row(host.name, host.address, host.role, str(host.node_rank), str(host.gpus), runs)
     return table
 
 
@@ -91,7 +122,7 @@ def fit_table(plan: Plan) -> Table:
             f"{r.kv_gib} ({r.kv_dtype})",
             f"{r.kv_tokens_per_replica:,}",
             f"{r.context_length:,}",
-            "[green]yes[/]" if r.fits else "[red]no[/]",
+            Text("yes", style="green") if r.fits else Text("no", style="red"),
         )
     return table
 
@@ -125,60 +156,64 @@ def reserve_table(plan: Plan) -> Table:
     return table
 
 
+def lab_banner(plan: Plan, *, ran: bool = False) -> Text:
+    """The loud line every lab-profile plan and run carries."""
+    style = "bold yellow"
+    if ran:
+        return Text("LAB PROFILE was on: hardware steps skipped, stand-in engines.", style)
+    image = plan.hosts[0].processes[0].image if plan.hosts and plan.hosts[0].processes else ""
+    return Text(f"LAB PROFILE: hardware steps skipped, stand-in engine image {image}", style)
+
+
 def print_plan(plan: Plan) -> None:
-    """The human view of a plan."""
+    """The human view of a plan on stdout; its warnings on stderr."""
     if plan.lab:
-        console.print(
-            "[bold yellow]LAB PROFILE: hardware steps skipped, stand-in engine image "
-            f"{plan.hosts[0].processes[0].image if plan.hosts[0].processes else ''}[/]"
-        )
+        console.print(lab_banner(plan))
     console.print(plan_table(plan))
     console.print(fit_table(plan))
     console.print(reserve_table(plan))
-    for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
-    console.print(f"endpoint: [bold]{escape(plan.endpoint)}[/]", highlight=False)
+    console.print(Text.assemble("endpoint: ", (plan.endpoint, "bold")))
     sys.stdout.flush()
+    print_warnings(plan.warnings)
+
+
+def failure_line(event: HostResult) -> Text:
+    """`failed HOST: TASK: MESSAGE`, the status in red, the rest exactly as Ansible said it."""
+    return labelled(event.status, "red", f"{event.host}: {event.task}: {event.message}")
+
+
+def host_table(hosts: list[str], tally: Tally, *, title: str | None = "run summary") -> Table:
+    """Per-host ok/changed/failed/unreachable counts (and the first failure)."""
+    table = Table(title=title, title_justify="left")
+    for column in ("host", "ok", "changed", "failed", "unreachable", "first failure"):
+        table.add_column(column)
+    for host in hosts:
+        c = tally.counts.get(host, {})
+        table.add_row(
+            host,
+            str(c.get("ok", 0)),
+            str(c.get("changed", 0)),
+            Text(str(c["failed"]), "red") if c.get("failed") else "0",
+            Text(str(c["unreachable"]), "red") if c.get("unreachable") else "0",
+            tally.failures.get(host, "")[:120],
+        )
+    return table
 
 
 class RunView:
     """Live view of a playbook run: the current phase and task, and per-host tallies."""
 
     def __init__(self, hosts: list[str]) -> None:
-        from rich.live import Live
-        from rich.spinner import Spinner
-
-        from k2provision.events import Tally
-
-        self.hosts = hosts
+        self.hosts = list(hosts)
         self.phase = ""
         self.task = ""
         self.tally = Tally()
-        self.spinner = Spinner("dots", text="starting")
+        self.spinner = Spinner("dots", text=Text("starting"))
         self.live = Live(self._render(), console=console, refresh_per_second=8, transient=True)
 
     def _render(self) -> Any:
-        from rich.console import Group
-
-        self.spinner.text = escape(f"{self.phase} > {self.task}" if self.phase else self.task)
-        return Group(self.spinner, self.host_table(live=True))
-
-    def host_table(self, live: bool = False) -> Table:
-        """Per-host ok/changed/failed/unreachable counts (and the first failure)."""
-        table = Table(title=None if live else "run summary", title_justify="left")
-        for column in ("host", "ok", "changed", "failed", "unreachable", "first failure"):
-            table.add_column(column)
-        for host in self.hosts:
-            c = self.tally.counts.get(host, {})
-            table.add_row(
-                escape(host),
-                str(c.get("ok", 0)),
-                str(c.get("changed", 0)),
-                f"[red]{c['failed']}[/]" if c.get("failed") else "0",
-                f"[red]{c['unreachable']}[/]" if c.get("unreachable") else "0",
-                escape(self.tally.failures.get(host, ""))[:120],
-            )
-        return table
+        self.spinner.text = Text(f"{self.phase} > {self.task}" if self.phase else self.task)
+        return Group(self.spinner, host_table(self.hosts, self.tally, title=None))
 
     def __enter__(self) -> RunView:
         self.live.__enter__()
@@ -187,10 +222,8 @@ class RunView:
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(None, None, None)
 
-    def on_event(self, event: Any) -> None:
+    def on_event(self, event: Event) -> None:
         """Fold one typed runner event into the view."""
-        from k2provision.events import HostResult, PlayStarted, TaskStarted
-
         if isinstance(event, PlayStarted):
             self.phase = event.name
         elif isinstance(event, TaskStarted):
@@ -200,9 +233,5 @@ class RunView:
                 self.hosts.append(event.host)
             self.tally.add(event)
             if event.status in {"failed", "unreachable"} and not event.ignored:
-                console.print(
-                    f"[red]{event.status}[/] {escape(event.host)}: "
-                    f"{escape(event.task)}: {escape(event.message)}",
-                    soft_wrap=True,
-                )
+                console.print(failure_line(event), soft_wrap=True)
         self.live.update(self._render())

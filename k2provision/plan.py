@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 from k2provision import catalog
 from k2provision.catalog import GIB
-from k2provision.engines import REGISTRY, Deployment
+from k2provision.engines import REGISTRY
+from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
 from k2provision.engines.trtllm import served_model_name as trtllm_served_name
 from k2provision.errors import PlanError

@@ -1,7 +1,10 @@
 """The one place that runs Ansible: playbooks through ansible-runner, one record dir per run.
 
-Events stream to a callback as typed events (never scraped stdout). Environment and extra-vars
-files are suppressed so secrets passed through the environment never land in the run record.
+A run is described as data (`PlaybookRun`); its ansible-runner arguments and environment are
+built from it by pure functions (`runner_kwargs`, `env_overrides`, `scrubbed`) that read the
+caller's environment and never change `os.environ`. Events stream to a callback as typed events
+(never scraped stdout). Environment and extra-vars files are suppressed, and the hub token is
+taken out of the environment the run records, so secrets never land in the run record.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,21 @@ COLLECTIONS = Path(__file__).resolve().parent / "ansible" / "collections"
 # whose path the k2_weights role reads.
 TOKEN_FILE_ENV = "K2_WEIGHTS_HF_TOKEN_FILE"
 TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+@dataclass(frozen=True)
+class PlaybookRun:
+    """One ansible-playbook run, as data."""
+
+    playbook: str
+    inventory: Path
+    record_dir: Path
+    extravars: Mapping[str, Any] = field(default_factory=dict)
+    tags: Sequence[str] = ()
+    limit: str | None = None
+    check: bool = False
+    diff: bool = False
+    project_dir: Path = PROJECT_ROOT
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,11 @@ class RunResult:
     def ok(self) -> bool:
         """True when every host finished without failures or unreachability."""
         return self.rc == 0 and not self.tally.failures
+
+    @property
+    def changed(self) -> int:
+        """Changed tasks over all hosts, from Ansible's recap."""
+        return sum(int(s.get("changed", 0)) for s in self.stats.values())
 
 
 def runs_dir() -> Path:
@@ -63,72 +86,87 @@ def new_record_dir(command: str) -> Path:
     return path
 
 
+def hub_token(environ: Mapping[str, str]) -> str:
+    """The Hugging Face token the caller's environment carries ("" when none)."""
+    return next((environ[k].strip() for k in TOKEN_ENV_VARS if environ.get(k, "").strip()), "")
+
+
 @contextlib.contextmanager
-def token_moved_to_file() -> Iterator[None]:
-    """For one run: the hub token out of the environment, into a private 0600 file."""
-    saved = {k: os.environ.pop(k) for k in TOKEN_ENV_VARS if k in os.environ}
-    token = next((v.strip() for v in saved.values() if v.strip()), "")
-    previous = os.environ.pop(TOKEN_FILE_ENV, None)
-    private = Path(tempfile.mkdtemp(prefix="k2-token-")) if token else None
+def token_file(token: str) -> Iterator[Path | None]:
+    """For one run: `token` in a private 0600 file, removed afterwards (None for no token)."""
+    if not token:
+        yield None
+        return
+    private = Path(tempfile.mkdtemp(prefix="k2-token-"))
     try:
-        if private is not None:
-            path = private / "token"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(token)
-            os.environ[TOKEN_FILE_ENV] = str(path)
-        yield
+        path = private / "token"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(token)
+        yield path
     finally:
-        os.environ.pop(TOKEN_FILE_ENV, None)
-        if previous is not None:
-            os.environ[TOKEN_FILE_ENV] = previous
-        os.environ.update(saved)
-        if private is not None:
-            shutil.rmtree(private, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
 
 
-def _env() -> dict[str, str]:
-    """Environment for ansible-playbook: our config and plugins, our Python's bin on PATH."""
+def env_overrides(
+    environ: Mapping[str, str], *, token_path: Path | None, project_dir: Path = PROJECT_ROOT
+) -> dict[str, str]:
+    """What ansible-playbook's environment adds to the caller's: our config, roles and plugins,
+    our Python's bin on PATH, and where the hub token is (when there is one)."""
     bin_dir = str(Path(sys.executable).parent)
-    path = os.environ.get("PATH", "/usr/bin:/bin")
-    return {
-        "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
+    path = environ.get("PATH", "/usr/bin:/bin")
+    env = {
+        "ANSIBLE_CONFIG": str(project_dir / "ansible.cfg"),
         "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
-        "ANSIBLE_ROLES_PATH": str(PROJECT_ROOT / "roles"),
+        "ANSIBLE_ROLES_PATH": str(project_dir / "roles"),
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_NOCOLOR": "1",
         "PATH": path if bin_dir in path.split(":") else f"{bin_dir}:{path}",
     }
+    if token_path is not None:
+        env[TOKEN_FILE_ENV] = str(token_path)
+    return env
 
 
-def run_playbook(
-    playbook: str,
-    inventory: Path,
-    *,
-    record_dir: Path,
-    extravars: dict[str, Any] | None = None,
-    tags: Sequence[str] = (),
-    limit: str | None = None,
-    check: bool = False,
-    diff: bool = False,
-    on_event: Callable[[Event], None] | None = None,
-) -> RunResult:
-    """Run playbooks/<playbook> against `inventory`, streaming typed events to `on_event`."""
-    import ansible_runner
+def scrubbed(env: Mapping[str, str], *, token_path: Path | None) -> dict[str, str]:
+    """A run's full environment without the hub token variables (and without a token-file
+    path inherited from the caller when this run has none)."""
+    dropped = set(TOKEN_ENV_VARS) | ({TOKEN_FILE_ENV} if token_path is None else set())
+    return {k: v for k, v in env.items() if k not in dropped}
 
-    if not (PROJECT_ROOT / "playbooks" / playbook).exists():
+
+def runner_kwargs(run: PlaybookRun, environ: Mapping[str, str], token_path: Path | None) -> dict[
+    str, Any
+]:
+    """ansible_runner's arguments for `run` (the event handler apart)."""
+    cmdline = [flag for flag, on in (("--check", run.check), ("--diff", run.diff)) if on]
+    return {
+        "private_data_dir": str(run.record_dir),
+        "project_dir": str(run.project_dir),
+        "playbook": f"playbooks/{run.playbook}",
+        "inventory": str(run.inventory.resolve()),
+        "extravars": dict(run.extravars),
+        "tags": ",".join(run.tags) or None,
+        "limit": run.limit,
+        "cmdline": " ".join(cmdline) or None,
+        "envvars": env_overrides(environ, token_path=token_path, project_dir=run.project_dir),
+        "quiet": True,
+        "suppress_env_files": True,
+        "json_mode": False,
+    }
+
+
+def run_playbook(run: PlaybookRun, on_event: Callable[[Event], None] | None = None) -> RunResult:
+    """Run `run.playbook`, streaming typed events to `on_event`; write summary.json."""
+    from ansible_runner.interface import init_runner
+
+    if not (run.project_dir / "playbooks" / run.playbook).exists():
         raise FileNotFoundError(
-            f"{PROJECT_ROOT / 'playbooks' / playbook} not found; run k2provision from a "
+            f"{run.project_dir / 'playbooks' / run.playbook} not found; run k2provision from a "
             "checkout installed with pip install -e ."
         )
     tally = Tally()
     stats: dict[str, dict[str, int]] = {}
-    cmdline = []
-    if check:
-        cmdline.append("--check")
-    if diff:
-        cmdline.append("--diff")
-    os.environ.update(_env())
 
     def handle(raw: dict[str, Any]) -> bool:
         event = parse_event(raw)
@@ -140,33 +178,22 @@ def run_playbook(
             on_event(event)
         return True
 
-    with token_moved_to_file():
-        result = ansible_runner.run(
-            private_data_dir=str(record_dir),
-            project_dir=str(PROJECT_ROOT),
-            playbook=f"playbooks/{playbook}",
-            inventory=str(inventory.resolve()),
-            extravars=extravars or {},
-            tags=",".join(tags) or None,
-            limit=limit,
-            cmdline=" ".join(cmdline) or None,
-            envvars=_env(),
-            event_handler=handle,
-            quiet=True,
-            suppress_env_files=True,
-            json_mode=False,
-        )
-    rc = int(result.rc or 0)
-    run = RunResult(
-        status=str(result.status),
+    with token_file(hub_token(os.environ)) as token_path:
+        runner = init_runner(**runner_kwargs(run, os.environ, token_path), event_handler=handle)
+        # ansible-runner seeds the run's environment from this process's; the token stays out.
+        runner.config.env = scrubbed(runner.config.env, token_path=token_path)
+        runner.run()
+    rc = int(runner.rc or 0)
+    result = RunResult(
+        status=str(runner.status),
         rc=rc,
-        record_dir=record_dir,
+        record_dir=run.record_dir,
         tally=tally,
         stats=stats,
-        error_tail=_output_tail(record_dir) if rc and not tally.failures else "",
+        error_tail=_output_tail(run.record_dir) if rc and not tally.failures else "",
     )
-    _write_summary(run)
-    return run
+    _write_summary(result)
+    return result
 
 
 def _output_tail(record_dir: Path, lines: int = 15) -> str:

@@ -5,6 +5,12 @@
   that is already up (and heals dead hosts) and then leaves it up; a lab it brought up
   itself it takes down at the end of the session.
 - ``lab_env``: environment for ansible-runner / ansible-playbook (this venv's bin on PATH).
+- ``side_instance(tag, offset)``: a second lab instance derived from the session's own
+  (name + tag, subnet shifted), so tests that need one never collide with the main lab or
+  with another checkout's.
+
+The lab dir is ``$K2_LAB_DIR``, else this checkout's ``.lab`` (whatever directory pytest
+runs from), so every test shares one rootfs and image store.
 
 Tests marked ``@pytest.mark.lab`` need root. Without root they FAIL with the reason, so a
 missing lab never passes quietly; ``K2_LAB=0`` in the environment skips them explicitly.
@@ -12,6 +18,7 @@ missing lab never passes quietly; ``K2_LAB=0`` in the environment skips them exp
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from collections.abc import Iterator
@@ -19,10 +26,26 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import lab as labmod
-from k2provision.lab.proc import proc_ref
+import k2lab as labmod
+from k2lab.proc import proc_ref
 
 LAB_HOSTS = 4
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("K2_LAB_DIR", str(ROOT / ".lab"))
+
+
+def side_instance(tag: str, offset: int) -> labmod.LabConfig:
+    """A lab instance beside the session's: its name with `tag` appended (at most 8
+    characters), its /24 with the second octet moved by `offset`."""
+    main = labmod.LabConfig.default()
+    net = ipaddress.ip_network(main.subnet)
+    octets = str(net.network_address).split(".")
+    octets[1] = str((int(octets[1]) + offset) % 256)
+    return labmod.LabConfig(
+        lab_dir=main.lab_dir,
+        name=f"{main.name[: 8 - len(tag)]}{tag}",
+        subnet=f"{'.'.join(octets)}/24",
+    )
 
 
 def lab_skip_reason() -> str | None:

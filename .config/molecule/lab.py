@@ -14,14 +14,19 @@ is current. Root is required, as for every lab operation.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from k2provision import lab
-from k2provision.lab.config import LabConfig, default_lab_dir
-from k2provision.lab.errors import LabError
-from k2provision.lab.inventory import parse_pairs, parse_var_value
-from k2provision.lab.standin import build_standin
+import k2lab as lab
+from k2lab.config import LabConfig
+from k2lab.errors import LabError
+from k2lab.inventory import parse_pairs, parse_var_value
+from k2lab.standin import build_standin
+
+# Molecule runs this from the scenario's directory: the lab dir is the checkout's own .lab
+# (shared with the tests), unless K2_LAB_DIR names another.
+LAB_DIR = Path(os.environ.get("K2_LAB_DIR") or Path(__file__).resolve().parents[2] / ".lab")
 
 
 def main(argv: list[str]) -> int:
@@ -34,7 +39,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--group", action="append", default=[], help="NAME=COUNT, in order")
     parser.add_argument("--var", action="append", default=[], help="KEY=VALUE for [all:vars]")
     args = parser.parse_args(argv)
-    cfg = LabConfig(lab_dir=default_lab_dir(), name=args.name, subnet=args.subnet)
+    cfg = LabConfig(lab_dir=LAB_DIR, name=args.name, subnet=args.subnet)
     try:
         if args.action == "down":
             lab.down(cfg=cfg)
@@ -47,7 +52,7 @@ def main(argv: list[str]) -> int:
         } or None
         args.inventory.parent.mkdir(parents=True, exist_ok=True)
         lab.up(args.hosts, inventory=args.inventory, groups=groups, all_vars=all_vars, cfg=cfg)
-        build_standin()
+        build_standin(cfg)
     except LabError as exc:
         for problem in exc.problems:
             print(f"lab: {problem}", file=sys.stderr)

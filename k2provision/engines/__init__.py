@@ -1,77 +1,20 @@
 """Engine renderers: Deployment -> per-host processes and files.
 
 Each engine is one module exposing `render(deployment) -> dict[host, HostRender]` and
-`endpoint(deployment) -> str`; REGISTRY maps engine names to those modules.
+`endpoint(deployment) -> str` (the `Renderer` protocol of engines/base.py, where the shared
+types live); REGISTRY maps engine names to those modules. Engine modules import from
+engines/base.py, never from this package, so the registry's imports run one way.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Protocol
+from k2provision.engines import ktransformers, sglang, trtllm, vllm
+from k2provision.engines.base import Renderer
 
-from k2provision.models import (
-    Cluster,
-    EngineRelease,
-    KvDtype,
-    ModelSpec,
-    PoolName,
-    PoolPlan,
-    Process,
-    Record,
-)
-
-
-class Deployment(Record):
-    """What a renderer needs: the cluster, the model, the release and the decided pools."""
-
-    cluster: Cluster
-    model: ModelSpec
-    release: EngineRelease
-    pools: tuple[PoolPlan, ...]
-    context_length: int
-    image: str
-    # Decided by the plan's memory fit (the fit counts exactly what is rendered):
-    kv_cache_dtype: KvDtype = "bf16"
-    multimodal: bool = False  # the vision tower is loaded and image input is served
-    language_model_only: bool = False  # a multimodal model served text-only (vLLM)
-
-    def pool(self, name: PoolName) -> PoolPlan:
-        """The pool called `name` (KeyError if the layout has none)."""
-        for p in self.pools:
-            if p.name == name:
-                return p
-        raise KeyError(name)
-
-
-class HostRender(Record):
-    """One host's share of a rendering."""
-
-    processes: tuple[Process, ...] = ()
-    files: dict[str, str] = {}
-
-
-class Renderer(Protocol):
-    """The interface every engine module implements."""
-
-    def render(self, deployment: Deployment) -> dict[str, HostRender]:
-        """Processes and files per host name."""
-        ...
-
-    def endpoint(self, deployment: Deployment) -> str:
-        """The OpenAI-compatible base URL clients use."""
-        ...
-
-
-def _registry() -> dict[str, Renderer]:
-    from k2provision.engines import ktransformers, sglang, trtllm, vllm
-
-    modules: dict[str, ModuleType] = {
-        "sglang": sglang,
-        "trtllm": trtllm,
-        "vllm": vllm,
-        "ktransformers": ktransformers,
-    }
-    return dict(modules)  # modules satisfy Renderer structurally
-
-
-REGISTRY: dict[str, Renderer] = _registry()
+# Modules satisfy Renderer structurally.
+REGISTRY: dict[str, Renderer] = {
+    "sglang": sglang,
+    "trtllm": trtllm,
+    "vllm": vllm,
+    "ktransformers": ktransformers,
+}

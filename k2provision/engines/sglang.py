@@ -22,7 +22,7 @@ now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
 from __future__ import annotations
 
 from k2provision import catalog
-from k2provision.engines import Deployment, HostRender
+from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import (
     any_address,
     host_port,

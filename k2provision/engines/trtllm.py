@@ -28,7 +28,7 @@ from pathlib import PurePosixPath
 
 import yaml
 
-from k2provision.engines import Deployment, HostRender
+from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import (
     SUBNET,
     http_gate,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 
-from k2provision.engines import Deployment, HostRender
+from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import (
     any_address,
     host_port,

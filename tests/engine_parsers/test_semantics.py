@@ -13,7 +13,7 @@ golden launch goes through the engine's own configuration logic, on this CPU hos
 
 Rules that only the running engines apply, across processes or at model load on GPUs, are
 checked against those derived values below, each beside the upstream file it mirrors; the
-lab stand-in (containers/standin) enforces the same rules at run time. The renders this
+lab stand-in (k2lab/standin_image) enforces the same rules at run time. The renders this
 project used to produce (a DP head with a start rank, PD spare experts without EPLB) are
 checked too, and must fail.
 """

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from k2provision import lab as lab_api
+import k2lab as lab_api
+from k2lab.standin import build_standin
 from k2provision.inventory import load_cluster
-from k2provision.lab.standin import build_standin
 from k2provision.plan import build_plan
 
 pytestmark = pytest.mark.lab

@@ -4,7 +4,9 @@ idempotent up, link shaping, and a down that leaves nothing behind."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -12,13 +14,12 @@ from pathlib import Path
 import ansible_runner
 import pytest
 
-from k2provision import lab as labapi
-from k2provision.lab.config import LabConfig
-from k2provision.lab.fs import mounts_under
-from k2provision.lab.hosts import port_open
-from k2provision.lab.images import BASE_IMAGE
-from k2provision.lab.proc import is_alive, quiet_log
-from tests.lab_support import ansible_env
+import k2lab as labapi
+from k2lab.fs import mounts_under
+from k2lab.hosts import port_open
+from k2lab.images import BASE_IMAGE
+from k2lab.proc import is_alive, quiet_log
+from tests.lab_support import ROOT, ansible_env, side_instance
 
 pytestmark = pytest.mark.lab
 
@@ -132,9 +133,9 @@ def test_an_image_built_on_the_controller_runs_in_every_host(
                 "built-for-the-lab\n"
             )
     finally:
-        from k2provision.lab.images import remove_image
+        from k2lab.images import remove_image
 
-        remove_image(LabConfig.default(), tag)
+        remove_image(labapi.LabConfig.default(), tag)
 
 
 def test_a_stopped_host_is_unreachable_and_comes_back_with_its_disk(lab: labapi.LabState) -> None:
@@ -168,7 +169,7 @@ def _shaped_seconds(state: labapi.LabState, megabytes: int) -> float:
 
 
 def test_second_instance_up_is_idempotent_shapes_and_down_leaves_nothing(tmp_path: Path) -> None:
-    cfg = LabConfig(lab_dir=LabConfig.default().lab_dir, name="k2labt", subnet="10.78.0.0/24")
+    cfg = side_instance("t", 100)
     inventory = tmp_path / "t.ini"
     if labapi.status(cfg).up:
         labapi.down(cfg, log=quiet_log)
@@ -176,7 +177,7 @@ def test_second_instance_up_is_idempotent_shapes_and_down_leaves_nothing(tmp_pat
     state = labapi.up(2, inventory=inventory, shape_mbit=40, cfg=cfg, log=messages.append)
     try:
         assert state.host_names == ("lab1", "lab2")
-        assert "10.78.0.11" in inventory.read_text()
+        assert f" ansible_host={cfg.host_ip(1)} " in inventory.read_text()
 
         # 5 MB at 40 Mbit/s takes 1 s at least; unshaped it takes a fraction of that.
         assert _shaped_seconds(state, 5) > 0.9
@@ -186,7 +187,7 @@ def test_second_instance_up_is_idempotent_shapes_and_down_leaves_nothing(tmp_pat
         messages.clear()
         again = labapi.up(2, inventory=inventory, cfg=cfg, log=messages.append)
         assert [h.init for h in again.hosts] == [h.init for h in state.hosts]
-        assert messages == ["lab k2labt is already up with 2 hosts; nothing changed"]
+        assert messages == [f"lab {cfg.name} is already up with 2 hosts; nothing changed"]
 
         dead = again.host("lab2")
         subprocess.run(["kill", "-9", str(dead.init.pid if dead.init else 0)], check=True)
@@ -201,9 +202,9 @@ def test_second_instance_up_is_idempotent_shapes_and_down_leaves_nothing(tmp_pat
     assert not cfg.state_file.exists()
     assert not inventory.exists()
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
-    assert "k2labt-" not in netns.stdout
+    assert f"{cfg.name}-" not in netns.stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    assert "k2labt" not in links.stdout
+    assert cfg.name not in links.stdout
     assert not mounts_under(cfg.instance_dir)
     assert final.proxy is not None
     assert not is_alive(final.proxy.proc)
@@ -212,3 +213,42 @@ def test_second_instance_up_is_idempotent_shapes_and_down_leaves_nothing(tmp_pat
         assert not is_alive(host.outer)
         assert not Path(host.dir).exists()
     labapi.down(cfg, log=quiet_log)  # a second down is a no-op
+
+
+def test_lab_up_from_another_directory_writes_that_directory_s_inventory(tmp_path: Path) -> None:
+    """A second checkout (any directory) gets its own inventory/lab.ini, one that plans, and
+    the package's own checkout is left alone."""
+    cfg = side_instance("c", 110)
+    clone = tmp_path / "second-clone"
+    clone.mkdir()
+    ours = ROOT / "inventory" / "lab.ini"
+    before = ours.read_text() if ours.exists() else None
+    env = {
+        **ansible_env(),
+        "K2_LAB_NAME": cfg.name,
+        "K2_LAB_SUBNET": cfg.subnet,
+        "K2_LAB_DIR": str(cfg.lab_dir),
+    }
+    k2 = str(Path(sys.executable).parent / "k2provision")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [k2, *args], cwd=clone, env=env, capture_output=True, text=True, timeout=900
+        )
+
+    try:
+        up = run("lab", "up", "3")
+        assert up.returncode == 0, up.stderr[-3000:]
+        written = clone / "inventory" / "lab.ini"
+        assert written.is_file()
+        assert f" ansible_host={cfg.host_ip(3)} " in written.read_text()
+        plan = run("plan", "inventory/lab.ini", "--format", "json")
+        assert plan.returncode == 0, plan.stderr
+        assert {h["name"] for h in json.loads(plan.stdout)["hosts"]} == {"lab1", "lab2", "lab3"}
+        assert "layout: " in up.stdout
+        assert (ours.read_text() if ours.exists() else None) == before
+    finally:
+        down = run("lab", "down")
+    assert down.returncode == 0, down.stderr
+    assert not (clone / "inventory" / "lab.ini").exists()
+    assert not cfg.state_file.exists()

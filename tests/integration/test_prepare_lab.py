@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from k2provision import lab
-from k2provision.lab.config import LabConfig, default_lab_dir
-from k2provision.lab.standin import build_standin
+import k2lab as lab
+from k2lab.config import LabConfig, default_lab_dir
+from k2lab.standin import build_standin
 from tests.lab_support import require_lab
 
 pytestmark = pytest.mark.lab

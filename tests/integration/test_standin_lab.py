@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
+import k2lab as labapi
+from k2lab.proc import quiet_log
+from k2lab.standin import STANDIN_IMAGE, build_standin, image_key
 from k2provision import catalog
-from k2provision import lab as labapi
-from k2provision.lab.proc import quiet_log
-from k2provision.lab.standin import STANDIN_IMAGE, build_standin, image_key
 from k2provision.plan import LAB_IMAGE
 from tests.lab_support import ansible_env, require_lab
 

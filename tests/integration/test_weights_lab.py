@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from k2provision import lab as lab_api
+import k2lab as lab_api
 
 pytestmark = pytest.mark.lab
 
@@ -47,7 +47,7 @@ def weights(
 ) -> subprocess.CompletedProcess[str]:
     """The weights command, as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "k2provision.weights.cli", str(inventory), *args],
+        [sys.executable, "-m", "k2provision.cli", "weights", str(inventory), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -245,7 +245,7 @@ def weights_with_fault(
     lab_api.shape(mbit)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "k2provision.weights.cli", str(inventory)],
+            [sys.executable, "-m", "k2provision.cli", "weights", str(inventory)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -41,9 +41,9 @@ class HostTrap:
 
     def run(self, *args: str) -> tuple[int, str, str, BaseException | None]:
         """The real CLI in-process: (exit code, stdout, stderr, unexpected exception)."""
-        from k2provision.cli import app
+        from k2provision.cli import build_app
 
-        result = self.runner.invoke(app, list(args))
+        result = self.runner.invoke(build_app(), list(args))
         unexpected = None if isinstance(result.exception, SystemExit | None) else result.exception
         return result.exit_code, result.stdout, result.stderr, unexpected
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from k2provision import catalog
-from k2provision.engines import Deployment, vllm
+from k2provision.engines import vllm
+from k2provision.engines.base import Deployment
 from k2provision.models import Cluster, HealthGate, HostSpec, Plan, Process, Tunables
 from k2provision.plan import build_plan
 

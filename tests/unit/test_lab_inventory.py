@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.lab.errors import LabError
-from k2provision.lab.inventory import (
+from k2lab.errors import LabError
+from k2lab.inventory import (
     HOSTS_BEGIN,
     HOSTS_END,
     INVENTORY_HEADER,

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from k2provision.lab import core
-from k2provision.lab.cli import lab_app
-from k2provision.lab.config import LabConfig
-from k2provision.lab.errors import LabError, NotRootError
-from k2provision.lab.net import tbf_args
-from k2provision.lab.proc import ProcRef, is_alive, proc_ref
-from k2provision.lab.state import HostState, LabState, load_state, save_state
+from k2lab import core
+from k2lab.cli import lab_app
+from k2lab.config import LabConfig
+from k2lab.errors import LabError, NotRootError
+from k2lab.net import tbf_args
+from k2lab.proc import ProcRef, is_alive, proc_ref
+from k2lab.state import HostState, LabState, load_state, save_state
 
 
 def host(index: int) -> HostState:

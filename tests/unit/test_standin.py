@@ -1,7 +1,7 @@
-"""The stand-in engines (containers/standin), run directly on this machine as subprocesses.
+"""The stand-in engines (k2lab/standin_image), run directly on this machine as subprocesses.
 
 The stand-in is the test double for the engines' GPU kernels that the lab image carries; here
-each entry point runs from the source tree (PYTHONPATH/PATH into containers/standin) with
+each entry point runs from the source tree (PYTHONPATH/PATH into k2lab/standin_image) with
 loopback addresses and free ports, and its records go to a temporary directory.
 """
 
@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from k2provision.lab.errors import LabError
-from k2provision.lab.standin import content_hash
+from k2lab.errors import LabError
+from k2lab.standin import content_hash, standin_dir
 from k2provision.plan import LAB_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
-STANDIN = REPO / "containers" / "standin"
+STANDIN = standin_dir()
 PYTHON = sys.executable
 SECRET = "s3cret-value-never-recorded"
 
@@ -762,15 +762,15 @@ def test_content_hash_tracks_the_sources(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("containerfile", "arg", "pinned"),
     [
-        ("standin", "SGLANG_ROUTER_VERSION", "router"),
-        ("router", "SGLANG_ROUTER_VERSION", "router"),
-        ("ktransformers", "KT_KERNEL_VERSION", "ktransformers"),
+        ("k2lab/standin_image", "SGLANG_ROUTER_VERSION", "router"),
+        ("containers/router", "SGLANG_ROUTER_VERSION", "router"),
+        ("containers/ktransformers", "KT_KERNEL_VERSION", "ktransformers"),
     ],
 )
 def test_images_carry_the_catalogs_pins(containerfile: str, arg: str, pinned: str) -> None:
     from k2provision import catalog
 
-    text = (REPO / "containers" / containerfile / "Containerfile").read_text()
+    text = (REPO / containerfile / "Containerfile").read_text()
     (line,) = [x for x in text.splitlines() if x.startswith(f"ARG {arg}=")]
     release = catalog.RELEASES["ktransformers"]
     want = catalog.ROUTER.version if pinned == "router" else release.version

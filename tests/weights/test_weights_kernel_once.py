@@ -57,7 +57,7 @@ def test_each_kernel_helper_is_defined_exactly_once_in_the_tree() -> None:
     helpers = kernel_helpers()
     for expected in (
         "human",
-        "describe",
+        "describe_error",
         "parse_address",
         "check_name",
         "natural_key",

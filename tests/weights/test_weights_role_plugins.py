@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from k2provision import runner
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.action import (
     weights_hub,
     weights_wait,
@@ -25,7 +24,7 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.modu
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.modules import (
     weights_source,
 )
-from k2provision.weights import cli, kernel
+from k2provision.weights import kernel, progress
 from k2provision.weights.manifest import ManifestError, manifest_from_dir
 from tests.relay_harness import write_shard
 
@@ -269,19 +268,6 @@ def test_hub_errors_never_carry_the_token() -> None:
     assert "***" in caught.value.problems[0]
 
 
-def test_the_token_leaves_the_environment_for_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.delenv(runner.TOKEN_FILE_ENV, raising=False)
-    with runner.token_moved_to_file():
-        assert "HF_TOKEN" not in os.environ
-        path = Path(os.environ[runner.TOKEN_FILE_ENV])
-        assert path.read_text() == TOKEN
-        assert path.stat().st_mode & 0o077 == 0
-    assert os.environ["HF_TOKEN"] == TOKEN
-    assert runner.TOKEN_FILE_ENV not in os.environ
-    assert not path.exists()
-
-
 def test_progress_feed_and_views(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     lines = [
@@ -291,7 +277,7 @@ def test_progress_feed_and_views(tmp_path: Path) -> None:
         {"host": "seed", "event": "progress", "rx": 0, "tx": 90, "total": 100},
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"host": "lab2", "ev')
-    feed = cli.ProgressFeed(path)
+    feed = progress.ProgressFeed(path)
     feed.poll_once()
     hosts = {h.name: h for h in feed.snapshot()}
     assert (hosts["lab2"].rx, hosts["lab3"].rx, hosts["lab4"].status) == (80, 50, "lost")
@@ -300,7 +286,7 @@ def test_progress_feed_and_views(tmp_path: Path) -> None:
         f.write('ent": "summary", "status": "ok"}\n')
     feed.poll_once()
     assert {h.name: h for h in feed.snapshot()}["lab2"].rx == 100
-    cli.console.print(cli.progress_view(feed.snapshot(), "Distribute | Follow"))
+    progress.console.print(progress.progress_view(feed.snapshot(), "Distribute | Follow"))
     record = {
         "manifest": {"model": "m", "revision": "r", "files": [{"name": "a", "size": 3}]},
         "check_mode": False,
@@ -309,7 +295,7 @@ def test_progress_feed_and_views(tmp_path: Path) -> None:
             {"host": "lab3", "status": "lost", "message": "gone", "files": 1},
         ],
     }
-    table = cli.results_table(record)
+    table = progress.results_table(record)
     assert table.row_count == 2
 
 

@@ -25,7 +25,7 @@ def human(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     """A short, log-safe description of an exception."""
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.__class__.__name__}: {exc.strerror}"

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .common import MANIFEST_FORMAT, Json, RelayError, describe
+from .common import MANIFEST_FORMAT, Json, RelayError, describe_error
 from .names import check_name
 
 _HEX = frozenset("0123456789abcdef")
@@ -104,4 +104,4 @@ def load_manifest_file(path: str) -> RelayManifest:
                 text = f.read()
         return read_manifest(json.loads(text))
     except (OSError, ValueError) as exc:
-        raise RelayError(f"cannot read manifest {path}: {describe(exc)}") from None
+        raise RelayError(f"cannot read manifest {path}: {describe_error(exc)}") from None

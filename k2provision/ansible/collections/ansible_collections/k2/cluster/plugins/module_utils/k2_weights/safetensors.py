@@ -6,7 +6,7 @@ import json
 import os
 import struct
 
-from .common import describe
+from .common import describe_error
 
 SAFETENSORS_MAX_HEADER = 100_000_000
 
@@ -65,5 +65,5 @@ def check_safetensors_file(path: str, size: int | None = None) -> str | None:
                 if 0 < length <= SAFETENSORS_MAX_HEADER and 8 + length <= actual:
                     first += f.read(length)
     except OSError as exc:
-        return f"cannot read header: {describe(exc)}"
+        return f"cannot read header: {describe_error(exc)}"
     return check_safetensors_header(first, actual if size is None else size)

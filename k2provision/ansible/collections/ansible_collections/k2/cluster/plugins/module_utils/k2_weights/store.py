@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .common import MANIFEST_FORMAT, STORED_MANIFEST, describe, human
+from .common import MANIFEST_FORMAT, STORED_MANIFEST, describe_error, human
 from .hashing import sha256_file
 from .manifest import FileMeta, RelayManifest
 from .names import final_path, is_safetensors, partial_path, resume_path
@@ -187,7 +187,7 @@ class LocalStore:
                 states[meta.name] = "missing"
                 continue
             except OSError as exc:
-                states[meta.name] = f"wrong: {describe(exc)}"
+                states[meta.name] = f"wrong: {describe_error(exc)}"
                 continue
             if not os.path.isfile(path):
                 states[meta.name] = "wrong: not a regular file"
@@ -210,7 +210,7 @@ class LocalStore:
                 try:
                     digest = sha256_file(path)
                 except OSError as exc:
-                    return meta.name, f"wrong: {describe(exc)}"
+                    return meta.name, f"wrong: {describe_error(exc)}"
                 if digest != meta.sha256:
                     return meta.name, "wrong: sha256 differs from the manifest"
                 if is_safetensors(meta.name):

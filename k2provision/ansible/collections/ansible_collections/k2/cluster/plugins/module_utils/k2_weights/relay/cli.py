@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Any
 
-from ..common import RelayError, describe
+from ..common import RelayError, describe_error
 from ..manifest import load_manifest_file
 from ..store import LocalStore
 from .output import Emitter
@@ -170,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.dest, exist_ok=True)
         receiver = Receiver(args, opts, emit)
     except (OSError, RelayError) as exc:
-        emit("summary", status="refused", message=f"{emit.host}: {describe(exc)}", dest=args.dest)
+        emit(
+            "summary",
+            status="refused",
+            message=f"{emit.host}: {describe_error(exc)}",
+            dest=args.dest,
+        )
         return EXIT_REFUSED
     try:
         return receiver.run()

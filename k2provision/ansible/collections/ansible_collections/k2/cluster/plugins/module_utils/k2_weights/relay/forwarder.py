@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..common import Json, RelayError, describe
+from ..common import Json, RelayError, describe_error
 from ..manifest import FileMeta
 from .output import Counters, Emitter, StageClock
 from .pipeline import Chunk, FileJob
@@ -135,7 +135,7 @@ class Forwarder:
                     self.pending = None
                 if self.aborted.is_set():
                     return False
-                self._skip(addr, f"cannot link: {describe(exc)}")
+                self._skip(addr, f"cannot link: {describe_error(exc)}")
                 continue
             below = [h for h in reply.get("hosts", []) if isinstance(h, dict)]
             gone = {h.get("host") for h in below if h.get("state") == "skipped"}
@@ -280,7 +280,7 @@ class Forwarder:
             self.conn.close()
         with self.lock:
             self.conn = None
-        self._skip(addr, f"connection lost: {describe(exc)}")
+        self._skip(addr, f"connection lost: {describe_error(exc)}")
         if self.link():
             self.backlog = [
                 m for m in self.files if m.name in self.need and m.name not in self.upcoming
@@ -293,7 +293,7 @@ class Forwarder:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
-            self.emit("backlog_unavailable", name=meta.name, reason=describe(exc))
+            self.emit("backlog_unavailable", name=meta.name, reason=describe_error(exc))
             return
         try:
             conn.sock.sendall(file_frame(meta, 0))

@@ -26,7 +26,7 @@ import queue
 import threading
 from typing import Any
 
-from ..common import RelayError, describe
+from ..common import RelayError, describe_error
 from ..hashing import Sha256, sha256_file
 from ..manifest import FileMeta
 from ..names import is_safetensors
@@ -222,7 +222,9 @@ class Hasher:
                 try:
                     sha256_file(job.partial, start=0, end=job.start, into=h)
                 except OSError as exc:
-                    job.error = job.error or f"cannot re-read the partial file: {describe(exc)}"
+                    job.error = (
+                        job.error or f"cannot re-read the partial file: {describe_error(exc)}"
+                    )
         offset = job.start
         last = offset
         while True:
@@ -309,7 +311,7 @@ class Writer:
                         self.counters.add("written", b - a)
                         written = offset + b - a
                 except OSError as exc:
-                    job.error = f"write failed: {describe(exc)}"
+                    job.error = f"write failed: {describe_error(exc)}"
                 if not fwd:
                     chunk.release()
                 elif fd >= 0 and not job.error:
@@ -349,7 +351,7 @@ class Writer:
             job.fd_read = os.open(job.partial, os.O_RDONLY)  # the forwarder's sendfile source
             return fd
         except OSError as exc:
-            job.error = f"cannot open {job.partial}: {describe(exc)}"
+            job.error = f"cannot open {job.partial}: {describe_error(exc)}"
             return -1
 
     def _flush(self, job: FileJob, fd: int, written: int, dropped: int) -> tuple[int, int]:
@@ -357,7 +359,7 @@ class Writer:
         try:
             os.fdatasync(fd)
         except OSError as exc:
-            job.error = f"write failed: {describe(exc)}"
+            job.error = f"write failed: {describe_error(exc)}"
             return written, dropped
         job.note_durable(written)
         done = job.gate.forwarded(written)
@@ -378,7 +380,7 @@ class Writer:
                         FADVISE(fd, 0, 0, DONTNEED)
                 os.close(fd)
             except OSError as exc:
-                job.error = job.error or f"write failed: {describe(exc)}"
+                job.error = job.error or f"write failed: {describe_error(exc)}"
         job.hashed.wait()
         reason = job.error
         if not reason:
@@ -386,7 +388,7 @@ class Writer:
                 size = os.stat(job.partial).st_size
             except OSError as exc:
                 size = -1
-                reason = f"partial file vanished: {describe(exc)}"
+                reason = f"partial file vanished: {describe_error(exc)}"
             if not reason and size != meta.size:
                 reason = f"size {size} != manifest size {meta.size}"
             elif not reason and job.digest != meta.sha256:
@@ -403,7 +405,7 @@ class Writer:
                 fsync_dir(os.path.dirname(job.final))
                 job.store.record(meta, os.stat(job.final).st_mtime_ns)
             except OSError as exc:
-                reason = f"cannot install {job.final}: {describe(exc)}"
+                reason = f"cannot install {job.final}: {describe_error(exc)}"
         if reason:
             with contextlib.suppress(OSError):
                 os.unlink(job.partial)

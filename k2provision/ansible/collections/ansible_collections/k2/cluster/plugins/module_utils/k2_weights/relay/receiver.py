@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from ..common import Json, RelayError, describe, format_address, parse_address
+from ..common import Json, RelayError, describe_error, format_address, parse_address
 from ..manifest import FileMeta, RelayManifest, load_manifest_file, read_manifest
 from ..names import resume_path
 from ..store import LocalStore, check_disk_space, load_resume_point
@@ -215,7 +215,7 @@ class Receiver:
                 try:
                     hello = conn.recv_json(T_HELLO)
                 except (OSError, RelayError, ValueError) as exc:
-                    self.emit("ignored", peer=str(peer[0]), reason=describe(exc))
+                    self.emit("ignored", peer=str(peer[0]), reason=describe_error(exc))
                     conn.close()
                     continue
                 self.sessions += 1
@@ -316,9 +316,9 @@ class Receiver:
                     f"{self.emit.host}: the manifest sent differs from {self.args.manifest}"
                 )
         except (RelayError, TypeError, ValueError) as exc:
-            self.emit("error", reason=describe(exc))
+            self.emit("error", reason=describe_error(exc))
             with contextlib.suppress(OSError):
-                conn.send_frame(T_ERROR, describe(exc).encode("utf-8"))
+                conn.send_frame(T_ERROR, describe_error(exc).encode("utf-8"))
             conn.close()
             return None
         return manifest, chain, chunk
@@ -362,7 +362,7 @@ class Receiver:
             try:
                 return {"states": self.store.scan(manifest, verify, self.opts.workers(), self.emit)}
             except (OSError, RelayError) as exc:
-                return {"error": describe(exc)}
+                return {"error": describe_error(exc)}
 
         def do_scan() -> None:
             scan.update(group.scan_once(scan_all) if group is not None else scan_all())
@@ -438,7 +438,7 @@ class Receiver:
                 },
             )
         except OSError as exc:
-            self.emit("upstream_lost", reason=describe(exc))
+            self.emit("upstream_lost", reason=describe_error(exc))
             fwd.abort()
             self._merge_skips(fwd)
             conn.close()
@@ -522,7 +522,7 @@ class Receiver:
                     job = None
         except (OSError, RelayError, ValueError) as exc:
             clock.__exit__()
-            self.emit("upstream_lost", reason=describe(exc))
+            self.emit("upstream_lost", reason=describe_error(exc))
             fwd.abort()
             if job is not None:
                 job.hq.put(("abort",))

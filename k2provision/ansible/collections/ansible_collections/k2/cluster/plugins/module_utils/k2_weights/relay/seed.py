@@ -15,7 +15,7 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..common import Json, RelayError, describe, parse_address
+from ..common import Json, RelayError, describe_error, parse_address
 from ..hashing import sha256_file
 from ..manifest import FileMeta, RelayManifest, load_manifest_file
 from ..names import final_path, is_safetensors
@@ -61,7 +61,7 @@ class Seed:
             try:
                 size = os.stat(path).st_size
             except OSError as exc:
-                problems.append(f"{self.emit.host}: source {path}: {describe(exc)}")
+                problems.append(f"{self.emit.host}: source {path}: {describe_error(exc)}")
                 continue
             if size != meta.size:
                 problems.append(
@@ -187,7 +187,7 @@ class Seed:
         try:
             return sha256_file(final_path(self.source, meta.name))
         except OSError as exc:
-            return f"unreadable: {describe(exc)}"
+            return f"unreadable: {describe_error(exc)}"
         finally:
             self.counters.add_cpu("hash", time.thread_time() - t0)
 
@@ -227,7 +227,9 @@ class Seed:
             try:
                 shared = SharedFd(os.open(path, os.O_RDONLY), 1)
             except OSError as exc:
-                self.emit("error", name=meta.name, reason=f"cannot read source: {describe(exc)}")
+                self.emit(
+                    "error", name=meta.name, reason=f"cannot read source: {describe_error(exc)}"
+                )
                 shared = SharedFd(os.open(os.devnull, os.O_RDONLY), 1)
             frame = file_frame(meta, start)
             for f in forwarders:

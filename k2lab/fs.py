@@ -6,8 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-from k2provision.lab.errors import LabError
-from k2provision.lab.proc import run
+from k2lab.errors import LabError
+from k2lab.proc import run
 
 
 def _unescape(field: str) -> str:

@@ -25,12 +25,12 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from k2provision.lab.config import PROXY_NAME, LabConfig
-from k2provision.lab.errors import LabError
-from k2provision.lab.fs import write_file
-from k2provision.lab.hosts import storage_driver
-from k2provision.lab.proc import Log, quiet_log, run
-from k2provision.lab.rootfs import STATIC_FILES, recipe_hash
+from k2lab.config import PROXY_NAME, LabConfig
+from k2lab.errors import LabError
+from k2lab.fs import write_file
+from k2lab.hosts import storage_driver
+from k2lab.proc import Log, quiet_log, run
+from k2lab.rootfs import STATIC_FILES, recipe_hash
 
 BASE_IMAGE = "localhost/k2host:test"
 RECIPE_LABEL = "k2lab.recipe"

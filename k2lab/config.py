@@ -1,6 +1,6 @@
 """Where the lab keeps its files and how one lab instance is named and addressed.
 
-Shared by every instance, under the lab dir (`$K2_LAB_DIR`, else `<repo>/.lab`):
+Shared by every instance, under the lab dir (`$K2_LAB_DIR`, else `./.lab`):
 ``rootfs/`` (one debootstrapped Debian bookworm, the lower layer of every host),
 ``rootfs.json`` (its completion marker), ``cache/`` (downloaded .debs), ``images/``
 (the controller's podman store that hosts mount read-only), ``ssh/`` (the lab key).
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from k2provision.lab.errors import LabError
+from k2lab.errors import LabError
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 # Characters that would break an overlayfs mount option string or a shell word.
@@ -29,21 +29,17 @@ PROXY_NAME = "k2lab-proxy"
 """The name every host (and image build) resolves to its instance's proxy address."""
 
 
-def repo_root() -> Path:
-    """The source checkout holding this package, else the current directory."""
-    here = Path(__file__).resolve().parents[2]
-    return here if (here / "pyproject.toml").exists() else Path.cwd()
-
-
 def default_lab_dir() -> Path:
-    """`$K2_LAB_DIR`, else `<repo>/.lab`."""
+    """`$K2_LAB_DIR`, else `.lab` in the current directory (never the package's location, so
+    the lab works the same from a wheel and from any checkout)."""
     env = os.environ.get("K2_LAB_DIR")
-    return Path(env).resolve() if env else repo_root() / ".lab"
+    return Path(env).resolve() if env else Path.cwd() / ".lab"
 
 
 def default_inventory_path() -> Path:
-    """Where `up` writes the lab inventory unless told otherwise."""
-    return repo_root() / "inventory" / "lab.ini"
+    """Where `up` writes the lab inventory unless told otherwise: `inventory/lab.ini` in the
+    current directory."""
+    return Path.cwd() / "inventory" / "lab.ini"
 
 
 @dataclass(frozen=True)

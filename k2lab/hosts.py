@@ -18,11 +18,11 @@ import time
 import uuid
 from pathlib import Path
 
-from k2provision.lab.config import PROXY_NAME, LabConfig
-from k2provision.lab.errors import LabError
-from k2provision.lab.fs import fs_type, write_file
-from k2provision.lab.inventory import hosts_block, update_hosts_file
-from k2provision.lab.proc import (
+from k2lab.config import PROXY_NAME, LabConfig
+from k2lab.errors import LabError
+from k2lab.fs import fs_type, write_file
+from k2lab.inventory import hosts_block, update_hosts_file
+from k2lab.proc import (
     ProcRef,
     children_of,
     is_alive,
@@ -32,7 +32,7 @@ from k2provision.lab.proc import (
     spawn_detached,
     wait_gone,
 )
-from k2provision.lab.state import HostState
+from k2lab.state import HostState
 
 BASE_HOSTS = (
     "127.0.0.1\tlocalhost\n"

@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from k2provision.lab.errors import LabError
-from k2provision.lab.proc import ProcRef
+from k2lab.errors import LabError
+from k2lab.proc import ProcRef
 
 STATE_VERSION: Literal[1] = 1
 

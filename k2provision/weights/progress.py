@@ -1,15 +1,9 @@
-"""``k2provision weights INVENTORY``: the weights phase, with a live bar and a table of hosts.
+"""The weights phase's live view and results table (the command is commands/weights.py).
 
-It runs the ``weights`` phase of playbooks/site.yml (the k2_weights role) through the runner,
-exactly what ``ansible-playbook -i INVENTORY playbooks/site.yml --tags weights`` does, and
-adds three things: a live view of the broadcast drawn from the JSON-lines progress file the
-role appends the relays' progress to (bytes, rate, ETA, every host's lag behind the head of
-the chain), the final table of hosts x verified files, and the run record (the manifest and
-every host's outcome in ``weights.json``).
-
-A Hugging Face token in HF_TOKEN / HUGGING_FACE_HUB_TOKEN is moved, for the run, out of the
-environment into a private file outside the record (the runner writes its environment into
-the record); the role reads it from there.
+The view is drawn from the JSON-lines progress file the k2_weights role appends the relays'
+progress to: bytes, rate, ETA, and every host's lag behind the head of the chain. The table
+shows hosts x verified files from the role's record (``weights.json``). Host names, statuses
+and messages are data: they are printed as plain text, never as markup.
 """
 
 from __future__ import annotations
@@ -19,23 +13,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Any
 
-import typer
 from rich.console import Group
 from rich.live import Live
-from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.spinner import Spinner
 from rich.table import Table
+from rich.text import Text
 
-from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights.common import (  # noqa: E501
-    human,
-)
-from k2provision.display import console
-
-PROGRESS_FILE = "weights-progress.jsonl"
-RESULT_FILE = "weights.json"
+from k2provision.display import console, failure_line
+from k2provision.events import Event, HostResult, TaskStarted
+from k2provision.weights.kernel import common
 
 
 @dataclass
@@ -125,7 +114,7 @@ class ProgressFeed:
 def progress_view(hosts: list[HostProgress], task: str) -> Group:
     """The live picture: the chain's tail against the stream, rate, ETA, each host's lag."""
     receivers = [h for h in hosts if h.name != "seed"]
-    spinner = Spinner("dots", text=escape(task or "starting"))
+    spinner = Spinner("dots", text=Text(task or "starting"))
     if not receivers:
         return Group(spinner)
     total = max(h.total for h in receivers)
@@ -137,8 +126,8 @@ def progress_view(hosts: list[HostProgress], task: str) -> Group:
     summary = Table.grid(padding=(0, 2))
     summary.add_row(
         ProgressBar(total=max(total, 1), completed=tail, width=40),
-        f"{human(tail)} / {human(total)}",
-        f"{human(rate)}/s",
+        f"{common.human(tail)} / {common.human(total)}",
+        f"{common.human(rate)}/s",
         f"ETA {int(eta) // 60}:{int(eta) % 60:02d}" if eta else "",
     )
     table = Table(show_edge=False, pad_edge=False, box=None)
@@ -146,11 +135,11 @@ def progress_view(hosts: list[HostProgress], task: str) -> Group:
         table.add_column(column)
     for h in receivers:
         table.add_row(
-            escape(h.name),
+            h.name,
             ProgressBar(total=max(h.total, 1), completed=h.rx, width=24),
-            f"{human(h.rx)} / {human(h.total)}",
-            f"{human(h.rate)}/s",
-            human(max(0, head - h.rx)),
+            f"{common.human(h.rx)} / {common.human(h.total)}",
+            f"{common.human(h.rate)}/s",
+            common.human(max(0, head - h.rx)),
             h.status,
         )
     return Group(spinner, summary, table)
@@ -180,10 +169,8 @@ class WeightsView:
         self.feed.stop()
         self.live.__exit__(None, None, None)
 
-    def on_event(self, event: Any) -> None:
+    def on_event(self, event: Event) -> None:
         """Fold one typed runner event into the view."""
-        from k2provision.events import HostResult, TaskStarted
-
         if isinstance(event, TaskStarted):
             self.task = event.name
         elif (
@@ -191,12 +178,8 @@ class WeightsView:
             and event.status in {"failed", "unreachable"}
             and not event.ignored
         ):
-            line = f"{event.status} {event.host}: {event.task}: {event.message}"
-            self.failures.append(line)
-            console.print(
-                f"[red]{escape(event.status)}[/] {escape(line[len(event.status) + 1 :])}",
-                soft_wrap=True,
-            )
+            self.failures.append(f"{event.status} {event.host}: {event.task}: {event.message}")
+            console.print(failure_line(event), soft_wrap=True)
 
 
 def results_table(record: dict[str, Any]) -> Table:
@@ -206,7 +189,7 @@ def results_table(record: dict[str, Any]) -> Table:
     files = manifest.get("files") or []
     title = (
         f"weights {manifest.get('model', '')}@{str(manifest.get('revision', ''))[:12]}: "
-        f"{len(files)} files, {human(sum(int(f.get('size', 0)) for f in files))}"
+        f"{len(files)} files, {common.human(sum(int(f.get('size', 0)) for f in files))}"
         + (" (check mode: predicted)" if check else "")
     )
     table = Table(title=title, title_justify="left")
@@ -218,103 +201,22 @@ def results_table(record: dict[str, Any]) -> Table:
     for h in record.get("hosts") or []:
         status = str(h.get("status", ""))
         color = "green" if status == "ok" else "yellow" if status == "would-change" else "red"
-        row = [
-            escape(str(h.get("host", ""))),
-            f"[{color}]{escape(status)}[/]",
+        row: list[str | Text] = [
+            str(h.get("host", "")),
+            Text(status, color),
             f"{h.get('verified', 0)}/{h.get('files', 0)}",
         ]
         if check:
-            row.append(human(int(h.get("need_bytes", 0))))
+            row.append(common.human(int(h.get("need_bytes", 0))))
         else:
             row += [
                 str(len(h.get("received") or [])),
                 str(len(h.get("repaired") or [])),
-                human(int(h.get("bytes_received", 0))),
+                common.human(int(h.get("bytes_received", 0))),
             ]
         failed = ", ".join(str(f.get("name")) for f in h.get("failed") or [])
         detail = str(h.get("message", "")) + (f" failed: {failed}" if failed else "")
-        row.append(escape(detail.strip())[:160])
+        row.append(detail.strip()[:160])
         table.add_row(*row)
     return table
 
-
-def run_weights(
-    inventory: Path, *, verify: bool = False, check: bool = False, limit: str | None = None
-) -> int:
-    """Run the weights phase; print the table; the exit code (0 ok, 1 hosts failed, 2 input)."""
-    from k2provision.cli import load_plan
-    from k2provision.plan import plan_digest
-    from k2provision.runner import new_record_dir, run_playbook
-
-    plan = load_plan(inventory)
-    record = new_record_dir("weights")
-    (record / "plan.json").write_text(json.dumps(plan.model_dump(mode="json"), indent=2) + "\n")
-    progress = record / PROGRESS_FILE
-    progress.touch(mode=0o600)
-    hosts = [h.name for h in plan.hosts if h.pool != "router"]
-    mode = " (check mode: nothing changes)" if check else ""
-    console.print(
-        f"[bold]weights[/] {escape(plan.model)} -> {escape(plan.model_dir)} on {len(hosts)} hosts"
-        f"{mode}{' (re-hash everything)' if verify else ''}: record in {record}",
-        highlight=False,
-    )
-    extravars: dict[str, Any] = {
-        "k2_expected_plan_digest": plan_digest(plan),
-        "k2_weights_progress_file": str(progress),
-        "k2_weights_record_dir": str(record),
-    }
-    if verify:
-        extravars["k2_weights_verify"] = True
-    started = time.monotonic()
-    with WeightsView(progress) as view:
-        run = run_playbook(
-            "site.yml",
-            inventory,
-            record_dir=record,
-            extravars=extravars,
-            tags=["weights"],
-            limit=limit,
-            check=check,
-            on_event=view.on_event,
-        )
-    took = time.monotonic() - started
-    result_path = record / RESULT_FILE
-    if result_path.exists():
-        console.print(results_table(json.loads(result_path.read_text())))
-    elif run.ok:
-        console.print("weights are not managed (k2_weights_source is not set); nothing ran")
-    if run.error_tail:
-        console.print(
-            f"[red]ansible-playbook stopped before any host result:[/]\n{escape(run.error_tail)}"
-        )
-    changed = sum(int(s.get("changed", 0)) for s in run.stats.values())
-    verdict = "[green]succeeded[/]" if run.ok else "[red]failed[/]"
-    console.print(
-        f"weights {verdict} in {took:.1f} s: {changed} changed, "
-        f"{len(run.tally.failures)} host(s) failed or unreachable; record: {record}",
-        highlight=False,
-    )
-    return 0 if run.ok else 1
-
-
-InventoryArg = Annotated[
-    Path, typer.Argument(help="Ansible INI inventory, e.g. inventory/prod.ini")
-]
-
-
-def weights_cmd(
-    inventory: InventoryArg,
-    verify: Annotated[
-        bool, typer.Option("--verify", help="re-hash every file on every host")
-    ] = False,
-    check: Annotated[
-        bool, typer.Option("--check", help="show which hosts would receive what; change nothing")
-    ] = False,
-    limit: Annotated[str | None, typer.Option("--limit", help="only these hosts (pattern)")] = None,
-) -> None:
-    """Put the model's weights on every host: fetched once, streamed host to host, verified."""
-    raise typer.Exit(run_weights(inventory, verify=verify, check=check, limit=limit))
-
-
-if __name__ == "__main__":  # python -m k2provision.weights.cli INVENTORY (the same command)
-    typer.run(weights_cmd)

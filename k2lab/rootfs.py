@@ -16,10 +16,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from k2provision.lab.config import PROXY_NAME, PROXY_PORT, LabConfig
-from k2provision.lab.errors import LabError
-from k2provision.lab.fs import safe_rmtree, write_file
-from k2provision.lab.proc import Log, run
+from k2lab.config import PROXY_NAME, PROXY_PORT, LabConfig
+from k2lab.errors import LabError
+from k2lab.fs import safe_rmtree, write_file
+from k2lab.proc import Log, run
 
 SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

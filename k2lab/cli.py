@@ -1,7 +1,9 @@
 """`k2provision lab ...`: the lab's commands, one function each; parse, call, print, exit code.
 
-Exit codes: 0 done; 1 `status` found the lab down or degraded; 2 an error for a person
-(not root, a missing tool, a bad argument, a step that failed).
+The lab registers this app as the `lab` subcommand of k2provision through the entry point
+`k2provision.commands` (`register`). Exit codes: 0 done; 1 `status` found the lab down or
+degraded; 2 an error for a person (not root, a missing tool, a bad argument, a step that
+failed). Host names, addresses and paths are printed as plain text, never as markup.
 """
 
 from __future__ import annotations
@@ -11,14 +13,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from k2provision.lab import core
-from k2provision.lab.errors import LabError
-from k2provision.lab.inventory import VarValue, parse_pairs, parse_var_value
-from k2provision.lab.state import LabState
+from k2lab import core, demo
+from k2lab.config import LabConfig
+from k2lab.errors import LabError
+from k2lab.inventory import parse_pairs, parse_var_value
+from k2lab.proc import require_root, stderr_log
+from k2lab.standin import build_standin
+from k2lab.state import LabState
+from k2provision.commands.params import FormatOpt, OutputFormat
+from k2provision.display import console as _out
+from k2provision.display import print_errors
 
 lab_app = typer.Typer(
     name="lab",
@@ -26,13 +33,15 @@ lab_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-_err = Console(stderr=True)
-_out = Console()
+
+
+def register(app: typer.Typer) -> None:
+    """Add `lab` to k2provision's app (the `k2provision.commands` entry point)."""
+    app.add_typer(lab_app, name="lab", help="Real SSH hosts on this machine, for trying and tests.")
 
 
 def _fail(exc: LabError) -> typer.Exit:
-    for problem in exc.problems:
-        _err.print(f"[bold red]lab:[/] {escape(problem)}", highlight=False)
+    print_errors(exc, label="lab:")
     return typer.Exit(2)
 
 
@@ -45,26 +54,6 @@ def _parse_rate(text: str) -> float | None:
         raise LabError(f"rate {text!r}: expected Mbit/s (e.g. 100) or off") from exc
 
 
-def demo_layout(n: int) -> tuple[dict[str, int] | None, dict[str, VarValue]]:
-    """What `lab up N` deploys when no --group/--var is given: the whole flow, small.
-
-    Two hosts or more: SGLang PD (first half prefill, second half decode, router on the first
-    prefill host); one host: KTransformers. Weights come from the synthetic test source.
-    """
-    common: dict[str, VarValue] = {
-        "k2_model_dir": "/models/Kimi-K2-Instruct",
-        "k2_context_length": 32768,
-        "k2_weights_source": "synthetic",
-    }
-    if n == 1:
-        return None, {**common, "k2_engine": "ktransformers", "k2_layout": "single"}
-    return {"prefill": n // 2, "decode": n - n // 2}, {
-        **common,
-        "k2_engine": "sglang",
-        "k2_layout": "pd",
-    }
-
-
 @lab_app.command("up")
 def up_cmd(
     n: Annotated[int, typer.Argument(help="How many hosts (lab1..labN).")] = 4,
@@ -73,13 +62,14 @@ def up_cmd(
         typer.Option("--shape-mbit", help="Limit each host link to R Mbit/s each way."),
     ] = None,
     inventory: Annotated[
-        Path | None, typer.Option(help="Where to write the inventory (default inventory/lab.ini).")
+        Path | None,
+        typer.Option(help="Where to write the inventory (default ./inventory/lab.ini)."),
     ] = None,
     group: Annotated[
         list[str] | None,
         typer.Option(
             help="NAME=COUNT, repeatable, in order: --group prefill=1 --group decode=3 "
-            "(default: every host in \\[nodes])."
+            "(default: the first layout that plans for N hosts)."
         ),
     ] = None,
     children: Annotated[
@@ -90,7 +80,11 @@ def up_cmd(
         typer.Option(help="KEY=VALUE for \\[all:vars], repeatable (k2_engine=sglang)."),
     ] = None,
 ) -> None:
-    """Start N hosts (idempotent: running hosts are kept, dead ones restarted)."""
+    """Start N hosts (idempotent: running hosts are kept, dead ones restarted).
+
+    Without --group/--var the inventory describes the first lab layout that plans for N hosts
+    (see k2lab/demo.py for the order tried), and the stand-in engine image is built.
+    """
     try:
         counts = {k: int(v) for k, v in parse_pairs(group or [], "--group").items()} or None
         kids = {
@@ -98,8 +92,10 @@ def up_cmd(
             for k, v in parse_pairs(children or [], "--children").items()
         }
         all_vars = {k: parse_var_value(v) for k, v in parse_pairs(var or [], "--var").items()}
+        chosen = None
         if counts is None and not all_vars:
-            counts, all_vars = demo_layout(n)
+            chosen = demo.choose(LabConfig.default(), n)  # refused here, before anything is made
+            counts, all_vars = chosen.groups, chosen.all_vars
         state = core.up(
             n,
             shape_mbit=shape_mbit,
@@ -108,11 +104,15 @@ def up_cmd(
             children=kids or None,
             all_vars=all_vars or None,
         )
+        if chosen is not None:
+            build_standin(log=stderr_log)
     except ValueError as exc:
         raise _fail(LabError(f"--group: expected NAME=COUNT with a whole number ({exc})")) from exc
     except LabError as exc:
         raise _fail(exc) from exc
     _print_hosts(state)
+    if chosen is not None:
+        _out.print(f"layout: {chosen.describe()} (the first lab layout that plans)")
 
 
 @lab_app.command("down")
@@ -125,19 +125,15 @@ def down_cmd() -> None:
 
 
 @lab_app.command("status")
-def status_cmd(
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the state file's content.")
-    ] = False,
-) -> None:
+def status_cmd(output_format: FormatOpt = OutputFormat.table) -> None:
     """Show the hosts and whether each runs; exit 1 when the lab is down or degraded."""
     try:
         st = core.status()
     except LabError as exc:
         raise _fail(exc) from exc
-    if as_json:
+    if output_format is OutputFormat.json:
         body = st.state.model_dump(mode="json") if st.state else None
-        _out.print_json(json.dumps({"up": st.up, "healthy": st.healthy, "state": body}))
+        typer.echo(json.dumps({"up": st.up, "healthy": st.healthy, "state": body}, indent=2))
     elif st.state is None:
         _out.print(f"lab {st.name} is not up")
     else:
@@ -186,8 +182,7 @@ def build_image_cmd(
     ],
 ) -> None:
     """Build an image FROM localhost/k2host:test that every lab host can run."""
-    from k2provision.lab import build_image
-    from k2provision.lab.proc import require_root
+    from k2lab import build_image
 
     try:
         require_root()
@@ -201,13 +196,13 @@ def _print_hosts(state: LabState, alive: dict[str, bool] | None = None) -> None:
     for column in ("host", "address", "ssh", *(("running",) if alive is not None else ())):
         table.add_column(column)
     for host in state.hosts:
-        row = [host.name, host.address, str(state.ssh_port)]
+        row: list[str | Text] = [host.name, host.address, str(state.ssh_port)]
         if alive is not None:
-            row.append("yes" if alive.get(host.name) else "[red]no[/]")
+            row.append(Text("yes") if alive.get(host.name) else Text("no", "red"))
         table.add_row(*row)
     _out.print(table)
     if state.inventory:
-        _out.print(f"inventory: {state.inventory}", highlight=False)
+        _out.print(f"inventory: {state.inventory}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Build the stand-in engine image for the lab: a test double for the engines' GPU kernels.
 
-`build_standin()` builds ``containers/standin`` as ``localhost/k2-standin:lab`` (the image the
+`build_standin()` builds ``k2lab/standin_image`` as ``localhost/k2-standin:lab`` (the image the
 plan uses instead of every engine image when the inventory sets ``k2_lab=true``) into the lab's
 image store, so every lab host can run it at once. It rebuilds only when the content of
-``containers/standin`` or the base image changed: the image carries a key (a digest of both)
+``k2lab/standin_image`` or the base image changed: the image carries a key (a digest of both)
 in the label ``io.k2provision.standin.key``. Root is required, as for every lab operation.
 """
 
@@ -13,10 +13,10 @@ import fcntl
 import hashlib
 from pathlib import Path
 
-from k2provision.lab import images
-from k2provision.lab.config import LabConfig, repo_root
-from k2provision.lab.errors import LabError
-from k2provision.lab.proc import Log, quiet_log, require_root
+from k2lab.config import LabConfig
+from k2lab.errors import LabError
+from k2lab.images import BASE_IMAGE, build_image, ensure_base_image, podman
+from k2lab.proc import Log, quiet_log, require_root
 from k2provision.plan import LAB_IMAGE
 
 STANDIN_IMAGE = LAB_IMAGE
@@ -26,8 +26,8 @@ _SKIP_PARTS = frozenset({"__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_c
 
 
 def standin_dir() -> Path:
-    """`<repo>/containers/standin`."""
-    return repo_root() / "containers" / "standin"
+    """The image's build context, shipped inside this package (k2lab/standin_image)."""
+    return Path(__file__).resolve().parent / "standin_image"
 
 
 def content_hash(directory: Path | None = None) -> str:
@@ -47,7 +47,7 @@ def content_hash(directory: Path | None = None) -> str:
 
 
 def _inspect(cfg: LabConfig, tag: str, template: str) -> str | None:
-    result = images.podman(cfg, "image", "inspect", "--format", template, tag, check=False)
+    result = podman(cfg, "image", "inspect", "--format", template, tag, check=False)
     return result.stdout.strip() if result.returncode == 0 else None
 
 
@@ -58,9 +58,9 @@ def image_key(cfg: LabConfig) -> str | None:
 
 def wanted_key(cfg: LabConfig) -> str:
     """The key of the current sources on the current base image."""
-    base_id = _inspect(cfg, images.BASE_IMAGE, "{{.Id}}")
+    base_id = _inspect(cfg, BASE_IMAGE, "{{.Id}}")
     if not base_id:
-        raise LabError(f"{images.BASE_IMAGE} is missing from the lab image store")
+        raise LabError(f"{BASE_IMAGE} is missing from the lab image store")
     return hashlib.sha256(f"{content_hash()}\n{base_id}".encode()).hexdigest()[:32]
 
 
@@ -75,12 +75,12 @@ def build_standin(
         # One build at a time; a second caller finds the image current afterwards.
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            images.ensure_base_image(config, log)
+            ensure_base_image(config, log)
             key = wanted_key(config)
             if not force and image_key(config) == key:
                 log(f"image: {STANDIN_IMAGE} is current")
                 return STANDIN_IMAGE
-            images.build_image(
+            build_image(
                 config, STANDIN_IMAGE, standin_dir(), build_args={KEY_BUILD_ARG: key}, log=log
             )
             if image_key(config) != key:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import shlex
 import time
 
-from k2provision.lab.config import PROXY_PORT, LabConfig
-from k2provision.lab.errors import LabError
-from k2provision.lab.fs import write_file
-from k2provision.lab.hosts import console_tail, port_open
-from k2provision.lab.proc import ProcRef, is_alive, kill, spawn_detached, wait_gone
+from k2lab.config import PROXY_PORT, LabConfig
+from k2lab.errors import LabError
+from k2lab.fs import write_file
+from k2lab.hosts import console_tail, port_open
+from k2lab.proc import ProcRef, is_alive, kill, spawn_detached, wait_gone
 
 
 def tinyproxy_conf(cfg: LabConfig) -> str:

@@ -112,7 +112,7 @@ def parse(argv: Sequence[str]) -> MpiArgs:
             _one(c, args, name, value)
             continue
         c.error(f"{token}: an mpirun option the stand-in does not know (add it to "
-                "containers/standin if the real mpirun accepts it)")
+                "k2lab/standin_image if the real mpirun accepts it)")
         i += 1
     if not args.command:
         c.error("no program to run after the mpirun options")

@@ -11,9 +11,9 @@ import ipaddress
 import time
 from pathlib import Path
 
-from k2provision.lab.config import LabConfig
-from k2provision.lab.errors import LabError
-from k2provision.lab.proc import run
+from k2lab.config import LabConfig
+from k2lab.errors import LabError
+from k2lab.proc import run
 
 
 def link_exists(name: str, netns: str | None = None) -> bool:

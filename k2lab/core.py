@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from k2provision.lab import hosts as hostmod
-from k2provision.lab import images, net, proxy, rootfs
-from k2provision.lab.config import MAX_HOSTS, PROXY_PORT, LabConfig, default_inventory_path
-from k2provision.lab.errors import LabError
-from k2provision.lab.fs import fs_type, mounts_under, safe_rmtree, unmount_under, write_file
-from k2provision.lab.inventory import (
+import k2lab.hosts as hostmod
+from k2lab.config import MAX_HOSTS, PROXY_PORT, LabConfig, default_inventory_path
+from k2lab.errors import LabError
+from k2lab.fs import fs_type, mounts_under, safe_rmtree, unmount_under, write_file
+from k2lab.images import ensure_base_image
+from k2lab.inventory import (
     INVENTORY_HEADER,
     InventoryHost,
     VarValue,
@@ -27,8 +27,19 @@ from k2provision.lab.inventory import (
     layout_groups,
     render_inventory,
 )
-from k2provision.lab.proc import Log, is_alive, require_root, require_tools, run, stderr_log
-from k2provision.lab.state import HostState, LabState, ProxyState, load_state, save_state
+from k2lab.net import (
+    delete_bridge,
+    delete_host_net,
+    ensure_bridge,
+    ensure_host_net,
+    link_exists,
+    netns_exists,
+    shape_host,
+)
+from k2lab.proc import Log, is_alive, require_root, require_tools, run, stderr_log
+from k2lab.proxy import start_proxy, stop_proxy
+from k2lab.rootfs import ensure_rootfs, is_current
+from k2lab.state import HostState, LabState, ProxyState, load_state, save_state
 
 
 @contextmanager
@@ -107,15 +118,15 @@ def _prepare_locked(cfg: LabConfig, log: Log) -> None:
             f"the lab dir {cfg.lab_dir} is on {kind}, which cannot hold the hosts' overlay "
             "layers; fix: set K2_LAB_DIR to a directory on ext4 or xfs"
         )
-    if not rootfs.is_current(cfg):
+    if not is_current(cfg):
         running = _running_hosts_anywhere(cfg)
         if running:
             raise LabError(
                 f"the lab rootfs must be rebuilt but hosts run on it: {', '.join(running)}; "
                 "fix: run `lab down` first"
             )
-        rootfs.ensure_rootfs(cfg, log)
-    images.ensure_base_image(cfg, log)
+        ensure_rootfs(cfg, log)
+    ensure_base_image(cfg, log)
     ensure_lab_key(cfg)
 
 
@@ -129,7 +140,7 @@ def _remove_host(cfg: LabConfig, host: HostState, problems: list[str]) -> None:
     except LabError as exc:
         problems.extend(exc.problems)
     try:
-        net.delete_host_net(host.netns, host.veth)
+        delete_host_net(host.netns, host.veth)
     except LabError as exc:
         problems.extend(exc.problems)
     for point in host.mounts:  # normally gone with the host's mount namespace
@@ -144,7 +155,7 @@ def _remove_host(cfg: LabConfig, host: HostState, problems: list[str]) -> None:
 def _start_host(
     cfg: LabConfig, state: LabState, host: HostState, entries: list[tuple[str, str]], pub: str
 ) -> LabState:
-    net.ensure_host_net(cfg, host.index)
+    ensure_host_net(cfg, host.index)
     if is_alive(host.outer) or is_alive(host.init):
         hostmod.stop(host)  # a half-dead host (one of its processes or its namespace is gone)
     hostmod.write_host_files(cfg, host.name, entries, pub)
@@ -221,13 +232,13 @@ def up(
         save_state(cfg.state_file, state)
         changes: list[str] = []
 
-        bridge_new = net.ensure_bridge(cfg)
+        bridge_new = ensure_bridge(cfg)
         if bridge_new or not state.bridge_created:
             state = state.model_copy(update={"bridge_created": True})
             save_state(cfg.state_file, state)
             changes.append(f"bridge {cfg.bridge} {cfg.controller_ip}/24")
         if state.proxy is None or not is_alive(state.proxy.proc):
-            ref = proxy.start_proxy(cfg)
+            ref = start_proxy(cfg)
             state = state.model_copy(
                 update={"proxy": ProxyState(address=cfg.controller_ip, port=PROXY_PORT, proc=ref)}
             )
@@ -262,9 +273,9 @@ def up(
             )
             state = state.with_host(host)
             save_state(cfg.state_file, state)
-            if is_alive(host.init) and net.netns_exists(host.netns):
+            if is_alive(host.init) and netns_exists(host.netns):
                 if bridge_new:  # a bridge recreated under running hosts: plug them in again
-                    net.ensure_host_net(cfg, host.index)
+                    ensure_host_net(cfg, host.index)
                 if hosts_changed:
                     hostmod.update_running_hosts_file(host, cfg, entries)
                 continue
@@ -275,7 +286,7 @@ def up(
 
         if shape_mbit != state.shape_mbit or (shape_mbit is not None and started):
             for host in state.hosts:
-                net.shape_host(cfg, host.index, shape_mbit)
+                shape_host(cfg, host.index, shape_mbit)
             if shape_mbit != state.shape_mbit:
                 changes.append(f"shaping {shape_mbit} Mbit/s" if shape_mbit else "shaping off")
             state = state.model_copy(update={"shape_mbit": shape_mbit})
@@ -310,12 +321,12 @@ def down(cfg: LabConfig | None = None, log: Log = stderr_log) -> None:
                 state = state.without_host(host.name)
                 save_state(cfg.state_file, state)
         if state.proxy is not None:
-            proxy.stop_proxy(state.proxy.proc)
+            stop_proxy(state.proxy.proc)
             state = state.model_copy(update={"proxy": None})
             save_state(cfg.state_file, state)
         if state.bridge_created:
             try:
-                net.delete_bridge(state.bridge)
+                delete_bridge(state.bridge)
             except LabError as exc:
                 problems.extend(exc.problems)
         for written in state.inventories:
@@ -360,7 +371,7 @@ def start_host(name: str, cfg: LabConfig | None = None, log: Log = stderr_log) -
         state = _start_host(cfg, state, host, entries, ensure_lab_key(cfg))
         hostmod.wait_ready(cfg, [state.host(name)])
         if state.shape_mbit is not None:
-            net.shape_host(cfg, host.index, state.shape_mbit)
+            shape_host(cfg, host.index, state.shape_mbit)
     log(f"{name} started")
     return state
 
@@ -372,10 +383,10 @@ def heal(cfg: LabConfig | None = None, log: Log = stderr_log) -> LabState:
     require_root()
     with _locked(cfg):
         state = _require_state(cfg)
-        if net.ensure_bridge(cfg):
+        if ensure_bridge(cfg):
             log(f"bridge {cfg.bridge} recreated")
         if state.proxy is None or not is_alive(state.proxy.proc):
-            ref = proxy.start_proxy(cfg)
+            ref = start_proxy(cfg)
             state = state.model_copy(
                 update={"proxy": ProxyState(address=cfg.controller_ip, port=PROXY_PORT, proc=ref)}
             )
@@ -385,7 +396,7 @@ def heal(cfg: LabConfig | None = None, log: Log = stderr_log) -> LabState:
         pub = ensure_lab_key(cfg)
         started: list[HostState] = []
         for host in state.hosts:
-            net.ensure_host_net(cfg, host.index)
+            ensure_host_net(cfg, host.index)
             if not is_alive(host.init):
                 state = _start_host(cfg, state, host, entries, pub)
                 started.append(state.host(host.name))
@@ -393,7 +404,7 @@ def heal(cfg: LabConfig | None = None, log: Log = stderr_log) -> LabState:
         hostmod.wait_ready(cfg, started)
         if state.shape_mbit is not None:
             for host in state.hosts:
-                net.shape_host(cfg, host.index, state.shape_mbit)
+                shape_host(cfg, host.index, state.shape_mbit)
     return state
 
 
@@ -404,7 +415,7 @@ def shape(mbit: float | None, cfg: LabConfig | None = None, log: Log = stderr_lo
     with _locked(cfg):
         state = _require_state(cfg)
         for host in state.hosts:
-            net.shape_host(cfg, host.index, mbit)
+            shape_host(cfg, host.index, mbit)
         state = state.model_copy(update={"shape_mbit": mbit})
         save_state(cfg.state_file, state)
     log(f"shaping {'off' if mbit is None else f'{mbit} Mbit/s per host link'}")
@@ -445,7 +456,7 @@ def status(cfg: LabConfig | None = None) -> LabStatus:
     cfg = _cfg(cfg)
     state = load_state(cfg.state_file)
     if state is None:
-        return LabStatus(cfg.name, False, None, (), net.link_exists(cfg.bridge), False)
+        return LabStatus(cfg.name, False, None, (), link_exists(cfg.bridge), False)
     hosts = tuple(
         HostStatus(h.name, h.address, is_alive(h.init), h.init.pid if h.init else None)
         for h in state.hosts
@@ -455,7 +466,7 @@ def status(cfg: LabConfig | None = None) -> LabStatus:
         up=True,
         state=state,
         hosts=hosts,
-        bridge=net.link_exists(state.bridge),
+        bridge=link_exists(state.bridge),
         proxy=state.proxy is not None and is_alive(state.proxy.proc),
     )
 

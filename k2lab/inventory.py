@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from k2provision.lab.errors import LabError
+from k2lab.errors import LabError
 
 INVENTORY_HEADER = "# k2provision lab inventory"
 HOSTS_BEGIN = "# BEGIN k2provision lab hosts"

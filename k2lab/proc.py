@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from k2provision.lab.errors import LabError, NotRootError
+from k2lab.errors import LabError, NotRootError
 
 Log = Callable[[str], None]
 

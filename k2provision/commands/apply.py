@@ -1,0 +1,39 @@
+"""`k2provision apply INVENTORY`: plan, then run playbooks/site.yml with progress and a summary."""
+
+from __future__ import annotations
+
+import typer
+
+from k2provision.commands.flow import HostRun, run_on_hosts
+from k2provision.commands.params import (
+    CheckOpt,
+    DiffOpt,
+    InventoryArg,
+    LimitOpt,
+    TagsOpt,
+    split_tags,
+)
+
+
+def apply(
+    inventory: InventoryArg,
+    check: CheckOpt = False,
+    diff: DiffOpt = False,
+    limit: LimitOpt = None,
+    tags: TagsOpt = None,
+) -> None:
+    """Plan, then run playbooks/site.yml on the hosts with live progress and a summary."""
+    run = HostRun(
+        command="apply",
+        inventory=inventory,
+        tags=split_tags(tags),
+        limit=limit,
+        check=check,
+        diff=diff,
+    )
+    raise typer.Exit(run_on_hosts(run))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `apply` to the app."""
+    app.command("apply")(apply)

@@ -1,0 +1,36 @@
+"""`k2provision render INVENTORY [--out DIR] [--force]`: every host's files, to inspect or copy
+by hand. Where it may write is render_output.py's to decide (a new, empty or earlier-render
+directory; host names that are safe path components)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from k2provision.commands.flow import load_plan
+from k2provision.commands.params import InventoryArg
+from k2provision.display import console, print_warnings
+from k2provision.render_output import write_render
+
+
+def render(
+    inventory: InventoryArg,
+    out: Annotated[Path, typer.Option("--out", help="directory to write into")] = Path(
+        "render-out"
+    ),
+    force: Annotated[
+        bool, typer.Option("--force", help="write into a non-empty directory that is no render")
+    ] = False,
+) -> None:
+    """Write every host's files and launch scripts under OUT/<host>/, plus plan.json."""
+    loaded = load_plan(inventory)
+    written = write_render(loaded.plan, out, force=force)
+    print_warnings([*loaded.notices, *loaded.plan.warnings])
+    console.print(f"wrote {written} files for {len(loaded.plan.hosts)} hosts under {out}/")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `render` to the app."""
+    app.command("render")(render)
