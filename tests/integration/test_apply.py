@@ -200,7 +200,7 @@ def test_bad_inventory_touches_no_host(cluster: tuple[Any, Path], tmp_path: Path
         env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"},
     )
     assert via_ansible.returncode != 0
-    assert "smallest sglang pd [decode] that fits" in via_ansible.stdout
+    assert "fix: sglang pd [decode] fits on" in via_ansible.stdout
     assert "TASK [k2_launch" not in via_ansible.stdout
 
 
