@@ -62,10 +62,21 @@ def run_argv(
     return argv
 
 
+def exec_pid_path(process: Process) -> str:
+    """Where an exec'd process's pid is kept, inside its container."""
+    return f"/run/k2-{process.name}.pid"
+
+
+def exec_log_path(process: Process) -> str:
+    """Where an exec'd process's output goes, inside its container (`docker exec --detach`
+    keeps none; `k2provision logs` and `status` read this file)."""
+    return f"/run/k2-{process.name}.log"
+
+
 def exec_argv(process: Process, config_dir: str) -> list[str]:
     """`docker exec -d` for a process started inside a running container; its pid is recorded
-    in /run/k2-<name>.pid inside the container so a re-run can tell it is already up."""
-    pidfile = f"/run/k2-{process.name}.pid"
+    in /run/k2-<name>.pid inside the container so a re-run can tell it is already up, and its
+    output (stdout and stderr) appended to /run/k2-<name>.log."""
     return [
         "docker",
         "exec",
@@ -73,5 +84,6 @@ def exec_argv(process: Process, config_dir: str) -> list[str]:
         process.container,
         "sh",
         "-c",
-        f"echo $$ > {pidfile}; exec sh {launch_path(config_dir, process)}",
+        f"echo $$ > {exec_pid_path(process)}; "
+        f"exec sh {launch_path(config_dir, process)} >> {exec_log_path(process)} 2>&1",
     ]

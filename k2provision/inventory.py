@@ -70,8 +70,13 @@ def plain_value(value: Any) -> Any:
 # ---------------------------------------------------------------- reading, as Ansible does
 
 
-def read_inventory(path: str | Path) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
-    """Load an inventory with Ansible's loader: (group -> hosts in order, host -> merged vars)."""
+def read_inventory(
+    path: str | Path, extra_keys: tuple[str, ...] = ()
+) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
+    """Load an inventory with Ansible's loader: (group -> hosts in order, host -> merged vars).
+
+    The vars kept are the k2_ variables and INVENTORY_KEYS, plus `extra_keys` (the SSH
+    connection variables, for the commands that reach hosts themselves)."""
     path = Path(path)
     if not path.exists():
         raise InventoryError(
@@ -98,7 +103,7 @@ def read_inventory(path: str | Path) -> tuple[dict[str, list[str]], dict[str, di
         host_vars[host.name] = {
             str(k): _templated(host.name, str(k), v, every, loader, problems)
             for k, v in every.items()
-            if str(k).startswith("k2_") or str(k) in INVENTORY_KEYS
+            if str(k).startswith("k2_") or str(k) in INVENTORY_KEYS or str(k) in extra_keys
         }
     if problems:
         raise InventoryError(problems)

@@ -94,6 +94,7 @@ def test_exec_records_a_pid_file() -> None:
     argv = exec_argv(proc, "/etc/k2provision")
     assert argv[:4] == ["docker", "exec", "--detach", proc.container]
     assert f"/run/k2-{proc.name}.pid" in argv[-1]
+    assert argv[-1].endswith(f">> /run/k2-{proc.name}.log 2>&1")
 
 
 def test_router_container_asks_for_no_gpus_or_rdma() -> None:

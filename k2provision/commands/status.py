@@ -1,0 +1,251 @@
+"""`k2provision status INVENTORY [--format json] [--watch [SECONDS]]`: what runs where, now.
+
+Every host at once, one SSH round trip each (remote.py, status_probe.py): per planned process
+its container's state and uptime, drift against the plan's spec hash, its health gate now,
+restarts and the last error-looking log line, and per host the GPU memory in use. Then the
+endpoint: /v1/models, and for PD the router's /readiness and workers. Exit 0 only when every
+planned process runs its planned spec and the endpoint answers; 1 otherwise, one line per host
+naming what is wrong; 2 for bad input. Each run writes a record (status.json, summary.json).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
+from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
+from k2provision.display import console, print_warnings
+from k2provision.errors import K2Error
+from k2provision.models import Plan
+from k2provision.remote import SshTarget, ignored_options, run_all, ssh_inventory
+from k2provision.runner import new_record_dir
+from k2provision.status_probe import (
+    EndpointStatus,
+    HostStatus,
+    host_status,
+    human_duration,
+    model_ids,
+    probe_script,
+    readiness_detail,
+    router_workers,
+)
+
+SCHEMA_VERSION = 1
+PROBE_TIMEOUT_S = 20.0
+HTTP_TIMEOUT_S = 5.0
+
+
+def _get_json(url: str) -> tuple[int | None, Any, str]:
+    """GET `url` -> (status, JSON body or None, error)."""
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as reply:
+            status, raw = int(reply.status), reply.read()
+    except urllib.error.HTTPError as error:
+        status, raw = int(error.code), error.read()
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        return None, None, f"no answer ({reason})"
+    try:
+        return status, json.loads(raw), ""
+    except ValueError:
+        return status, None, ""
+
+
+def endpoint_status(plan: Plan) -> EndpointStatus:
+    """The plan's endpoint now, asked from here."""
+    base = plan.endpoint.rstrip("/")
+    status, body, error = _get_json(f"{base}/v1/models")
+    models = model_ids(body)
+    if not error and status != 200:
+        error = f"/v1/models answered HTTP {status}"
+    elif not error and not models:
+        error = "/v1/models answered without a model"
+    if plan.layout != "pd":
+        return EndpointStatus(base, models, error)
+    ready_status, ready_body, ready_error = _get_json(f"{base}/readiness")
+    _, workers_body, _ = _get_json(f"{base}/workers")
+    return EndpointStatus(
+        base,
+        models,
+        error,
+        router_ready=ready_status == 200,
+        router_detail=ready_error or readiness_detail(ready_status, ready_body),
+        workers=router_workers(workers_body),
+    )
+
+
+def gather(plan: Plan, targets: dict[str, SshTarget]) -> tuple[list[HostStatus], EndpointStatus]:
+    """Every host's probe and the endpoint, all at once."""
+    missing = [h.name for h in plan.hosts if h.name not in targets]
+    if missing:
+        raise K2Error([f"{name}: in the plan but not in the inventory's hosts" for name in missing])
+    commands = {h.name: (targets[h.name], probe_script(h)) for h in plan.hosts}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        endpoint = pool.submit(endpoint_status, plan)
+        replies = run_all(commands, timeout=PROBE_TIMEOUT_S)
+        hosts = []
+        for h in plan.hosts:
+            reply = replies[h.name]
+            if not reply.reached:
+                hosts.append(HostStatus(h.name, h.role, unreachable=reply.unreachable))
+            else:
+                hosts.append(host_status(plan, h, reply.stdout))
+        return hosts, endpoint.result()
+
+
+def problem_lines(hosts: list[HostStatus], endpoint: EndpointStatus) -> list[str]:
+    """One line per host with something wrong, then the endpoint's."""
+    lines = []
+    for host in hosts:
+        problems = host.problems
+        if problems:
+            prefix = f"{host.host}: "
+            lines.append(prefix + "; ".join(p.removeprefix(prefix) for p in problems))
+    return lines + endpoint.problems
+
+
+def document(
+    inventory: Path, plan: Plan, hosts: list[HostStatus], endpoint: EndpointStatus, record: Path
+) -> dict[str, Any]:
+    """`status --format json` (schema 1; documented in the README)."""
+    problems = problem_lines(hosts, endpoint)
+    return {
+        "schema": SCHEMA_VERSION,
+        "inventory": str(inventory),
+        "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "engine": plan.engine,
+        "layout": plan.layout,
+        "model": plan.model,
+        "ok": not problems,
+        "hosts": [h.as_json() for h in hosts],
+        "endpoint": endpoint.as_json(),
+        "problems": problems,
+        "record": str(record),
+    }
+
+
+def _gpus(host: HostStatus) -> str:
+    if host.unreachable:
+        return "-"
+    if host.gpus is None:
+        return "no nvidia-smi"
+    return " ".join(f"{g.index}:{g.used_mib}/{g.total_mib}MiB" for g in host.gpus) or "none"
+
+
+def status_table(hosts: list[HostStatus]) -> Table:
+    """One row per host and planned process; data is shown exactly as it is."""
+    table = Table(title="status", title_justify="left")
+    columns = ("host", "process", "container", "state", "uptime", "spec", "gate", "restarts",
+               "GPU memory used", "last error in log")  # fmt: skip
+    for column in columns:
+        table.add_column(column)
+    for host in hosts:
+        if host.unreachable or not host.processes:
+            state = Text(f"unreachable: {host.unreachable}", "red") if host.unreachable else "-"
+            table.add_row(host.host, "-", "-", state, "", "", "", "", _gpus(host), "")
+            continue
+        for i, p in enumerate(host.processes):
+            table.add_row(
+                host.host if i == 0 else "",
+                p.process,
+                p.container,
+                Text(p.state, "green" if p.state == "running" else "red"),
+                human_duration(p.uptime_s),
+                Text(p.spec, "red") if p.spec == "drift" else p.spec,
+                Text(p.gate, "red") if p.gate.startswith("failing") else p.gate,
+                "-" if p.restarts is None else str(p.restarts),
+                _gpus(host) if i == 0 else "",
+                p.last_error[:80],
+            )
+    return table
+
+
+def print_human(hosts: list[HostStatus], endpoint: EndpointStatus, record: Path) -> None:
+    """The table, the endpoint, then one line per host with a problem, and the verdict."""
+    console.print(status_table(hosts))
+    models = ", ".join(endpoint.models) or "-"
+    answer = Text("answers", "green") if endpoint.answers else Text(endpoint.error, "red")
+    console.print(Text.assemble("endpoint ", endpoint.url, ": ", answer, f" (models: {models})"))
+    if endpoint.router_ready is not None:
+        word = Text(endpoint.router_detail, "green" if endpoint.router_ready else "red")
+        console.print(Text.assemble("router readiness: ", word))
+        for w in endpoint.workers:
+            health = Text("healthy", "green") if w.healthy else Text("unhealthy", "red")
+            console.print(Text.assemble(f"  {w.kind} worker {w.url}: ", health))
+    problems = problem_lines(hosts, endpoint)
+    for line in problems:
+        console.print(Text.assemble(("problem: ", "bold red"), line), soft_wrap=True)
+    verdict = Text("ok", "green") if not problems else Text("not ok", "red")
+    console.print(Text.assemble("status ", verdict, f"; record: {record}"))
+
+
+def check_once(
+    inventory: Path, plan: Plan, targets: dict[str, SshTarget], record: Path, as_json: bool
+) -> int:
+    """One status round: gather, show, record; the exit code."""
+    hosts, endpoint = gather(plan, targets)
+    doc = document(inventory, plan, hosts, endpoint, record)
+    (record / "status.json").write_text(json.dumps(doc, indent=2) + "\n")
+    code = EXIT_OK if doc["ok"] else EXIT_FAILED
+    summary = {"status": "successful" if doc["ok"] else "failed", "rc": code,
+               "problems": doc["problems"], "checked_at": doc["checked_at"]}  # fmt: skip
+    (record / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        print_human(hosts, endpoint, record)
+    sys.stdout.flush()
+    return code
+
+
+def status(
+    inventory: InventoryArg,
+    output_format: FormatOpt = OutputFormat.table,
+    watch: Annotated[
+        float | None,
+        typer.Option(
+            "--watch",
+            is_flag=False,
+            flag_value="5",
+            metavar="[SECONDS]",
+            help="check again every SECONDS (5 when not given) until Ctrl-C",
+        ),
+    ] = None,
+) -> None:
+    """Per host and planned process: state, uptime, drift, health gate, GPU memory, restarts,
+    last error; then the endpoint. Exit 0 only when all runs as planned and the endpoint
+    answers."""
+    if watch is not None and watch <= 0:
+        raise K2Error([f"--watch {watch:g}: expected a positive number of seconds"])
+    loaded = load_plan(inventory)
+    _, targets = ssh_inventory(inventory)
+    print_warnings([*loaded.notices, *ignored_options(targets)])
+    record = new_record_dir("status")
+    as_json = output_format is OutputFormat.json
+    code = check_once(inventory, loaded.plan, targets, record, as_json)
+    if watch is None:
+        raise typer.Exit(code)
+    try:
+        while True:
+            time.sleep(watch)
+            if not as_json and sys.stdout.isatty():
+                console.clear()
+            code = check_once(inventory, loaded.plan, targets, record, as_json)
+    except KeyboardInterrupt:
+        raise typer.Exit(code) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add `status` to the app."""
+    app.command("status")(status)

@@ -1,0 +1,450 @@
+"""What `status` asks each host, and what the answer means. Pure.
+
+One shell script per host (`probe_script`) gathers everything in one SSH round trip: the host's
+clock, GPU memory (nvidia-smi, when the host has it), and per planned process its container
+(`docker container inspect`), whether an exec'd process is alive, its health gate now, and the
+tail of its log. Each part is a section that starts with a marker line; `parse_sections` splits
+the answer and `host_status` judges it against the plan: state, uptime, drift (the container's
+spec-hash label against the plan's), gate, restarts, the last error-looking log line, and one
+problem line per thing that is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from k2provision.containers import LABEL_HASH, exec_pid_path, spec_hash
+from k2provision.log_sources import log_command
+from k2provision.models import HealthGate, HostPlan, Plan, Process
+
+MARK = "@@k2"
+LOG_TAIL = 200
+GATE_TIMEOUT_S = 5
+_ERROR_LINE = re.compile(
+    r"\b(error|exception|traceback|fatal|panic|failed|refused|killed|oom)\b", re.IGNORECASE
+)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_GATE_PROBE = (
+    "import sys, urllib.request as u\n"
+    "try:\n"
+    "    print(u.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status)\n"
+    "except u.HTTPError as e:\n"
+    "    print(e.code)\n"
+    "except Exception as e:\n"
+    "    print('error', type(e).__name__, e)\n"
+)
+
+
+def _q(word: str) -> str:
+    return shlex.quote(word)
+
+
+def log_section(name: str, command: str) -> str:
+    """Shell lines printing a marked section with `command`'s output, each output line behind
+    `|` (so no log line reads as a marker), then its exit code."""
+    return (
+        f"echo '{MARK} log {name}'; {{ {command} 2>&1; echo \"{MARK} rc $?\"; }} "
+        f"| sed '/^{MARK} rc /!s/^/|/'"
+    )
+
+
+def _gate_command(process: Process, gate: HealthGate) -> str:
+    if gate.url is not None:
+        return (
+            f"python3 -c {_q(_GATE_PROBE)} {_q(gate.url)} {GATE_TIMEOUT_S} 2>&1; echo '{MARK} rc 0'"
+        )
+    argv = " ".join(_q(a) for a in gate.command)
+    return (
+        f"timeout {GATE_TIMEOUT_S} docker exec {_q(process.container)} {argv} >/dev/null 2>&1; "
+        f'echo "{MARK} rc $?"'
+    )
+
+
+def probe_script(host: HostPlan) -> str:
+    """The one script `status` runs on `host`: every section it needs, each after a marker."""
+    lines = [
+        f'echo "{MARK} now $(date +%s)"',
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
+        "--format=csv,noheader,nounits 2>&1; "
+        f"else echo '{MARK} no-gpus'; fi",
+    ]
+    for p in host.processes:
+        name = _q(p.name)
+        if p.exec_in:
+            pid = exec_pid_path(p)
+            alive = f'kill -0 "$(cat {pid})" && stat -c %Y {pid}'
+            lines.append(
+                f"echo '{MARK} alive {name}'; docker exec {_q(p.container)} sh -c {_q(alive)} "
+                f'2>&1; echo "{MARK} rc $?"'
+            )
+        else:
+            lines.append(
+                f"echo '{MARK} inspect {name}'; docker container inspect {_q(p.container)} "
+                f'2>/dev/null; echo "{MARK} rc $?"'
+            )
+        if p.health is not None:
+            lines.append(f"echo '{MARK} gate {name}'; {_gate_command(p, p.health)}")
+        lines.append(log_section(p.name, log_command(p, LOG_TAIL)))
+    lines.append(f"echo '{MARK} end'")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Section:
+    """One part of a probe's answer: its text and the exit code the script noted."""
+
+    text: list[str] = field(default_factory=list)
+    rc: int | None = None
+
+
+def parse_sections(output: str) -> dict[tuple[str, str], Section]:
+    """A probe's output -> {(kind, process name): section}; ('now', '') etc. for host parts."""
+    sections: dict[tuple[str, str], Section] = {}
+    current: Section | None = None
+    for line in output.splitlines():
+        if line.startswith(f"{MARK} "):
+            words = line.split(" ", 2)[1:]
+            kind = words[0]
+            arg = words[1] if len(words) > 1 else ""
+            if kind == "rc" and current is not None:
+                current.rc = int(arg) if arg.lstrip("-").isdigit() else None
+                continue
+            if kind == "now":
+                sections[("now", "")] = current = Section([arg])
+                continue
+            sections[(kind, arg)] = current = Section()
+            continue
+        if current is not None:
+            current.text.append(line[1:] if line.startswith("|") else line)
+    return sections
+
+
+def parse_time(text: str) -> float | None:
+    """Docker's or podman's StartedAt -> seconds since the epoch (None if unreadable)."""
+    text = text.strip()
+    if not text or text.startswith("0001-01-01"):
+        return None
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?", text)
+    if not m:
+        return None
+    fraction = (m.group(2) or ".0")[:7]
+    zone = m.group(3) or "Z"
+    zone = "+00:00" if zone == "Z" else zone if ":" in zone else f"{zone[:3]}:{zone[3:]}"
+    try:
+        return datetime.fromisoformat(f"{m.group(1)}{fraction}{zone}").timestamp()
+    except ValueError:
+        return None
+
+
+def plain_line(line: str) -> str:
+    """A log line without terminal colour codes or other control characters."""
+    return _CONTROL.sub("", _ANSI.sub("", line))
+
+
+def last_error_line(lines: list[str]) -> str:
+    """The last line of a log that looks like an error, without colour codes ("" when none
+    does)."""
+    for line in reversed(lines):
+        text = plain_line(line).strip()
+        if _ERROR_LINE.search(text):
+            return text[:300]
+    return ""
+
+
+def human_duration(seconds: int | None) -> str:
+    """72 -> '1m12s', 90061 -> '1d1h'; '-' for None."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes}m"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory, as nvidia-smi reports it (MiB)."""
+
+    index: int
+    used_mib: int
+    total_mib: int
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    """One planned process on one host, now."""
+
+    host: str
+    process: str
+    container: str
+    exec_in: bool
+    state: str
+    """running, exited/created/... (the container's state), missing, or not running."""
+    uptime_s: int | None
+    spec: str
+    """current (label matches the plan), drift, or '-' (no container to compare)."""
+    planned_hash: str
+    running_hash: str
+    gate: str
+    """'-' (no gate), 'ok', or 'failing: <what it got>'."""
+    restarts: int | None
+    last_error: str
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One host, now: reachable or why not, its GPUs' memory, its processes."""
+
+    host: str
+    role: str
+    unreachable: str = ""
+    gpus: tuple[GpuMemory, ...] | None = None
+    """None where the host has no nvidia-smi."""
+    processes: tuple[ProcessStatus, ...] = ()
+
+    @property
+    def problems(self) -> list[str]:
+        """What is wrong on this host, one item each."""
+        if self.unreachable:
+            return [f"unreachable: {self.unreachable}"]
+        return [p for proc in self.processes for p in proc.problems]
+
+    def as_json(self) -> dict[str, Any]:
+        """The host's entry in `status --format json`."""
+        return {
+            "host": self.host,
+            "role": self.role,
+            "reachable": not self.unreachable,
+            "unreachable": self.unreachable,
+            "gpus": None if self.gpus is None else [asdict(g) for g in self.gpus],
+            "processes": [asdict(p) for p in self.processes],
+            "problems": self.problems,
+        }
+
+
+def parse_gpus(section: Section | None) -> tuple[GpuMemory, ...] | None:
+    """nvidia-smi's `index, memory.used, memory.total` CSV -> GPUs (None: no nvidia-smi)."""
+    if section is None:
+        return None
+    gpus = []
+    for line in section.text:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            gpus.append(GpuMemory(int(parts[0]), int(parts[1]), int(parts[2])))
+    return tuple(gpus)
+
+
+def _gate_verdict(gate: HealthGate | None, section: Section | None) -> str:
+    if gate is None:
+        return "-"
+    if section is None:
+        return "failing: not probed"
+    if gate.url is not None:
+        got = " ".join(section.text).strip()
+        if got == str(gate.expect_status):
+            return "ok"
+        return f"failing: {gate.url} answered {got or 'nothing'} (expected {gate.expect_status})"
+    if section.rc == 0:
+        return "ok"
+    return f"failing: {' '.join(gate.command)} exited {section.rc}"
+
+
+def _container_status(
+    plan: Plan,
+    host: HostPlan,
+    process: Process,
+    sections: dict[tuple[str, str], Section],
+    now: float | None,
+) -> tuple[str, int | None, str, str, int | None]:
+    """(state, uptime, spec, running hash, restarts) of a process that is a container."""
+    planned = spec_hash(plan.container, process, host.files)
+    section = sections.get(("inspect", process.name))
+    if section is None or section.rc != 0:
+        return "missing", None, "-", "", None
+    try:
+        info = json.loads("\n".join(section.text))[0]
+    except (ValueError, IndexError, KeyError):
+        return "unknown", None, "-", "", None
+    state = info.get("State") or {}
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    running_hash = str(labels.get(LABEL_HASH, ""))
+    started = parse_time(str(state.get("StartedAt", "")))
+    running = bool(state.get("Running"))
+    uptime = int(now - started) if running and now is not None and started is not None else None
+    restarts = info.get("RestartCount")
+    return (
+        "running" if running else str(state.get("Status") or "stopped"),
+        uptime,
+        "current" if running_hash == planned else "drift",
+        running_hash,
+        int(restarts) if isinstance(restarts, int) else None,
+    )
+
+
+def process_status(
+    plan: Plan, host: HostPlan, process: Process, sections: dict[tuple[str, str], Section]
+) -> ProcessStatus:
+    """Judge one planned process from its host's probe sections."""
+    now_section = sections.get(("now", ""))
+    now = float(now_section.text[0]) if now_section and now_section.text[0].isdigit() else None
+    planned = spec_hash(plan.container, process, host.files)
+    problems: list[str] = []
+    where = f"{host.name}: {process.name} ({process.container})"
+    if process.exec_in:
+        alive = sections.get(("alive", process.name))
+        running = alive is not None and alive.rc == 0
+        stamp = alive.text[-1].strip() if alive and alive.text else ""
+        state = "running" if running else "not running"
+        uptime = int(now - int(stamp)) if running and now and stamp.isdigit() else None
+        spec, running_hash, restarts = "-", "", None
+        if not running:
+            problems.append(f"{where}: exec'd process is not running")
+    else:
+        state, uptime, spec, running_hash, restarts = _container_status(
+            plan, host, process, sections, now
+        )
+        if state == "missing":
+            problems.append(f"{where}: container is missing")
+        elif state != "running":
+            problems.append(f"{where}: container is {state}")
+        if spec == "drift":
+            problems.append(
+                f"{where}: drift: container runs spec {running_hash or '(no label)'}, "
+                f"the plan's is {planned}; fix: k2provision apply"
+            )
+    gate = _gate_verdict(process.health, sections.get(("gate", process.name)))
+    if gate.startswith("failing") and state == "running":
+        problems.append(f"{where}: health gate {gate}")
+    log = sections.get(("log", process.name))
+    return ProcessStatus(
+        host=host.name,
+        process=process.name,
+        container=process.container,
+        exec_in=process.exec_in,
+        state=state,
+        uptime_s=uptime,
+        spec=spec,
+        planned_hash=planned,
+        running_hash=running_hash,
+        gate=gate,
+        restarts=restarts,
+        last_error=last_error_line(log.text) if log else "",
+        problems=tuple(problems),
+    )
+
+
+def host_status(plan: Plan, host: HostPlan, output: str) -> HostStatus:
+    """A reached host's probe answer, judged against its part of the plan."""
+    sections = parse_sections(output)
+    if ("end", "") not in sections:
+        return HostStatus(host.name, host.role, unreachable="the probe's answer was cut short")
+    return HostStatus(
+        host=host.name,
+        role=host.role,
+        gpus=parse_gpus(sections.get(("gpus", ""))),
+        processes=tuple(process_status(plan, host, p, sections) for p in host.processes),
+    )
+
+
+# ---------------------------------------------------------------- the endpoint
+
+
+@dataclass(frozen=True)
+class RouterWorker:
+    """One worker the PD router lists (sglang-router 0.3.2 `GET /workers`)."""
+
+    url: str
+    kind: str
+    healthy: bool
+
+
+@dataclass(frozen=True)
+class EndpointStatus:
+    """The plan's endpoint now: /v1/models, and for PD the router's readiness and workers."""
+
+    url: str
+    models: tuple[str, ...] = ()
+    error: str = ""
+    router_ready: bool | None = None
+    """None: not a PD plan (no router to ask)."""
+    router_detail: str = ""
+    workers: tuple[RouterWorker, ...] = ()
+
+    @property
+    def answers(self) -> bool:
+        """True when /v1/models answered with the served model(s)."""
+        return not self.error and bool(self.models)
+
+    @property
+    def problems(self) -> list[str]:
+        """What is wrong with the endpoint, one item each."""
+        found = [] if self.answers else [f"endpoint {self.url}: {self.error or 'no models'}"]
+        if self.router_ready is False:
+            found.append(f"router {self.url}/readiness: {self.router_detail}")
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        """The endpoint's entry in `status --format json`."""
+        return {
+            "url": self.url,
+            "answers": self.answers,
+            "models": list(self.models),
+            "error": self.error,
+            "router": None
+            if self.router_ready is None
+            else {
+                "ready": self.router_ready,
+                "detail": self.router_detail,
+                "workers": [asdict(w) for w in self.workers],
+            },
+        }
+
+
+def model_ids(body: Any) -> tuple[str, ...]:
+    """The model ids of an OpenAI `/v1/models` answer (() when it is not one)."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return ()
+    return tuple(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m)
+
+
+def router_workers(body: Any) -> tuple[RouterWorker, ...]:
+    """sglang-router's `GET /workers` answer -> its workers."""
+    workers = body.get("workers") if isinstance(body, dict) else None
+    if not isinstance(workers, list):
+        return ()
+    return tuple(
+        RouterWorker(
+            url=str(w.get("url", "")),
+            kind=str(w.get("worker_type", "")),
+            healthy=bool(w.get("is_healthy")),
+        )
+        for w in workers
+        if isinstance(w, dict)
+    )
+
+
+def readiness_detail(status: int | None, body: Any) -> str:
+    """sglang-router's `/readiness` answer in words: `ready (2/2 workers healthy)`."""
+    if status is None:
+        return "no answer"
+    if isinstance(body, dict) and "healthy_workers" in body:
+        word = str(body.get("status", "ready" if status == 200 else "not ready"))
+        total = body.get("total_workers", "?")
+        return f"{word} ({body['healthy_workers']}/{total} workers healthy)"
+    return f"HTTP {status}"
