@@ -285,7 +285,7 @@ def _container_status(
     running_hash = str(labels.get(LABEL_HASH, ""))
     started = parse_time(str(state.get("StartedAt", "")))
     running = bool(state.get("Running"))
-    uptime = int(now - started) if running and now is not None and started is not None else None
+    uptime = round(now - started) if running and now is not None and started is not None else None
     restarts = info.get("RestartCount")
     return (
         "running" if running else str(state.get("Status") or "stopped"),
@@ -343,7 +343,7 @@ def process_status(
         running_hash=running_hash,
         gate=gate,
         restarts=restarts,
-        last_error=last_error_line(log.text) if log else "",
+        last_error=last_error_line(log.text) if log and log.rc == 0 else "",
         problems=tuple(problems),
     )
 
