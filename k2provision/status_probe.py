@@ -37,7 +37,7 @@ _GATE_PROBE = (
     "except u.HTTPError as e:\n"
     "    print(e.code)\n"
     "except Exception as e:\n"
-    "    print('error', type(e).__name__, e)\n"
+    "    print('no answer', getattr(e, 'reason', e))\n"
 )
 
 
@@ -258,7 +258,10 @@ def _gate_verdict(gate: HealthGate | None, section: Section | None) -> str:
         got = " ".join(section.text).strip()
         if got == str(gate.expect_status):
             return "ok"
-        return f"failing: {gate.url} answered {got or 'nothing'} (expected {gate.expect_status})"
+        if got.isdigit():
+            return f"failing: HTTP {got} (expected {gate.expect_status})"
+        reason = got.removeprefix("no answer").strip()
+        return f"failing: no answer ({reason})" if reason else "failing: no answer"
     if section.rc == 0:
         return "ok"
     return f"failing: {' '.join(gate.command)} exited {section.rc}"

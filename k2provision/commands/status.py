@@ -143,6 +143,11 @@ def _gpus(host: HostStatus) -> str:
     return " ".join(f"{g.index}:{g.used_mib}/{g.total_mib}MiB" for g in host.gpus) or "none"
 
 
+def _tail(text: str, width: int) -> str:
+    """The end of a long line (where a log line says what went wrong)."""
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
 def status_table(hosts: list[HostStatus]) -> Table:
     """One row per host and planned process; data is shown exactly as it is."""
     table = Table(title="status", title_justify="left")
@@ -166,7 +171,7 @@ def status_table(hosts: list[HostStatus]) -> Table:
                 Text(p.gate, "red") if p.gate.startswith("failing") else p.gate,
                 "-" if p.restarts is None else str(p.restarts),
                 _gpus(host) if i == 0 else "",
-                p.last_error[:80],
+                _tail(p.last_error, 80),
             )
     return table
 
