@@ -22,6 +22,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 from rich.text import Text
+from typer._click.core import Context  # typer 0.26 vendors click (pinned in pyproject)
+from typer.core import TyperCommand
 
 from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
@@ -44,6 +46,36 @@ from k2provision.status_probe import (
 SCHEMA_VERSION = 1
 PROBE_TIMEOUT_S = 20.0
 HTTP_TIMEOUT_S = 5.0
+WATCH_DEFAULT_S = 5.0
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def watch_args(args: list[str]) -> list[str]:
+    """A bare `--watch` (no SECONDS after it) as `--watch=5`: Typer options always take a
+    value, and `--watch [SECONDS]` reads better than a second option."""
+    out = []
+    for i, word in enumerate(args):
+        following = args[i + 1] if i + 1 < len(args) else ""
+        out.append(
+            f"--watch={WATCH_DEFAULT_S:g}"
+            if word == "--watch" and not _is_number(following)
+            else word
+        )
+    return out
+
+
+class StatusCommand(TyperCommand):
+    """`status`, whose --watch takes an optional value."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        return list(super().parse_args(ctx, watch_args(args)))
 
 
 def _get_json(url: str) -> tuple[int | None, Any, str]:
@@ -221,10 +253,8 @@ def status(
         float | None,
         typer.Option(
             "--watch",
-            is_flag=False,
-            flag_value="5",
             metavar="[SECONDS]",
-            help="check again every SECONDS (5 when not given) until Ctrl-C",
+            help=f"check again every SECONDS ({WATCH_DEFAULT_S:g} when not given) until Ctrl-C",
         ),
     ] = None,
 ) -> None:
@@ -253,4 +283,4 @@ def status(
 
 def register(app: typer.Typer) -> None:
     """Add `status` to the app."""
-    app.command("status")(status)
+    app.command("status", cls=StatusCommand)(status)

@@ -58,9 +58,7 @@ def on_host(state: Any, host: str, command: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(
-    lab: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Any, Path, Path]]:
+def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Path]]:
     """4 lab hosts as a converged 2-prefill / 2-decode PD cluster (state, inventory, runs)."""
     inventory = tmp_path_factory.mktemp("inv") / "pd.ini"
     runs = tmp_path_factory.mktemp("runs")

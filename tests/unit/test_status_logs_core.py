@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from k2provision.commands.status import watch_args
 from k2provision.containers import LABEL_HASH, spec_hash
 from k2provision.errors import K2Error
 from k2provision.inventory import load_cluster
@@ -298,3 +299,9 @@ def test_bad_input_is_one_line_and_exit_2_before_any_host_is_asked(
     assert out.returncode == 2, out.stderr
     assert says in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_watch_takes_an_optional_number_of_seconds() -> None:
+    assert watch_args(["inv.ini", "--watch"]) == ["inv.ini", "--watch=5"]
+    assert watch_args(["--watch", "inv.ini"]) == ["--watch=5", "inv.ini"]
+    assert watch_args(["--watch", "2.5", "inv.ini"]) == ["--watch", "2.5", "inv.ini"]
