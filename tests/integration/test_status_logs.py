@@ -200,6 +200,30 @@ def test_drift_is_named(cluster: tuple[Any, Path, Path], tmp_path: Path) -> None
     assert all("drift: container runs spec" in p for p in problems)
 
 
+def test_an_unreachable_host_is_a_line_of_the_answer(
+    cluster: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    _, inventory, runs = cluster
+    closed = tmp_path / "pd.ini"  # lab4's SSH on a port nothing listens on
+    closed.write_text(
+        re.sub(
+            r"^(lab4 ansible_host=\S+) ansible_port=\d+",
+            r"\1 ansible_port=2",
+            inventory.read_text(),
+            flags=re.MULTILINE,
+        )
+    )
+    assert closed.read_text() != inventory.read_text()
+    out = k2("status", str(closed), "--format", "json", runs=runs)
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    lab4 = next(h for h in doc["hosts"] if h["host"] == "lab4")
+    assert lab4["reachable"] is False
+    assert lab4["unreachable"]
+    assert doc["problems"] == [f"lab4: unreachable: {lab4['unreachable']}"]
+    assert "Traceback" not in out.stderr
+
+
 def test_a_removed_container_is_named_and_apply_restores(cluster: tuple[Any, Path, Path]) -> None:
     state, inventory, runs = cluster
     on_host(state, "lab4", "docker rm -f k2-sglang")
