@@ -18,6 +18,7 @@ private key's contents are read by paramiko only; nothing here prints or records
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import socket
@@ -58,6 +59,12 @@ _HONOURED = {
     "controlpath",
 }
 DEFAULT_CONNECT_TIMEOUT = 10.0
+
+# paramiko logs a failed handshake with its traceback from its transport thread; here such a
+# host is a result with its reason, so its log stays out of the user's terminal.
+_paramiko_log = logging.getLogger("paramiko")
+_paramiko_log.addHandler(logging.NullHandler())
+_paramiko_log.propagate = False
 
 
 @dataclass(frozen=True)
@@ -214,6 +221,22 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
+def host_key_policy(strict: str) -> Any:
+    """OpenSSH's StrictHostKeyChecking as a paramiko policy for unknown host keys: refused,
+    unless `no`/`accept-new`, where the key is trusted for this connection only (known_hosts
+    files are never written: many hosts at once would race on them)."""
+    import paramiko
+
+    if strict not in ("no", "accept-new"):
+        return paramiko.RejectPolicy()
+
+    class AcceptUnsaved(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
+            del client, hostname, key
+
+    return AcceptUnsaved()
+
+
 def connection(target: SshTarget) -> Any:
     """A fabric Connection for `target` (not yet open), with OpenSSH's host key rules."""
     import paramiko
@@ -240,12 +263,7 @@ def connection(target: SshTarget) -> Any:
     for path in known:
         if os.path.exists(path):
             client.load_host_keys(path)
-    policy: paramiko.MissingHostKeyPolicy = (
-        paramiko.AutoAddPolicy()
-        if target.strict in ("no", "accept-new")
-        else paramiko.RejectPolicy()
-    )
-    client.set_missing_host_key_policy(policy)
+    client.set_missing_host_key_policy(host_key_policy(target.strict))
     return conn
 
 
@@ -317,13 +335,6 @@ class Stream:
                 yield raw.decode(errors="replace").rstrip("\r")
         if pending and not self._closed.is_set():
             yield pending.decode(errors="replace").rstrip("\r")
-
-    def exit_code(self) -> int | None:
-        """The remote command's exit status once it ended by itself (None otherwise)."""
-        channel = self._channel
-        if channel is None or not channel.exit_status_ready():
-            return None
-        return int(channel.recv_exit_status())
 
     def close(self) -> None:
         """End the remote command and the connection (safe to call twice, from any thread)."""

@@ -19,7 +19,7 @@ from k2provision.inventory import load_cluster
 from k2provision.log_sources import log_command, select_sources, since_problem
 from k2provision.models import HostPlan, Plan
 from k2provision.plan import build_plan
-from k2provision.remote import SshTarget, run_one, ssh_inventory, ssh_target
+from k2provision.remote import SshTarget, host_key_policy, run_one, ssh_inventory, ssh_target
 from k2provision.status_probe import (
     MARK,
     host_status,
@@ -305,3 +305,15 @@ def test_watch_takes_an_optional_number_of_seconds() -> None:
     assert watch_args(["inv.ini", "--watch"]) == ["inv.ini", "--watch=5"]
     assert watch_args(["--watch", "inv.ini"]) == ["--watch=5", "inv.ini"]
     assert watch_args(["--watch", "2.5", "inv.ini"]) == ["--watch", "2.5", "inv.ini"]
+
+
+def test_unknown_host_keys_are_refused_unless_the_inventory_says_otherwise() -> None:
+    import paramiko
+
+    assert isinstance(host_key_policy("yes"), paramiko.RejectPolicy)
+    assert isinstance(host_key_policy("ask"), paramiko.RejectPolicy)
+    lenient = host_key_policy("accept-new")
+    assert not isinstance(lenient, paramiko.RejectPolicy | paramiko.AutoAddPolicy)
+    client = paramiko.SSHClient()
+    lenient.missing_host_key(client, "h", None)
+    assert len(client.get_host_keys()) == 0  # trusted once, never recorded
