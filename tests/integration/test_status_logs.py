@@ -10,7 +10,6 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,43 +17,18 @@ from typing import Any
 
 import pytest
 
-import k2lab as lab_api
-from k2lab.standin import build_standin
 from k2provision.inventory import load_cluster
 from k2provision.plan import build_plan
+from tests.integration.pd_lab import (
+    BIN,
+    ROOT,
+    k2,
+    on_host,
+    pd_cluster_up,
+    remove_engine_containers,
+)
 
 pytestmark = pytest.mark.lab
-
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-MODEL_DIR = "/models/Kimi-K2-Instruct"
-LAB_VARS: dict[str, lab_api.VarValue] = {
-    "k2_engine": "sglang",
-    "k2_layout": "pd",
-    "k2_model_dir": MODEL_DIR,
-    "k2_context_length": 32768,
-}
-
-
-def k2(*args: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """The k2provision CLI as a user runs it."""
-    return subprocess.run(
-        [str(BIN / "k2provision"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "250"},
-        check=False,
-    )
-
-
-def on_host(state: Any, host: str, command: str) -> str:
-    out = subprocess.run(
-        lab_api.ssh_command(state, host, command), capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, (host, command, out.stderr)
-    return out.stdout
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +36,11 @@ def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
     """4 lab hosts as a converged 2-prefill / 2-decode PD cluster (state, inventory, runs)."""
     inventory = tmp_path_factory.mktemp("inv") / "pd.ini"
     runs = tmp_path_factory.mktemp("runs")
-    state = lab_api.up(
-        4, inventory=inventory, groups={"prefill": 2, "decode": 2}, all_vars=LAB_VARS
-    )
-    build_standin()
-    for host in state.hosts:
-        on_host(state, host.name, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json")
+    state = pd_cluster_up(inventory)
     applied = k2("apply", str(inventory), runs=runs)
     assert applied.returncode == 0, applied.stdout[-4000:] + applied.stderr[-2000:]
     yield state, inventory, runs
-    for host in state.hosts:
-        subprocess.run(
-            lab_api.ssh_command(
-                state, host.name, "docker rm -f $(docker ps -aq --filter name=k2-) || true"
-            ),
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
+    remove_engine_containers(state)
 
 
 def newest_record(runs: Path) -> Path:
