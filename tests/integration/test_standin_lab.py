@@ -31,7 +31,8 @@ import k2lab as labapi
 from k2lab.proc import quiet_log
 from k2lab.standin import STANDIN_IMAGE, build_standin, image_key
 from k2provision import catalog
-from k2provision.plan import LAB_IMAGE
+from k2provision.inventory import load_cluster
+from k2provision.plan import LAB_IMAGE, build_plan
 from tests.lab_support import ansible_env, require_lab
 
 pytestmark = pytest.mark.lab
@@ -207,6 +208,42 @@ def test_trtllm_launches_over_the_mesh_and_verifies(
         assert [m["id"] for m in models["data"]] == [Path(MODEL_DIR).name]
         script = sh(state, "cat /etc/k2provision/launch/trtllm-serve.sh").stdout
         assert 'btl_tcp_if_include "${K2_SOCKET_SUBNET}"' in script
+        day_two_on_the_mpirun_world(state, inventory, k2, env)
     finally:
         subprocess.run([*k2, "stop", str(inventory)], cwd=ROOT, capture_output=True,
                        timeout=600, env=env, check=False)
+
+
+def day_two_on_the_mpirun_world(
+    state: labapi.LabState, inventory: Path, k2: list[str], env: dict[str, str]
+) -> None:
+    """status and logs on the TensorRT-LLM world: the exec'd trtllm-serve (mpirun from rank
+    0) is a planned process status checks and logs reads from its /run/k2-<name>.log; killing
+    it is named by status, exit 1."""
+    plan = build_plan(load_cluster(inventory))
+    exec_procs = [(h.name, p) for h in plan.hosts for p in h.processes if p.exec_in]
+    assert exec_procs, "a TensorRT-LLM plan execs trtllm-serve in rank 0's container"
+    host, proc = exec_procs[0]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*k2, *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env=env, check=False)
+
+    status = run("status", str(inventory))
+    assert status.returncode == 0, status.stdout[-4000:] + status.stderr[-2000:]
+    assert proc.name in status.stdout
+    logs = run("logs", str(inventory), host, "--tail", "20")
+    assert logs.returncode == 0, logs.stdout[-2000:] + logs.stderr[-2000:]
+    assert any(line.startswith(f"{host}/{proc.name}") for line in logs.stdout.splitlines()), (
+        logs.stdout[-3000:]
+    )
+    sh(state, f"docker exec {proc.container} sh -c 'kill \"$(cat /run/k2-{proc.name}.pid)\"'")
+    deadline = time.monotonic() + 60
+    while True:
+        status = run("status", str(inventory))
+        if status.returncode == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert status.returncode == 1, status.stdout[-4000:]
+    assert host in status.stdout
+    assert proc.name in status.stdout

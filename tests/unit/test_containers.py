@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 from k2provision.inventory import load_cluster
 from k2provision.plan import build_plan
@@ -104,3 +106,27 @@ def test_router_container_asks_for_no_gpus_or_rdma() -> None:
     assert "--gpus" not in joined
     assert "/dev/infiniband" not in joined
     assert "--network host" in joined
+
+
+def test_identical_processes_on_two_hosts_hash_each_hosts_own_files() -> None:
+    """Every rank's sshd in an mpirun world is the same process; only its host's rendered files
+    differ. The launch filters take the host the tasks run for, so each container's label is
+    its own host's hash, the one status computes."""
+    from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
+        docker_spec_hash,
+    )
+
+    plan = build_plan(load_cluster(ROOT / "tests" / "golden" / "trtllm-tp16-ep8" / "inventory.ini"))
+    doc = plan.model_dump(mode="json")
+    first, second = plan.hosts[0], plan.hosts[1]
+    twin = next(p for p in second.processes if p in first.processes)
+    assert first.files != second.files
+    process = twin.model_dump(mode="json")
+    for host in (first, second):
+        assert docker_spec_hash(process, doc, host.name) == spec_hash(
+            plan.container, twin, host.files
+        )
+    with pytest.raises(ValueError, match="name the host") as refused:
+        docker_spec_hash(process, doc)
+    assert first.name in str(refused.value)
+    assert second.name in str(refused.value)

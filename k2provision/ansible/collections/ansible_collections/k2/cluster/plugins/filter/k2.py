@@ -19,32 +19,48 @@ def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
         raise ValueError(error.problems[0]) from None
 
 
-def _owner_files(process: dict[str, Any], plan: dict[str, Any]) -> dict[str, str]:
-    """The rendered files of the host that runs `process`."""
-    for entry in plan["hosts"]:
-        if any(p == process for p in entry["processes"]):
-            return dict(entry["files"])
-    raise ValueError(f"process {process.get('name')} is in no host of the plan")
+def _owner_files(
+    process: dict[str, Any], plan: dict[str, Any], host: str | None = None
+) -> dict[str, str]:
+    """The rendered files of the host that runs `process`: `host`'s when named (identical
+    processes on several hosts, such as every rank's sshd in an mpirun world, differ only by
+    their host's files), else the one host whose processes include it."""
+    owners = [
+        entry
+        for entry in plan["hosts"]
+        if (host is None or entry["name"] == host) and any(p == process for p in entry["processes"])
+    ]
+    if len(owners) == 1:
+        return dict(owners[0]["files"])
+    if not owners:
+        raise ValueError(f"process {process.get('name')} is in no host of the plan named {host}")
+    names = ", ".join(entry["name"] for entry in owners)
+    raise ValueError(f"process {process.get('name')} runs on {names}: name the host")
 
 
-def docker_run_argv(process: dict[str, Any], plan: dict[str, Any]) -> list[str]:
-    """The `docker run` argv for a planned process."""
+def docker_run_argv(
+    process: dict[str, Any], plan: dict[str, Any], host: str | None = None
+) -> list[str]:
+    """The `docker run` argv for a planned process (of `host`, where several run it)."""
     proc = Process.model_validate(process)
     options = ContainerOptions.model_validate(plan["container"])
-    return run_argv(options, proc, plan["config_dir"], _owner_files(process, plan))
+    return run_argv(options, proc, plan["config_dir"], _owner_files(process, plan, host))
 
 
-def docker_spec_hash(process: dict[str, Any], plan: dict[str, Any]) -> str:
+def docker_spec_hash(process: dict[str, Any], plan: dict[str, Any], host: str | None = None) -> str:
     """The label value a correctly configured container of this process carries."""
     proc = Process.model_validate(process)
     options = ContainerOptions.model_validate(plan["container"])
-    return spec_hash(options, proc, _owner_files(process, plan))
+    return spec_hash(options, proc, _owner_files(process, plan, host))
 
 
-def stale_containers(inspect_results: list[dict[str, Any]], plan: dict[str, Any]) -> list[Any]:
+def stale_containers(
+    inspect_results: list[dict[str, Any]], plan: dict[str, Any], host: str | None = None
+) -> list[Any]:
     """Processes whose existing container is stopped or was made from another spec.
 
-    `inspect_results` are loop results of `docker container inspect NAME` that succeeded.
+    `inspect_results` are loop results of `docker container inspect NAME` that succeeded, on
+    `host` (the inventory host the tasks run for).
     """
     stale = []
     for result in inspect_results:
@@ -52,7 +68,7 @@ def stale_containers(inspect_results: list[dict[str, Any]], plan: dict[str, Any]
         info = json.loads(result["stdout"])[0]
         labels = info.get("Config", {}).get("Labels") or {}
         running = bool(info.get("State", {}).get("Running"))
-        if not running or labels.get(LABEL_HASH) != docker_spec_hash(process, plan):
+        if not running or labels.get(LABEL_HASH) != docker_spec_hash(process, plan, host):
             stale.append(process)
     return stale
 
