@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from k2provision import launch_gate as lg
+from k2provision.events import HostResult, Tally
 from k2provision.models import HealthGate, Process
 from k2provision.weights.kernel import checkpoint
 
@@ -157,3 +158,13 @@ def test_logs_of_an_execd_process_come_from_its_file() -> None:
     execd = proc("ray-head", exec_in=True)
     assert lg.logs_command(execd) == "docker exec k2-sglang tail -n 50 /run/k2-ray-head.log 2>&1"
     assert lg.logs_command(proc()) == "docker logs --tail 50 k2-sglang 2>&1"
+
+
+def test_the_summary_keeps_the_first_line_of_a_failure() -> None:
+    """A launch failure's message goes on with its gate and log lines; the run summary's
+    "first failure" column holds its first line: host, process and reason."""
+    tally = Tally()
+    tally.add(HostResult("d1", "Stage | Launch failed (stage 0)", "failed",
+                         "d1: sglang-decode: exited with code 1\ngate: GET http://x\n  | log"))
+    assert tally.failures == {"d1": "Stage | Launch failed (stage 0): d1: sglang-decode: "
+                                    "exited with code 1"}
