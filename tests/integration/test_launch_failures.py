@@ -171,7 +171,7 @@ def test_a_wrong_answer_fails_verify_showing_it(cluster: Cluster) -> None:
 def test_a_rank_that_dies_after_a_good_apply_fails_status(cluster: Cluster) -> None:
     host = cluster.decode0
     remove_engine_containers(cluster.state)  # a clean start: no rank left from the last case
-    cluster.host_vars(host, k2_lab_fault="die_after=40")
+    cluster.host_vars(host, k2_lab_fault="die_after=60")
     rc, out = cluster.apply("--tags", "launch")
     assert rc == 0, out[-4000:]
     deadline = time.monotonic() + 180
