@@ -20,8 +20,10 @@ run, the same on every host), delay (s between probes), timeout_cap (s; 0: the p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -32,11 +34,19 @@ from ansible.plugins.action import ActionBase
 from k2provision import launch_gate as lg
 from k2provision.models import HealthGate
 
+# Marker directories of earlier runs are removed once they are this old.
+MARKERS_KEPT_S = 86400
+
 
 def _marker_dir(run_id: str, stage: int) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id) or "run"
-    path = Path(tempfile.gettempdir()) / f"k2-launch-{os.getuid()}" / safe / f"stage-{stage}"
+    root = Path(tempfile.gettempdir()) / f"k2-launch-{os.getuid()}"
+    path = root / safe / f"stage-{stage}"
     path.mkdir(parents=True, exist_ok=True)
+    for old in root.iterdir():
+        with contextlib.suppress(OSError):
+            if old.name != safe and time.time() - old.stat().st_mtime > MARKERS_KEPT_S:
+                shutil.rmtree(old, ignore_errors=True)
     return path
 
 
