@@ -9,6 +9,8 @@ from k2provision.models import ContainerOptions, Process
 
 LABEL_HASH = "io.k2provision.hash"
 LABEL_PROCESS = "io.k2provision.process"
+# The stand-in fault mode of a lab host (k2_lab_fault), as the stand-in reads it.
+LAB_FAULT_ENV = "K2_LAB_FAULT"
 
 
 def launch_path(config_dir: str, process: Process) -> str:
@@ -58,6 +60,8 @@ def run_argv(
         argv += ["--device", device]
     for volume in options.volumes:
         argv += ["--volume", volume]
+    if process.lab_fault:
+        argv += ["--env", f"{LAB_FAULT_ENV}={process.lab_fault}"]
     argv += [process.image, "sh", launch_path(config_dir, process)]
     return argv
 

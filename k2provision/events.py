@@ -109,7 +109,9 @@ class Tally:
         per_host = self.counts.setdefault(result.host, {})
         per_host[status] = per_host.get(status, 0) + 1
         if status in {"failed", "unreachable"} and result.host not in self.failures:
-            self.failures[result.host] = f"{result.task}: {result.message}"
+            # The first line: a launch failure's message goes on with its log lines.
+            first = result.message.strip().splitlines()[0] if result.message.strip() else ""
+            self.failures[result.host] = f"{result.task}: {first}"
 
     def total(self, status: Status) -> int:
         """Sum of one status over all hosts."""

@@ -26,6 +26,7 @@ from k2provision.inventory_checks import (
     cluster_values,
     ib_devices,
     ip_problem,
+    lab_fault_problem,
     port_problem,
 )
 from k2provision.models import LAYOUTS, Cluster, HostSpec, PoolName, Tunables
@@ -277,6 +278,13 @@ def cluster_from_groups(
     except ValidationError as exc:
         problems.extend(_field_problems(source, exc, values))
         raise InventoryError(problems) from None
+    faulty = [h.name for h in cluster.hosts if h.lab_fault]
+    if faulty and not cluster.lab:
+        problems.append(
+            f"{shorten_hosts(faulty)}: k2_lab_fault is set, but this is not a lab inventory "
+            "(k2_lab is false); expected it only on lab hosts, where the stand-in engine runs; "
+            "fix: remove k2_lab_fault"
+        )
     if problems:
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
@@ -364,6 +372,13 @@ def _hosts(
                 f"{value_range('k2_ib_devices')}; fix: e.g. k2_ib_devices=mlx5_0,mlx5_1",
                 [],
             ).append(name)
+        fault = v.get("k2_lab_fault")
+        if fault is not None and (why_fault := lab_fault_problem(fault)):
+            problems.append(
+                f"{name}: k2_lab_fault={show(fault)} {why_fault}; expected "
+                f"{value_range('k2_lab_fault')}; fix: correct or remove k2_lab_fault"
+            )
+            fault = None
         hosts.append(
             HostSpec(
                 name=name,
@@ -371,6 +386,7 @@ def _hosts(
                 pool=pools.get(name, "router"),
                 local_ip=local_ip,
                 ib_devices=devices if not why else (),
+                lab_fault=str(fault).strip() if fault is not None else None,
             )
         )
     problems += [f"{shorten_hosts(names)}: {line}" for line, names in shared.items()]

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from k2provision.models import LAB_FAULTS
 from k2provision.variables import shorten_hosts, show
 
 # RFC 1123 host name labels (underscores tolerated, as resolvers and Ansible do).
@@ -63,6 +64,21 @@ def port_problem(value: Any) -> str | None:
     if not 1 <= int(str(value)) <= 65535:
         return "is out of range; expected an integer from 1 to 65535"
     return None
+
+
+def lab_fault_problem(value: Any) -> str | None:
+    """Why `value` is not a stand-in fault mode for k2_lab_fault (None when it is)."""
+    text = str(value).strip() if isinstance(value, str | int | float) else ""
+    mode, eq, seconds = text.partition("=")
+    if mode == "die_after":
+        try:
+            ok = eq == "=" and float(seconds) > 0
+        except ValueError:
+            ok = False
+        return None if ok else "needs a number of seconds > 0 (die_after=20)"
+    if mode in LAB_FAULTS and not eq and mode != "die_after":
+        return None
+    return "is not a fault mode"
 
 
 def ib_devices(value: Any) -> tuple[tuple[str, ...], str | None]:

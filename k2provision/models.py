@@ -25,6 +25,8 @@ PoolName = Literal["nodes", "prefill", "decode"]
 Role = Literal["node", "prefill", "decode", "router"]
 
 ENGINES: tuple[EngineName, ...] = ("sglang", "trtllm", "vllm", "ktransformers")
+# The lab stand-in's fault modes (k2_lab_fault; die_after takes =<seconds>).
+LAB_FAULTS = ("exit_at_start", "never_healthy", "wrong_answer", "die_after")
 LAYOUTS: dict[str, tuple[str, ...]] = {
     "sglang": ("tp", "pd"),
     "trtllm": ("tp_ep",),
@@ -50,6 +52,8 @@ class HostSpec(Record):
     pool: PoolName | Literal["router"]
     local_ip: str
     ib_devices: tuple[str, ...] = ()
+    # Lab plans only: the stand-in fault this host's engine containers run with (K2_LAB_FAULT).
+    lab_fault: str | None = None
 
 
 # Every numeric knob has a range: a value outside it is a typo or a misunderstanding, and it is
@@ -589,12 +593,16 @@ class Process(Record):
     gpus: bool = True
     health: HealthGate | None = None
     resolve: tuple[LaunchValue, ...] = ()
+    # Lab plans only: K2_LAB_FAULT of the container (a stand-in fault mode; see k2_lab_fault).
+    lab_fault: str | None = None
 
     @model_serializer(mode="wrap")
     def _no_empty_resolve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if not self.resolve:
             data.pop("resolve", None)
+        if self.lab_fault is None:
+            data.pop("lab_fault", None)
         return data
 
 

@@ -704,6 +704,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         pool = next((p for p in pools if h.name in p.hosts), None)
         files = dict(out.files) if out else {}
         processes = out.processes if out else ()
+        if cluster.lab and h.lab_fault:
+            processes = tuple(p.model_copy(update={"lab_fault": h.lab_fault}) for p in processes)
         config_dir = cluster.tunables.config_dir
         for proc in processes:
             files[f"{config_dir}/launch/{proc.name}.sh"] = launch_script(proc, config_dir)

@@ -16,7 +16,7 @@ from annotated_types import Ge, Le
 from pydantic.fields import FieldInfo
 
 from k2provision import role_specs
-from k2provision.models import ENGINES, Cluster, Tunables
+from k2provision.models import ENGINES, LAB_FAULTS, Cluster, Tunables
 
 # One value for the whole cluster ([all:vars] or group_vars/all), read into Cluster's fields.
 CLUSTER_VARS = (
@@ -30,7 +30,7 @@ CLUSTER_VARS = (
     "k2_lab",
 )
 # Per host.
-HOST_VARS = ("k2_ib_devices", "k2_local_ip")
+HOST_VARS = ("k2_ib_devices", "k2_local_ip", "k2_lab_fault")
 TUNABLE_VARS = tuple(f"k2_{name}" for name in Tunables.model_fields)
 # Set by the playbooks themselves (registered results, the wrapper's extra-vars).
 PLAYBOOK_VARS = ("k2_planned", "k2_expected_plan_digest")
@@ -73,6 +73,7 @@ def value_range(variable: str) -> str:
         "k2_gpu": "a GPU of the catalog",
         "k2_ib_devices": "RDMA device names (comma list or YAML list), each once",
         "k2_local_ip": "an IP address",
+        "k2_lab_fault": "one of " + ", ".join(LAB_FAULTS) + "=<seconds>, or unset (lab only)",
     }
     if variable in special:
         return special[variable]

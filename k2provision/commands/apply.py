@@ -9,6 +9,7 @@ from k2provision.commands.params import (
     CheckOpt,
     DiffOpt,
     InventoryArg,
+    KeepFailedOpt,
     LimitOpt,
     TagsOpt,
     split_tags,
@@ -21,6 +22,7 @@ def apply(
     diff: DiffOpt = False,
     limit: LimitOpt = None,
     tags: TagsOpt = None,
+    keep_failed: KeepFailedOpt = False,
 ) -> None:
     """Plan, then run playbooks/site.yml on the hosts with live progress and a summary."""
     run = HostRun(
@@ -30,6 +32,7 @@ def apply(
         limit=limit,
         check=check,
         diff=diff,
+        keep_failed=keep_failed,
     )
     raise typer.Exit(run_on_hosts(run))
 

@@ -108,6 +108,8 @@ class HostRun:
     limit: str | None = None
     check: bool = False
     diff: bool = False
+    keep_failed: bool = False
+    """A failed launch stage's containers are left running (k2_launch_keep_failed)."""
 
 
 class RunHooks:
@@ -173,6 +175,8 @@ def run_on_hosts(run: HostRun, hooks: RunHooks | None = None) -> int:
     started = time.monotonic()
     try:
         extravars = {"k2_expected_plan_digest": plan_digest(plan), **hooks.extravars(plan, record)}
+        if run.keep_failed:
+            extravars["k2_launch_keep_failed"] = True
         with hooks.view(plan, record) as view:
             result = run_playbook(
                 PlaybookRun(

@@ -35,6 +35,14 @@ TagsOpt = Annotated[
     str | None, typer.Option("--tags", help="only these phases, comma-separated")
 ]
 
+KeepFailedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-failed",
+        help="leave a failed launch stage's containers running for debugging (default: stopped)",
+    ),
+]
+
 
 def split_tags(tags: str | None) -> tuple[str, ...]:
     """'launch, verify' -> ('launch', 'verify')."""

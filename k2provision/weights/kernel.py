@@ -6,6 +6,7 @@ docstring. The k2provision package and the controller plugins import it from her
 """
 
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights import (  # noqa: E501
+    checkpoint,
     common,
     events,
     hashing,
@@ -16,4 +17,6 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.modu
     synthetic,
 )
 
-__all__ = ["common", "events", "hashing", "manifest", "names", "safetensors", "store", "synthetic"]
+__all__ = [
+    "checkpoint",
+    "common", "events", "hashing", "manifest", "names", "safetensors", "store", "synthetic"]

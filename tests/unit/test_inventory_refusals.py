@@ -79,6 +79,12 @@ CASES = [
     case("local-ip-twice", nodes(hosts=(
         f"{TWO[0]} k2_local_ip=192.168.0.1", f"{TWO[1]} k2_local_ip=192.168.0.1")),
          "n2", "k2_local_ip=192.168.0.1"),
+    case("lab-fault-unknown", pd("k2_lab=true\n", decode="k2_lab_fault=crash"), "d1",
+         "k2_lab_fault=crash", "exit_at_start, never_healthy, wrong_answer, die_after=<seconds>"),
+    case("lab-fault-die-after-no-seconds", pd("k2_lab=true\n", decode="k2_lab_fault=die_after"),
+         "d1", "k2_lab_fault=die_after", "seconds"),
+    case("lab-fault-not-a-lab", pd(decode="k2_lab_fault=exit_at_start"), "d1", "k2_lab_fault",
+         "not a lab inventory"),
     case("ib-semicolon", pd("k2_ib_devices=mlx5_0;mlx5_1 mlx5_2\n"), "k2_ib_devices"),
     case("ib-empty-item", pd(prefill="k2_ib_devices=mlx5_0,,mlx5_0"), "p1", "k2_ib_devices",
          "empty item"),

@@ -22,6 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from k2standin import faults
+
 RECORD_DIR_ENV = "K2_STANDIN_RECORD_DIR"
 DEFAULT_RECORD_DIR = "/run/k2-standin"
 GPUS_PER_NODE_ENV = "K2_STANDIN_GPUS_PER_NODE"
@@ -341,6 +343,9 @@ def reject(entry: str, argv: Sequence[str], errors: Iterable[str]) -> int:
 
 def run_entry(entry: str, full_argv: Sequence[str], body: Callable[[], int]) -> int:
     """Run an entry point: Rejected -> exit 2 with the problems, StartError -> exit 1."""
+    stop = faults.at_start(entry)
+    if stop is not None:
+        return stop
     try:
         return body()
     except Rejected as exc:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from k2standin import faults
 from k2standin.common import StartError
 
 STANDIN_REPLY = "ready (stand-in)"
@@ -186,6 +187,7 @@ class ModelServer:
     def set_ready(self) -> None:
         self.reason = "ready"
         self.ready.set()
+        faults.on_ready(self.engine)
 
     def set_not_ready(self, reason: str) -> None:
         self.reason = reason
@@ -200,6 +202,9 @@ class ModelServer:
     # ---------------------------------------------------------------- GET
 
     def health(self) -> Response:
+        if faults.active("never_healthy"):
+            return error_response(503, "never healthy (K2_LAB_FAULT=never_healthy)",
+                                  "ServiceUnavailableError")
         return self._unready() or Response(200, b"", "text/plain")
 
     def liveness(self) -> Response:
@@ -273,6 +278,8 @@ class ModelServer:
         bad_model = self._check_model(doc)
         if bad_model is not None:
             return bad_model
+        if faults.active("wrong_answer"):
+            return json_response(200, faults.wrong_chat_body(self.model_id or ""))
         return chat_completion(self.model_id or "", messages, bool(doc.get("stream")))
 
     def completion(self, body: bytes) -> Response:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k2standin import rendezvous
+from k2standin import faults, rendezvous
 from k2standin.common import (
     Checker,
     Opts,
@@ -255,6 +255,7 @@ def serve(argv: Sequence[str]) -> int:
                 raise StartError(f"--dist-init-addr: {problem}")
             if rt.stop.is_set():
                 return rt.wait()
+            faults.on_ready(ENTRY)
         where = f"{args.host}:{args.port}" if args.node_rank == 0 else "no HTTP (rank > 0)"
         log(ENTRY, f"stand-in up: node rank {args.node_rank}/{args.nnodes}, {where}")
         return rt.wait()
