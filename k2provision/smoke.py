@@ -85,7 +85,7 @@ class ChatCheck:
 
     problems: tuple[str, ...]
     shown: str
-    """The answer as it came back, truncated, for messages."""
+    """What came back (the first choice, else the body), truncated, for messages."""
     content: str = ""
     reasoning: str | None = None
     tool_call: ToolCallSeen | None = None
@@ -101,6 +101,20 @@ def shown(body: Any, limit: int = SHOWN_CHARS) -> str:
     text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
     text = " ".join(text.split())
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def shown_answer(body: Any, limit: int = SHOWN_CHARS) -> str:
+    """What came back, for messages: the first choice (its message and finish reason) where
+    there is one, else the whole body; cut to `limit` characters."""
+    if isinstance(body, Mapping):
+        choices = body.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+            first = choices[0]
+            return shown(
+                {"message": first.get("message"), "finish_reason": first.get("finish_reason")},
+                limit,
+            )
+    return shown(body, limit)
 
 
 def parse_body(body: Any) -> Any:
@@ -171,12 +185,12 @@ def check_chat(status: int, body: Any, *, thinking: bool = False) -> ChatCheck:
     body = parse_body(body)
     message, problems = _message(status, body)
     if message is None:
-        return ChatCheck(tuple(problems), shown(body))
+        return ChatCheck(tuple(problems), shown_answer(body))
     problems = reasoning_problems(message, thinking=thinking)
     content = _text(message.get("content"))
     if not content.strip() and _reasoning(message) is None and not message.get("tool_calls"):
         problems.append("the message is empty (no content, reasoning or tool call)")
-    return ChatCheck(tuple(problems), shown(body), content, _reasoning(message))
+    return ChatCheck(tuple(problems), shown_answer(body), content, _reasoning(message))
 
 
 def _arguments_problem(arguments: Any, required: Sequence[str]) -> tuple[str, str | None]:
@@ -213,7 +227,7 @@ def check_tool_call(
     body = parse_body(body)
     message, problems = _message(status, body)
     if message is None:
-        return ChatCheck(tuple(problems), shown(body))
+        return ChatCheck(tuple(problems), shown_answer(body))
     content = _text(message.get("content"))
     # A thinking model may go straight to the call: only leaked think markers are wrong here.
     problems = reasoning_problems(message, thinking=False)
@@ -245,7 +259,7 @@ def check_tool_call(
                 problems.append(f"tool_calls[0] has type {call.get('type')!r}, not 'function'")
         if raw:
             problems.append(f"content still holds the tool-call token(s) {', '.join(raw)}")
-    return ChatCheck(tuple(problems), shown(body), content, _reasoning(message), seen)
+    return ChatCheck(tuple(problems), shown_answer(body), content, _reasoning(message), seen)
 
 
 def expected_text(kind: str, *, thinking: bool, function: str = TOOL_NAME,
