@@ -210,3 +210,50 @@ def test_vllms_real_kimi_k2_parser_reads_the_stand_in_models_text_as_the_stand_i
          "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
         for c in real["calls"]
     ] == ours["tool_calls"]
+
+
+@pytest.mark.parametrize(
+    ("example", "model"),
+    [
+        ("sglang-tp", "moonshotai/Kimi-K2-Thinking"),
+        ("vllm-tp", "moonshotai/Kimi-K2-Thinking"),
+        ("vllm-tp", "moonshotai/Kimi-K2.5"),
+        # TensorRT-LLM serves no thinking Kimi checkpoint here (the catalog refuses it).
+        ("trtllm-tp-ep", "moonshotai/Kimi-K2-Instruct"),
+    ],
+)
+def test_a_rendered_plan_passes_and_fails_without_its_parser_flags(
+    example: str, model: str, tmp_path: Path
+) -> None:
+    """The serving command lines a plan renders, read as the stand-in reads them: their answers
+    pass the smoke test; the same command without the tool-call parser, or (a thinking model)
+    without the reasoning parser, fails it."""
+    from dataclasses import replace
+
+    from k2provision.inventory import load_cluster
+    from k2provision.plan import build_plan
+
+    inventory = tmp_path / f"{example}.ini"
+    source = (REPO / "inventory" / "examples" / f"{example}.ini").read_text()
+    inventory.write_text(f"{source}k2_model={model}\n")
+    plan = build_plan(load_cluster(inventory))
+    thinking = smoke.expectation(plan.model).thinking
+    assert thinking == ("Instruct" not in model)
+    engine = str(plan.engine)
+    tool_opt, reasoning_opt, _ = shapes.FLAG_NAMES[engine]
+    servers = [p.argv for h in plan.hosts for p in h.processes if tool_opt in p.argv]
+    assert servers, "no serving process rendered"
+    for argv in servers:
+        flags = replace(shapes.server_flags(engine, argv, None), thinking=thinking)
+        assert smoke.check_chat(200, reply(ASK_CHAT, flags), thinking=thinking).ok
+        assert smoke.check_tool_call(200, reply(ASK_TOOL, flags)).ok
+        assert (reasoning_opt in argv) == thinking
+        for dropped in (tool_opt, reasoning_opt) if thinking else (tool_opt,):
+            at = argv.index(dropped)
+            less = replace(
+                shapes.server_flags(engine, [*argv[:at], *argv[at + 2:]], None),
+                thinking=thinking,
+            )
+            chat = smoke.check_chat(200, reply(ASK_CHAT, less), thinking=thinking)
+            tool = smoke.check_tool_call(200, reply(ASK_TOOL, less))
+            assert not (chat.ok and tool.ok), f"{engine} without {dropped} passed"
