@@ -191,3 +191,28 @@ def test_the_filter_judges_a_uri_result() -> None:
     assert refused["message"].startswith(f"{HOST}: POST {URL}")
     with pytest.raises(ValueError, match="expected chat or tool"):
         smoke_filters.smoke_check({"status": 200}, "stream", HOST, URL)
+
+
+def test_verify_shows_the_tool_call_or_what_was_wrong() -> None:
+    from k2provision.commands.verify import answer_lines
+
+    good = {
+        "chat": smoke_filters.smoke_check(
+            {"status": 200, "json": answer({"role": "assistant", "content": "ready",
+                                            "reasoning_content": "one word"})},
+            "chat", HOST, URL, True),
+        "tool": smoke_filters.smoke_check(
+            {"status": 200, "json": answer(tool_message())}, "tool", HOST, URL),
+    }
+    lines = [line.plain for line in answer_lines(good)]
+    assert lines == [
+        "chat: ok reply 'ready'",
+        "reasoning: 8 characters, apart from the content",
+        'tool call: ok get_weather({"city": "Paris"}) [id functions.get_weather:0]',
+    ]
+    wrong = {**good, "tool": smoke_filters.smoke_check(
+        {"status": 200, "json": answer({"role": "assistant", "content": RAW_CALL})},
+        "tool", HOST, URL)}
+    lines = [line.plain for line in answer_lines(wrong)]
+    assert lines[2] == "tool call: wrong none"
+    assert lines[3].startswith(f"{HOST}: POST {URL} (a chat completion with tools) answered")
