@@ -25,6 +25,7 @@ import pytest
 
 from k2lab.errors import LabError
 from k2lab.standin import content_hash, standin_dir
+from k2provision import smoke
 from k2provision.plan import LAB_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -416,6 +417,15 @@ def test_real_router_serves_in_front_of_the_standins(env: Env, procs: list[Proc]
     }, timeout=30)
     assert status == 200, body
     assert "ready (stand-in)" in json.loads(body)["choices"][0]["message"]["content"]
+    # A `tools` definition passes through the router; the decode server's parsed call comes back.
+    status, body = http(f"{base}/v1/chat/completions", {
+        "model": "kimi-k2", "messages": [{"role": "user", "content": smoke.TOOL_PROMPT}],
+        "tools": [smoke.weather_tool()], "tool_choice": "auto", "max_tokens": 64,
+    }, timeout=30)
+    assert status == 200, body
+    check = smoke.check_tool_call(200, body)
+    assert check.ok, (check.problems, body)
+    assert str(check.tool_call) == 'get_weather({"city": "Paris"}) [id functions.get_weather:0]'
     for proc in (prefill, decode):
         assert proc.terminate() == 0
 

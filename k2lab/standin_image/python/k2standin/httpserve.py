@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from k2standin import faults
+from k2standin import faults, openai_shapes
 from k2standin.common import StartError
 
 STANDIN_REPLY = "ready (stand-in)"
@@ -164,6 +164,8 @@ class ModelServer:
         self.info = info
         self.strict_model = strict_model
         self.info_hooks: list[Callable[[], dict[str, Any]]] = []
+        # The launch flags the chat answers' shapes depend on (the server sets them).
+        self.flags = openai_shapes.ServerFlags(engine)
         self.ready = threading.Event()
         self.reason = "starting"
         self.created = int(time.time())
@@ -280,6 +282,10 @@ class ModelServer:
             return bad_model
         if faults.active("wrong_answer"):
             return json_response(200, faults.wrong_chat_body(self.model_id or ""))
+        if not doc.get("stream"):
+            return json_response(200, openai_shapes.chat_completion(
+                doc, self.flags, self.model_id or "", ident=f"chatcmpl-{uuid.uuid4().hex}",
+                created=int(time.time())))
         return chat_completion(self.model_id or "", messages, bool(doc.get("stream")))
 
     def completion(self, body: bytes) -> Response:

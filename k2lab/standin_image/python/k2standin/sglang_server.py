@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k2standin import faults, rendezvous
+from k2standin import faults, openai_shapes, rendezvous
 from k2standin.common import (
     Checker,
     Opts,
@@ -233,6 +233,7 @@ def serve(argv: Sequence[str]) -> int:
     try:
         if args.node_rank == 0:
             ms = ModelServer("sglang", args.served_model_name, args.info())
+            ms.flags = openai_shapes.server_flags("sglang", argv, args.model_path)
             servers.append(listen(ms.api, args.host, args.port))
             if args.mode == "prefill":
                 servers.append(listen(_bootstrap_api(args), args.host, args.bootstrap_port,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k2standin import openai_shapes
 from k2standin.common import (
     Checker,
     Rejected,
@@ -149,6 +150,8 @@ def serve(argv: Sequence[str]) -> int:
     rt = Runtime(SERVE_ENTRY)
     rt.install_signals()
     ms = ModelServer("trtllm", args.served, args.info)
+    rest = list(argv[1:] if argv and argv[0] == "serve" else argv)
+    ms.flags = openai_shapes.server_flags("trtllm", rest, args.model)
     write_record(SERVE_ENTRY, full_argv, ok=True, role="http", info=args.info)
     server = listen(ms.api, args.host, args.port)
     try:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k2standin import ray_cluster, rendezvous
+from k2standin import openai_shapes, ray_cluster, rendezvous
 from k2standin.common import (
     Checker,
     Opts,
@@ -270,6 +270,7 @@ def serve(argv: Sequence[str]) -> int:
         else:
             info_ray = {}
         ms = ModelServer("vllm", args.served, {**args.info(), **info_ray}, strict_model=True)
+        ms.flags = openai_shapes.server_flags("vllm", argv, args.model)
         write_record(ENTRY, full_argv, ok=True, role="http", info=args.info())
         server = listen(ms.api, args.host, args.port)
         if args.dp > args.dp_local and args.dp_address is not None:
