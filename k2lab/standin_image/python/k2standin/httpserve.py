@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from k2standin import streaming
 from k2standin.common import StartError
 
 STANDIN_REPLY = "ready (stand-in)"
@@ -273,6 +274,9 @@ class ModelServer:
         bad_model = self._check_model(doc)
         if bad_model is not None:
             return bad_model
+        if streaming.wants_stream(doc):
+            return Response(200, streaming.chat_stream(doc, self.model_id or ""),
+                            streaming.CONTENT_TYPE)
         return chat_completion(self.model_id or "", messages, bool(doc.get("stream")))
 
     def completion(self, body: bytes) -> Response:
@@ -287,6 +291,9 @@ class ModelServer:
         bad_model = self._check_model(doc)
         if bad_model is not None:
             return bad_model
+        if streaming.wants_stream(doc):
+            return Response(200, streaming.completion_stream(doc, self.model_id or ""),
+                            streaming.CONTENT_TYPE)
         return json_response(200, {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -304,6 +311,8 @@ class ModelServer:
         doc = parse_json(body)
         if isinstance(doc, Response):
             return doc
+        if streaming.wants_stream(doc):
+            return Response(200, streaming.generate_stream(doc), streaming.CONTENT_TYPE)
         return json_response(200, {
             "text": STANDIN_REPLY,
             "meta_info": {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop"},
