@@ -114,12 +114,10 @@ def run_client(argv: list[str], log: Path, label: str) -> int:
     return proc.returncode
 
 
-def _rate(t: Throughput) -> Text:
-    text = Text(f"{t.total:,.0f} ({t.per_node:,.0f}/node, {t.per_gpu:,.0f}/GPU)")
-    if t.published_percent is not None and t.published_per_node is not None:
-        text.append(f" {t.published_percent:.0f}% of {t.published_per_node / 1000:g}k",
-                    "cyan")
-    return text
+def _published(t: Throughput) -> tuple[str, str]:
+    if t.published_percent is None or t.published_per_node is None:
+        return "-", "-"
+    return f"{t.published_per_node:,.0f}", f"{t.published_percent:.0f}%"
 
 
 def _usd(value: float | None) -> str:
@@ -131,20 +129,25 @@ def _concurrency(p: Point) -> str:
 
 
 def tables(points: list[Point]) -> tuple[Table, Table]:
-    """Throughput and cost per concurrency; latency percentiles per concurrency."""
+    """Throughput (per node, per GPU, against the published figure) and cost per
+    concurrency and kind of token; latency percentiles per concurrency."""
     rates = Table(title="throughput (tok/s) and cost", title_justify="left")
-    for column in ("concurrency", "done", "input", "output", "total", "$/1M out", "$/1M in"):
-        rates.add_column(column)
+    for column in ("concurrency", "done", "tokens", "tok/s", "per node", "per GPU",
+                   "published/node", "% of published", "$ per 1M"):
+        rates.add_column(column, justify="left" if column == "tokens" else "right")
     for p in points:
-        rates.add_row(
-            _concurrency(p), f"{p.completed}/{p.completed + p.failed}",
-            _rate(p.throughput["input"]), _rate(p.throughput["output"]),
-            _rate(p.throughput["total"]),
-            _usd(p.cost_usd_per_1m["output"]), _usd(p.cost_usd_per_1m["input"]),
-        )
+        for i, kind in enumerate(("input", "output", "total")):
+            t = p.throughput[kind]
+            rates.add_row(
+                _concurrency(p) if i == 0 else "",
+                f"{p.completed}/{p.completed + p.failed}" if i == 0 else "",
+                kind, f"{t.total:,.0f}", f"{t.per_node:,.0f}", f"{t.per_gpu:,.0f}",
+                *_published(t), _usd(p.cost_usd_per_1m.get(kind)),
+                end_section=kind == "total",
+            )
     latency = Table(title="latency (ms): p50 / p90 / p99", title_justify="left")
     for column in ("concurrency", "TTFT", "ITL", "E2E"):
-        latency.add_column(column)
+        latency.add_column(column, justify="right")
     for p in points:
         latency.add_row(_concurrency(p), *(
             f"{q.p50:,.2f} / {q.p90:,.2f} / {q.p99:,.2f}"
@@ -166,13 +169,16 @@ def chart(points: list[Point], num_prompts: int, title: str, path: Path) -> None
         left.plot(xs, [p.throughput[metric].total for p in points], marker="o", label=metric)
     left.set(xlabel="concurrency", ylabel="tokens/s", title="throughput")
     styles = {"p50": "-", "p90": "--", "p99": ":"}
-    for metric in ("ttft", "itl", "e2e"):
+    for metric, colour in (("ttft", "tab:blue"), ("itl", "tab:orange"), ("e2e", "tab:green")):
         for name, style in styles.items():
             right.plot(xs, [getattr(p.latency_ms[metric], name) for p in points],
-                       linestyle=style, marker="o", label=f"{metric.upper()} {name}")
+                       color=colour, linestyle=style, marker="o",
+                       label=f"{metric.upper()} {name}")
     right.set(xlabel="concurrency", ylabel="ms", title="latency")
-    right.set_yscale("symlog", linthresh=1.0)
+    right.set_yscale("symlog", linthresh=0.1)  # ITL is far below TTFT and E2E
     for axis in (left, right):
+        if len(xs) > 1 and max(xs) >= 8 * min(xs):
+            axis.set_xscale("log", base=2)
         axis.legend(fontsize="small")
         axis.grid(True, alpha=0.3)
     fig.suptitle(title, fontsize="medium")
