@@ -233,7 +233,7 @@ def bench(
         console.print(Text(f"note: {LAB_NOTICE}", "yellow"), soft_wrap=True)
     console.print(f"bench {chosen.name} ({chosen.input_len} in / {chosen.output_len} out), "
                   f"{num_prompts} prompts, {client.label} against {plan.endpoint}; "
-                  f"record: {record}")
+                  f"record: {record}", soft_wrap=True)
     scale = scale_of(plan)
     published = published_for(plan, chosen.name)
     points: list[Point] = []
