@@ -6,6 +6,7 @@ the stand-in's streams that the clients read (k2lab/standin_image/.../streaming.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -341,3 +342,36 @@ def test_openai_streams_carry_usage_as_asked() -> None:
     assert isinstance(chat[-1], dict)
     assert chat[-1]["usage"]["completion_tokens"] == 3  # no include_usage: on the last chunk
     assert chat[-1]["choices"][0]["finish_reason"] == "length"
+
+
+# ---------------------------------------------------------------- the command's refusals
+
+
+def k2_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "k2provision.cli", "bench", "inventory/prod.ini", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "K2_RUNS_DIR": str(tmp_path / "runs")},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--workload", "nope"), "lmsys-2000-100, vllm-1000-512"),
+        (("--concurrency", "4,x"), "--concurrency"),
+        (("--num-prompts", "0"), "--num-prompts 0"),
+        ((), "--tokenizer"),  # prod's model directory is not on this machine
+        (("--tokenizer", "/tok", "--client-python", "/usr/bin/true-not-here"),
+         "--client-python /usr/bin/true-not-here"),
+        (("--tokenizer", "/tok", "--client-python", "/usr/bin/python3"),
+         "import sglang.benchmark.serving"),
+    ],
+)
+def test_bad_input_is_exit_2_before_any_run(
+    tmp_path: Path, args: tuple[str, ...], named: str
+) -> None:
+    out = k2_bench(tmp_path, *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert named in " ".join(out.stderr.split())
+    assert not (tmp_path / "runs").exists()  # no record: nothing ran
