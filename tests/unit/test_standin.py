@@ -424,6 +424,14 @@ def test_real_router_serves_in_front_of_the_standins(env: Env, procs: list[Proc]
     }, timeout=30)
     assert status == 200, body
     assert "ready (stand-in)" in json.loads(body)["choices"][0]["message"]["content"]
+    # sglang's benchmark client (backend sglang): a streamed /generate, which the router sends
+    # to a prefill and a decode worker with bootstrap fields, streaming back the decode's
+    status, body = http(f"{base}/generate", {
+        "text": "a b c", "sampling_params": {"max_new_tokens": 7, "ignore_eos": True},
+        "stream": True}, timeout=30)
+    assert status == 200, body
+    last = json.loads(body.decode().split("data: ")[-2])
+    assert last["meta_info"]["completion_tokens"] == 7
     for proc in (prefill, decode):
         assert proc.terminate() == 0
 

@@ -11,6 +11,12 @@ own benchmark clients read (`python -m sglang.bench_serving`, `vllm bench serve`
   OpenAI sends it; without it the usage rides on the last chunk. vLLM's client counts output
   tokens and prompt tokens from that usage.
 
+Behind sglang-router in PD mode (sglang-router 0.3.2), a `/generate` goes unchanged to one
+prefill and one decode worker, with `bootstrap_host`, `bootstrap_port` (the prefill's bootstrap
+server) and `bootstrap_room` added, and the router streams back the decode worker's answer.
+Both stand-ins answer the same stream; the bootstrap fields are accepted and unused (no KV
+cache moves between stand-ins).
+
 A stream holds exactly as many tokens as the request asks (`max_new_tokens`, `max_tokens` or
 `max_completion_tokens`): a benchmark runs with ignore_eos, so a real engine does the same.
 Prompt tokens are counted as `input_ids` when given, else as the prompt's words (the lab's
