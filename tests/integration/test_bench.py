@@ -118,3 +118,20 @@ def test_bench_concurrency_list_gives_one_point_each(
         assert argv[argv.index("--max-concurrency") + 1] == str(level)
         assert (record / f"concurrency-{level}" / "client.log").is_file()
     assert (record / "bench.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_a_failing_client_is_exit_1_with_its_last_lines(
+    cluster: tuple[Path, Path], tmp_path: Path
+) -> None:
+    inventory, runs = cluster
+    out = k2("bench", str(inventory), "--num-prompts", "2", "--client-python",
+             str(CLIENT_PYTHON), "--tokenizer", str(tmp_path / "no-tokenizer"), runs=runs)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "the client failed; its last lines" in out.stderr
+    assert "no-tokenizer" in out.stderr  # the client's own complaint, shown
+    record = sorted(p for p in runs.iterdir() if p.name.endswith("-bench"))[-1]
+    doc = json.loads((record / "bench.json").read_text())
+    assert doc["ok"] is False
+    assert doc["points"] == []
+    assert "the client exited 1" in doc["problems"][0]
+    assert json.loads((record / "summary.json").read_text())["rc"] == 1
