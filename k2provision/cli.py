@@ -23,7 +23,7 @@ from typer._click.core import Context  # typer 0.26 vendors click (pinned in pyp
 from typer.core import TyperGroup
 
 from k2provision import __version__
-from k2provision.commands import apply, logs, models, plan, render, status, stop, verify, weights
+from k2provision.commands import apply, bench, logs, models, plan, render, status, stop, verify, weights
 from k2provision.display import print_errors, print_unexpected, print_warnings
 from k2provision.errors import K2Error
 
@@ -39,6 +39,7 @@ COMMANDS: tuple[Register, ...] = (
     status.register,
     logs.register,
     verify.register,
+    bench.register,
 )
 PLUGIN_GROUP = "k2provision.commands"
 

@@ -228,11 +228,19 @@ def test_sglang_stream_and_unknown_route(env: Env, procs: list[Proc]) -> None:
     base = f"http://127.0.0.1:{port}"
     wait_status(f"{base}/health", proc)
     status, body = http(f"{base}/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "stream": True})
+        "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4})
     assert status == 200
     events = [line for line in body.decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
-    assert json.loads(events[1][6:])["choices"][0]["delta"]["content"].startswith("ready")
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert sum("content" in c["choices"][0]["delta"] for c in chunks) == 4  # as many as asked
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    status, body = http(f"{base}/generate", {
+        "text": "hi", "sampling_params": {"max_new_tokens": 3}, "stream": True})
+    assert status == 200
+    last = json.loads(body.decode().split("data: ")[-2])
+    assert last["meta_info"]["completion_tokens"] == 3
     assert http(f"{base}/v1/chat/completions", {"messages": []})[0] == 400
     assert http(f"{base}/nope")[0] == 404
 
@@ -426,6 +434,14 @@ def test_real_router_serves_in_front_of_the_standins(env: Env, procs: list[Proc]
     check = smoke.check_tool_call(200, body)
     assert check.ok, (check.problems, body)
     assert str(check.tool_call) == 'get_weather({"city": "Paris"}) [id functions.get_weather:0]'
+    # sglang's benchmark client (backend sglang): a streamed /generate, which the router sends
+    # to a prefill and a decode worker with bootstrap fields, streaming back the decode's
+    status, body = http(f"{base}/generate", {
+        "text": "a b c", "sampling_params": {"max_new_tokens": 7, "ignore_eos": True},
+        "stream": True}, timeout=30)
+    assert status == 200, body
+    last = json.loads(body.decode().split("data: ")[-2])
+    assert last["meta_info"]["completion_tokens"] == 7
     for proc in (prefill, decode):
         assert proc.terminate() == 0
 

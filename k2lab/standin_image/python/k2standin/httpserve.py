@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from k2standin import faults, openai_shapes
+from k2standin import faults, openai_shapes, streaming
 from k2standin.common import StartError
 
 STANDIN_REPLY = "ready (stand-in)"
@@ -282,11 +282,12 @@ class ModelServer:
             return bad_model
         if faults.active("wrong_answer"):
             return json_response(200, faults.wrong_chat_body(self.model_id or ""))
-        if not doc.get("stream"):
-            return json_response(200, openai_shapes.chat_completion(
-                doc, self.flags, self.model_id or "", ident=f"chatcmpl-{uuid.uuid4().hex}",
-                created=int(time.time())))
-        return chat_completion(self.model_id or "", messages, bool(doc.get("stream")))
+        if streaming.wants_stream(doc):
+            return Response(200, streaming.chat_stream(doc, self.model_id or ""),
+                            streaming.CONTENT_TYPE)
+        return json_response(200, openai_shapes.chat_completion(
+            doc, self.flags, self.model_id or "", ident=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time())))
 
     def completion(self, body: bytes) -> Response:
         unready = self._unready()
@@ -300,6 +301,9 @@ class ModelServer:
         bad_model = self._check_model(doc)
         if bad_model is not None:
             return bad_model
+        if streaming.wants_stream(doc):
+            return Response(200, streaming.completion_stream(doc, self.model_id or ""),
+                            streaming.CONTENT_TYPE)
         return json_response(200, {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -317,6 +321,8 @@ class ModelServer:
         doc = parse_json(body)
         if isinstance(doc, Response):
             return doc
+        if streaming.wants_stream(doc):
+            return Response(200, streaming.generate_stream(doc), streaming.CONTENT_TYPE)
         return json_response(200, {
             "text": STANDIN_REPLY,
             "meta_info": {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop"},
@@ -330,39 +336,3 @@ def _usage(prompt: str) -> dict[str, int]:
             "total_tokens": prompt_tokens + 3}
 
 
-def chat_completion(model: str, messages: list[Any], stream: bool) -> Response:
-    """A chat completion (or its server-sent-event stream) answering `messages`."""
-    ident = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-    if not stream:
-        return json_response(200, {
-            "id": ident,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": STANDIN_REPLY, "tool_calls": []},
-                "finish_reason": "stop",
-                "logprobs": None,
-            }],
-            "usage": _usage(prompt),
-        })
-    deltas: list[tuple[dict[str, Any], str | None]] = [
-        ({"role": "assistant", "content": ""}, None),
-        ({"content": STANDIN_REPLY}, None),
-        ({}, "stop"),
-    ]
-    events = []
-    for delta, finish in deltas:
-        chunk = {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        events.append(f"data: {json.dumps(chunk)}\n\n")
-    events.append("data: [DONE]\n\n")
-    return Response(200, "".join(events).encode(), "text/event-stream")

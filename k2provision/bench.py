@@ -1,0 +1,455 @@
+"""What `k2provision bench` decides and computes, as pure functions of data.
+
+- Workloads: the seeds' benchmark shapes as named presets (seed 002's LMSYS 2000 in / 100 out;
+  the vLLM recipe's 1000/512 and 8000/1000, seed 003) and custom lengths.
+- The engine's own pinned client and its argv: SGLang and KTransformers plans (both serve
+  through `sglang.launch_server`) and TensorRT-LLM plans (an OpenAI-compatible server) run
+  sglang's `python -m sglang.benchmark.serving` (sglang 0.5.23's home of `sglang.bench_serving`,
+  which is a deprecated alias there); vLLM plans run `vllm bench serve`. Options as the pinned
+  argparsers define them (sglang/benchmark/serving.py `cli_main`, vllm/benchmarks/serve.py
+  `add_cli_args`). Prompts are random token ids, fixed lengths, so nothing is downloaded.
+- The client's result file -> a typed result; from it and the plan: throughput per node and
+  per GPU, TTFT / ITL / end-to-end p50, p90, p99, cost per 1M tokens at a GPU-hour price, and
+  the published figure for the same engine, layout and workload where one exists.
+
+No I/O here: the command (k2provision/commands/bench.py) runs the client and writes records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from k2provision.errors import K2Error
+from k2provision.models import Plan
+
+SCHEMA_VERSION = 1
+DEFAULT_GPU_HOUR_USD = 2.3
+"""The seeds' figure: seed 002 prices an H200 at $2.3 per GPU-hour."""
+DEFAULT_NUM_PROMPTS = 1000
+PERCENTILES = (50, 90, 99)
+LAB_NOTICE = (
+    "lab plan: a stand-in answers instead of a model, so these numbers measure the plumbing "
+    "(client, router, streaming), not an engine; they are meaningless as performance figures"
+)
+
+ClientKind = Literal["sglang", "vllm"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    input_len: int
+    output_len: int
+    source: str
+
+
+PRESETS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("lmsys-2000-100", 2000, 100,
+                 "seed 002: LMSYS, Kimi K2 on 128 x H200 (4P12D), 2000 in / 100 out"),
+        Workload("vllm-1000-512", 1000, 512,
+                 "seed 003: vLLM recipe, FP8 on 16 x H800, 1000 in / 512 out"),
+        Workload("vllm-8000-1000", 8000, 1000,
+                 "seed 003: vLLM recipe, FP8 on 16 x H200, 8000 in / 1000 out"),
+    )
+}
+CUSTOM = "custom"
+WORKLOAD_NAMES = (*PRESETS, CUSTOM)
+
+
+def workload(name: str, input_len: int | None, output_len: int | None) -> Workload:
+    """A preset, or custom lengths (both needed; a preset takes none)."""
+    if name == CUSTOM:
+        if input_len is None or output_len is None:
+            missing = [o for o, v in (("--input-len", input_len), ("--output-len", output_len))
+                       if v is None]
+            raise K2Error([f"--workload custom needs {' and '.join(missing)} (tokens per request)"])
+        bad = [f"{o} {v}: expected a positive number of tokens"
+               for o, v in (("--input-len", input_len), ("--output-len", output_len)) if v < 1]
+        if bad:
+            raise K2Error(bad)
+        return Workload(CUSTOM, input_len, output_len, "custom lengths")
+    if name not in PRESETS:
+        raise K2Error([f"--workload {name!r}: expected one of {', '.join(WORKLOAD_NAMES)}"])
+    if input_len is not None or output_len is not None:
+        raise K2Error([f"--input-len/--output-len go with --workload custom; {name} fixes "
+                       f"{PRESETS[name].input_len} in / {PRESETS[name].output_len} out"])
+    return PRESETS[name]
+
+
+def concurrency_list(text: str | None) -> tuple[int | None, ...]:
+    """'2,4,8' -> (2, 4, 8); None -> (None,): one run with no limit (all prompts at once)."""
+    if text is None:
+        return (None,)
+    values = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word.isdigit() or int(word) < 1:
+            raise K2Error([f"--concurrency {text!r}: expected positive whole numbers, "
+                           "comma-separated (e.g. 1,8,64)"])
+        values.append(int(word))
+    if len(set(values)) != len(values):
+        raise K2Error([f"--concurrency {text!r}: a value is repeated"])
+    return tuple(values)
+
+
+# ---------------------------------------------------------------- the client
+
+
+@dataclass(frozen=True)
+class Client:
+    kind: ClientKind
+    module: str
+    """The module the client's Python must import (checked before any run)."""
+    command: tuple[str, ...]
+    """What follows the Python interpreter: `-m MODULE [SUBCOMMAND...]`."""
+    backend: str
+    result_name: str
+    """The result file's name in the run's directory."""
+
+    @property
+    def label(self) -> str:
+        return "python " + " ".join(self.command)
+
+
+SGLANG_CLIENT_MODULE = "sglang.benchmark.serving"
+VLLM_CLIENT_MODULE = "vllm.benchmarks.serve"
+
+
+def client_for(plan: Plan) -> Client:
+    """The pinned client that fits the plan's engine."""
+    if plan.engine == "vllm":
+        return Client("vllm", VLLM_CLIENT_MODULE,
+                      ("-m", "vllm.entrypoints.cli.main", "bench", "serve"),
+                      "openai", "result.json")
+    # SGLang (and KTransformers, served by sglang.launch_server): the native /generate
+    # route; TensorRT-LLM's trtllm-serve: OpenAI completions.
+    backend = "sglang-oai" if plan.engine == "trtllm" else "sglang"
+    return Client("sglang", SGLANG_CLIENT_MODULE, ("-m", SGLANG_CLIENT_MODULE), backend,
+                  "result.jsonl")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One client run: everything its argv depends on."""
+
+    base_url: str
+    served_model_name: str
+    tokenizer: str
+    workload: Workload
+    num_prompts: int
+    concurrency: int | None
+    out_dir: Path
+    seed: int = 1
+
+
+def client_argv(client: Client, python: str, spec: RunSpec) -> list[str]:
+    """The client's command line: random token ids of fixed length, streamed, ignore_eos,
+    the result file in `spec.out_dir`."""
+    w = spec.workload
+    limit = [] if spec.concurrency is None else ["--max-concurrency", str(spec.concurrency)]
+    common = [
+        "--backend", client.backend,
+        "--base-url", spec.base_url.rstrip("/"),
+        "--random-input-len", str(w.input_len),
+        "--random-output-len", str(w.output_len),
+        "--num-prompts", str(spec.num_prompts),
+        *limit,
+        "--tokenizer", spec.tokenizer,
+        "--seed", str(spec.seed),
+        "--disable-tqdm",
+    ]
+    if client.kind == "vllm":
+        return [
+            python, *client.command, *common,
+            "--endpoint", "/v1/completions",
+            "--dataset-name", "random",
+            "--random-range-ratio", "0",  # vLLM: lengths in [L(1-r), L(1+r)]; 0 is exact
+            "--ignore-eos",
+            "--model", spec.served_model_name,
+            "--percentile-metrics", "ttft,itl,e2el",
+            "--metric-percentiles", ",".join(map(str, PERCENTILES)),
+            "--save-result",
+            "--result-dir", str(spec.out_dir),
+            "--result-filename", client.result_name,
+        ]
+    # sglang: `random-ids` draws ids from the tokenizer's vocabulary (`random` would download
+    # ShareGPT); range ratio 1.0 makes lengths exact; ignore_eos is its default. --model
+    # names the tokenizer so its chat-template probe stays local; requests carry the served
+    # name.
+    return [
+        python, *client.command, *common,
+        "--dataset-name", "random-ids",
+        "--random-range-ratio", "1.0",
+        "--model", spec.tokenizer,
+        "--served-model-name", spec.served_model_name,
+        "--output-file", str(spec.out_dir / client.result_name),
+    ]
+
+
+def client_env() -> dict[str, str]:
+    """What the client's environment adds: never the network for tokenizers or datasets."""
+    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "VLLM_TARGET_DEVICE": "cpu", "PYTHONUNBUFFERED": "1"}
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    completed: int
+    failed: int
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    e2e_ms: Percentiles
+
+    def per_s(self, tokens: int) -> float:
+        return tokens / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def input_tps(self) -> float:
+        return self.per_s(self.input_tokens)
+
+    @property
+    def output_tps(self) -> float:
+        return self.per_s(self.output_tokens)
+
+    @property
+    def total_tps(self) -> float:
+        return self.per_s(self.input_tokens + self.output_tokens)
+
+
+def _number(doc: dict[str, Any], key: str, where: str) -> float:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise K2Error([f"{where}: {key!r} is {value!r}, expected a number"])
+    return float(value)
+
+
+def _percentiles(doc: dict[str, Any], metric: str, where: str, p50_key: str) -> Percentiles:
+    return Percentiles(
+        p50=_number(doc, p50_key.format(metric=metric), where),
+        p90=_number(doc, f"p90_{metric}_ms", where),
+        p99=_number(doc, f"p99_{metric}_ms", where),
+    )
+
+
+def parse_result(kind: ClientKind, text: str, num_prompts: int, where: str) -> ClientResult:
+    """A client's result file -> ClientResult (K2Error naming `where` if it is not one).
+
+    sglang appends one JSON line per run and reports median/p90/p95/p99; vLLM writes one
+    JSON document with the percentiles it was asked for (p50/p90/p99) and `failed`."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise K2Error([f"{where}: empty; the client wrote no result"])
+    try:
+        doc = json.loads(lines[-1] if kind == "sglang" else text)
+    except ValueError as error:
+        raise K2Error([f"{where}: not JSON ({error})"]) from None
+    if not isinstance(doc, dict):
+        raise K2Error([f"{where}: expected a JSON object"])
+    completed = int(_number(doc, "completed", where))
+    failed = (int(_number(doc, "failed", where)) if kind == "vllm"
+              else max(0, num_prompts - completed))
+    e2e = "e2e_latency" if kind == "sglang" else "e2el"
+    p50 = "median_{metric}_ms" if kind == "sglang" else "p50_{metric}_ms"
+    return ClientResult(
+        completed=completed,
+        failed=failed,
+        duration_s=_number(doc, "duration", where),
+        input_tokens=int(_number(doc, "total_input_tokens", where)),
+        output_tokens=int(_number(doc, "total_output_tokens", where)),
+        ttft_ms=_percentiles(doc, "ttft", where, p50),
+        itl_ms=_percentiles(doc, "itl", where, p50),
+        e2e_ms=_percentiles(doc, e2e, where, p50),
+    )
+
+
+def sanitized(kind: ClientKind, text: str) -> str:
+    """The client's result file as the run record keeps it: without `server_info` (sglang
+    copies the server's whole /server_info there, server arguments included)."""
+    if kind != "sglang":
+        return text
+    out = []
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            doc.pop("server_info", None)
+            out.append(json.dumps(doc))
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------- figures
+
+
+@dataclass(frozen=True)
+class Scale:
+    nodes: int
+    gpus: int
+
+
+def scale_of(plan: Plan) -> Scale:
+    """Nodes and GPUs that serve: hosts with GPUs in the plan (a router-only host has none)."""
+    serving = [h for h in plan.hosts if h.gpus > 0]
+    return Scale(nodes=len(serving), gpus=sum(h.gpus for h in serving))
+
+
+@dataclass(frozen=True)
+class Published:
+    engine: str
+    layout: str
+    workload: str
+    metric: Literal["input", "output"]
+    per_node: float
+    source: str
+
+
+PUBLISHED: tuple[Published, ...] = (
+    Published("sglang", "pd", "lmsys-2000-100", "input", 56_000,
+              "seed 002 (LMSYS): 896k prefill tok/s on 16 nodes of 8 x H200 (4P12D), "
+              "56k per node"),
+    Published("sglang", "pd", "lmsys-2000-100", "output", 24_000,
+              "seed 002 (LMSYS): 384k decode tok/s on 16 nodes of 8 x H200 (4P12D, decode "
+              "batch 480), 24k per node"),
+)
+
+
+def published_for(plan: Plan, workload_name: str) -> list[Published]:
+    """The published figures measured with the plan's engine and layout on this workload."""
+    return [p for p in PUBLISHED
+            if (p.engine, p.layout, p.workload) == (plan.engine, plan.layout, workload_name)]
+
+
+@dataclass(frozen=True)
+class Throughput:
+    total: float
+    per_node: float
+    per_gpu: float
+    published_per_node: float | None = None
+    published_percent: float | None = None
+    published_source: str | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One concurrency's result with everything derived from it."""
+
+    concurrency: int | None
+    completed: int
+    failed: int
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    throughput: dict[str, Throughput]
+    latency_ms: dict[str, Percentiles]
+    cost_usd_per_1m: dict[str, float | None]
+    argv: list[str] = field(default_factory=list)
+
+
+def cost_per_million(gpus: int, gpu_hour_usd: float, tokens_per_s: float) -> float | None:
+    """USD per 1M tokens when the whole cluster's GPU-hours go to these tokens."""
+    if tokens_per_s <= 0:
+        return None
+    return gpus * gpu_hour_usd / (tokens_per_s * 3600) * 1_000_000
+
+
+def _throughput(rate: float, scale: Scale, published: Published | None) -> Throughput:
+    per_node = rate / scale.nodes if scale.nodes else 0.0
+    if published is None:
+        return Throughput(rate, per_node, rate / scale.gpus if scale.gpus else 0.0)
+    return Throughput(
+        rate, per_node, rate / scale.gpus if scale.gpus else 0.0,
+        published_per_node=published.per_node,
+        published_percent=100 * per_node / published.per_node,
+        published_source=published.source,
+    )
+
+
+def point(
+    result: ClientResult,
+    concurrency: int | None,
+    scale: Scale,
+    gpu_hour_usd: float,
+    published: list[Published],
+    argv: list[str] | None = None,
+) -> Point:
+    """A client result, per node and per GPU, priced, beside the published figures."""
+    by_metric = {p.metric: p for p in published}
+    return Point(
+        concurrency=concurrency,
+        completed=result.completed,
+        failed=result.failed,
+        duration_s=result.duration_s,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+        throughput={
+            "input": _throughput(result.input_tps, scale, by_metric.get("input")),
+            "output": _throughput(result.output_tps, scale, by_metric.get("output")),
+            "total": _throughput(result.total_tps, scale, None),
+        },
+        latency_ms={"ttft": result.ttft_ms, "itl": result.itl_ms, "e2e": result.e2e_ms},
+        cost_usd_per_1m={
+            "output": cost_per_million(scale.gpus, gpu_hour_usd, result.output_tps),
+            "input": cost_per_million(scale.gpus, gpu_hour_usd, result.input_tps),
+        },
+        argv=list(argv or []),
+    )
+
+
+def document(
+    *,
+    plan: Plan,
+    inventory: Path,
+    client: Client,
+    workload: Workload,
+    num_prompts: int,
+    gpu_hour_usd: float,
+    points: list[Point],
+    record: Path,
+    started_at: str,
+    ok: bool,
+    problems: list[str],
+) -> dict[str, Any]:
+    """bench.json (schema 1; documented in the README)."""
+    scale = scale_of(plan)
+    return {
+        "schema": SCHEMA_VERSION,
+        "inventory": str(inventory),
+        "started_at": started_at,
+        "engine": plan.engine,
+        "layout": plan.layout,
+        "model": plan.model,
+        "gpu": plan.gpu,
+        "endpoint": plan.endpoint,
+        "served_model_name": plan.served_model_name,
+        "lab": plan.lab,
+        "notice": LAB_NOTICE if plan.lab else None,
+        "client": {"kind": client.kind, "command": client.label, "backend": client.backend},
+        "workload": asdict(workload),
+        "num_prompts": num_prompts,
+        "gpu_hour_usd": gpu_hour_usd,
+        "nodes": scale.nodes,
+        "gpus": scale.gpus,
+        "ok": ok,
+        "problems": problems,
+        "points": [asdict(p) for p in points],
+        "record": str(record),
+    }

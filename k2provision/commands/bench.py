@@ -1,0 +1,298 @@
+"""`k2provision bench INVENTORY [--workload NAME] [--num-prompts N] [--concurrency C[,C...]]
+[--gpu-hour-price USD] [--input-len N --output-len N] [--tokenizer T] [--client-python PATH]`.
+
+Runs the engine's own pinned benchmark client (k2provision/bench.py picks it and builds its
+argv) from this machine against the plan's endpoint, once per concurrency value, and shows
+throughput (total, per node, per GPU, beside the published figure where one exists),
+TTFT / ITL / end-to-end p50, p90, p99 and the cost per 1M tokens. The run record holds
+bench.json (schema 1), bench.png (throughput and latency against concurrency), each run's
+client log and result file. Exit 0 when every run completed every request; 1 when the client
+failed or requests failed (its last lines shown); 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from k2provision.bench import (
+    DEFAULT_GPU_HOUR_USD,
+    DEFAULT_NUM_PROMPTS,
+    LAB_NOTICE,
+    WORKLOAD_NAMES,
+    Client,
+    Point,
+    RunSpec,
+    Throughput,
+    client_argv,
+    client_env,
+    client_for,
+    concurrency_list,
+    document,
+    parse_result,
+    point,
+    published_for,
+    sanitized,
+    scale_of,
+    workload,
+)
+from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
+from k2provision.commands.params import InventoryArg
+from k2provision.display import console, err_console, print_warnings
+from k2provision.errors import K2Error
+from k2provision.models import Plan
+from k2provision.runner import new_record_dir
+
+IMPORT_TIMEOUT_S = 300
+TAIL_LINES = 30
+
+
+def check_client(python: str, client: Client) -> None:
+    """The client's module imports under `python`, or K2Error (exit 2) with the fix."""
+    if not Path(python).exists():
+        raise K2Error([f"--client-python {python}: no such file; name the Python of an "
+                       f"environment where `{client.module}` imports"])
+    try:
+        out = subprocess.run(
+            [python, "-c", f"import {client.module}"],
+            capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S,
+            env=_env(), check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise K2Error([f"--client-python {python}: cannot run it ({error})"]) from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        pins = ("sglang==0.5.23 (scripts/install-engine-parsers sglang builds .venv-sglang)"
+                if client.kind == "sglang" else
+                "vllm==0.33.0 (scripts/install-engine-parsers vllm builds .venv-vllm)")
+        raise K2Error([f"--client-python {python}: `import {client.module}` fails ({last}); "
+                       f"install the pinned client there, {pins}, or pass --client-python "
+                       "PATH of a Python that has it"])
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, **client_env()}
+
+
+def resolve_tokenizer(plan: Plan, tokenizer: str | None) -> str:
+    """--tokenizer, else the model directory when it is on this machine."""
+    if tokenizer:
+        return tokenizer
+    if Path(plan.model_dir, "config.json").is_file() and any(
+        Path(plan.model_dir).glob("tokenizer*")
+    ):
+        return str(plan.model_dir)
+    raise K2Error([
+        f"no tokenizer: the model directory {plan.model_dir} is not on this machine; pass "
+        "--tokenizer with the model's directory here (its tokenizer files are enough) or a "
+        "Hugging Face id already in the local cache (bench never downloads)"
+    ])
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return lines[-n:]
+
+
+def run_client(argv: list[str], log: Path, label: str) -> int:
+    """The client, its output to `log`, a spinner meanwhile; its exit status."""
+    started = time.monotonic()
+    with log.open("wb") as sink, console.status(f"{label}: running the client"):
+        proc = subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, env=_env(),
+                              check=False)
+    console.print(f"{label}: client exited {proc.returncode} after "
+                  f"{time.monotonic() - started:.0f} s")
+    return proc.returncode
+
+
+def _published(t: Throughput) -> tuple[str, str]:
+    if t.published_percent is None or t.published_per_node is None:
+        return "-", "-"
+    return f"{t.published_per_node:,.0f}", f"{t.published_percent:.0f}%"
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.4f}"
+
+
+def _concurrency(p: Point) -> str:
+    return "all" if p.concurrency is None else str(p.concurrency)
+
+
+def tables(points: list[Point]) -> tuple[Table, Table]:
+    """Throughput (per node, per GPU, against the published figure) and cost per
+    concurrency and kind of token; latency percentiles per concurrency."""
+    rates = Table(title="throughput (tok/s) and cost", title_justify="left")
+    for column in ("concurrency", "done", "tokens", "tok/s", "per node", "per GPU",
+                   "published/node", "% of published", "$ per 1M"):
+        rates.add_column(column, justify="left" if column == "tokens" else "right")
+    for p in points:
+        for i, kind in enumerate(("input", "output", "total")):
+            t = p.throughput[kind]
+            rates.add_row(
+                _concurrency(p) if i == 0 else "",
+                f"{p.completed}/{p.completed + p.failed}" if i == 0 else "",
+                kind, f"{t.total:,.0f}", f"{t.per_node:,.0f}", f"{t.per_gpu:,.0f}",
+                *_published(t), _usd(p.cost_usd_per_1m.get(kind)),
+                end_section=kind == "total",
+            )
+    latency = Table(title="latency (ms): p50 / p90 / p99", title_justify="left")
+    for column in ("concurrency", "TTFT", "ITL", "E2E"):
+        latency.add_column(column, justify="right")
+    for p in points:
+        latency.add_row(_concurrency(p), *(
+            f"{q.p50:,.2f} / {q.p90:,.2f} / {q.p99:,.2f}"
+            for q in (p.latency_ms["ttft"], p.latency_ms["itl"], p.latency_ms["e2e"])
+        ))
+    return rates, latency
+
+
+def chart(points: list[Point], num_prompts: int, title: str, path: Path) -> None:
+    """bench.png: throughput and latency percentiles against concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [p.concurrency or num_prompts for p in points]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for metric in ("input", "output", "total"):
+        left.plot(xs, [p.throughput[metric].total for p in points], marker="o", label=metric)
+    left.set(xlabel="concurrency", ylabel="tokens/s", title="throughput")
+    styles = {"p50": "-", "p90": "--", "p99": ":"}
+    for metric, colour in (("ttft", "tab:blue"), ("itl", "tab:orange"), ("e2e", "tab:green")):
+        for name, style in styles.items():
+            right.plot(xs, [getattr(p.latency_ms[metric], name) for p in points],
+                       color=colour, linestyle=style, marker="o",
+                       label=f"{metric.upper()} {name}")
+    right.set(xlabel="concurrency", ylabel="ms", title="latency")
+    right.set_yscale("symlog", linthresh=0.1)  # ITL is far below TTFT and E2E
+    for axis in (left, right):
+        if len(xs) > 1 and max(xs) >= 8 * min(xs):
+            axis.set_xscale("log", base=2)
+        axis.legend(fontsize="small")
+        axis.grid(True, alpha=0.3)
+    fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def bench(
+    inventory: InventoryArg,
+    workload_name: Annotated[str, typer.Option(
+        "--workload", help=f"one of {', '.join(WORKLOAD_NAMES)}")] = "lmsys-2000-100",
+    num_prompts: Annotated[int, typer.Option(
+        "--num-prompts", help="requests per run")] = DEFAULT_NUM_PROMPTS,
+    concurrency: Annotated[str | None, typer.Option(
+        "--concurrency", help="at most C requests at once; a list (1,8,64) runs once per value "
+        "(default: all requests at once)")] = None,
+    gpu_hour_price: Annotated[float, typer.Option(
+        "--gpu-hour-price", help="USD per GPU-hour, for the cost per 1M tokens")
+    ] = DEFAULT_GPU_HOUR_USD,
+    input_len: Annotated[int | None, typer.Option(
+        "--input-len", help="prompt tokens per request (--workload custom)")] = None,
+    output_len: Annotated[int | None, typer.Option(
+        "--output-len", help="output tokens per request (--workload custom)")] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        "--tokenizer", help="the model's directory on this machine, or a Hugging Face id in "
+        "the local cache (default: the plan's model directory, when it is here)")] = None,
+    client_python: Annotated[str | None, typer.Option(
+        "--client-python", help="the Python that runs the engine's benchmark client "
+        "(default: this one)")] = None,
+) -> None:
+    """Run the engine's own benchmark client against the endpoint: throughput per node and
+    per GPU, TTFT / ITL / E2E percentiles, cost per 1M tokens; JSON and a chart in the run
+    record."""
+    chosen = workload(workload_name, input_len, output_len)
+    if num_prompts < 1:
+        raise K2Error([f"--num-prompts {num_prompts}: expected a positive number"])
+    if gpu_hour_price < 0:
+        raise K2Error([f"--gpu-hour-price {gpu_hour_price:g}: expected USD >= 0"])
+    levels = concurrency_list(concurrency)
+    loaded = load_plan(inventory)
+    plan = loaded.plan
+    print_warnings(loaded.notices)
+    client = client_for(plan)
+    python = client_python or sys.executable
+    tok = resolve_tokenizer(plan, tokenizer)
+    check_client(python, client)
+
+    record = new_record_dir("bench")
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if plan.lab:
+        console.print(Text(f"note: {LAB_NOTICE}", "yellow"), soft_wrap=True)
+    console.print(f"bench {chosen.name} ({chosen.input_len} in / {chosen.output_len} out), "
+                  f"{num_prompts} prompts, {client.label} against {plan.endpoint}; "
+                  f"record: {record}", soft_wrap=True)
+    scale = scale_of(plan)
+    published = published_for(plan, chosen.name)
+    points: list[Point] = []
+    problems: list[str] = []
+    for i, level in enumerate(levels, 1):
+        tag = "all" if level is None else str(level)
+        out_dir = record / f"concurrency-{tag}"
+        out_dir.mkdir()
+        spec = RunSpec(plan.endpoint, plan.served_model_name, tok, chosen, num_prompts,
+                       level, out_dir)
+        argv = client_argv(client, python, spec)
+        label = f"concurrency {tag} ({i}/{len(levels)})"
+        log = out_dir / "client.log"
+        rc = run_client(argv, log, label)
+        result_file = out_dir / client.result_name
+        if rc != 0 or not result_file.exists():
+            problems.append(f"{label}: the client exited {rc}"
+                            + ("" if result_file.exists() else " without a result file"))
+            err_console.print(Text(f"{label}: the client failed; its last lines ({log}):",
+                                   "bold red"))
+            for line in _tail(log):
+                err_console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+            break
+        text = result_file.read_text()
+        result_file.write_text(sanitized(client.kind, text))
+        result = parse_result(client.kind, text, num_prompts, str(result_file))
+        points.append(point(result, level, scale, gpu_hour_price, published, argv))
+        if result.failed:
+            problems.append(f"{label}: {result.failed} of {num_prompts} requests failed "
+                            f"(client log: {log})")
+
+    doc = document(plan=plan, inventory=inventory, client=client, workload=chosen,
+                   num_prompts=num_prompts, gpu_hour_usd=gpu_hour_price, points=points,
+                   record=record, started_at=started_at, ok=not problems, problems=problems)
+    (record / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
+    code = EXIT_OK if not problems else EXIT_FAILED
+    summary = {"status": "successful" if code == EXIT_OK else "failed", "rc": code,
+               "problems": problems, "started_at": started_at}
+    (record / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if points:
+        title = (f"{plan.engine} {plan.layout}, {scale.nodes} nodes / {scale.gpus} GPUs, "
+                 f"{chosen.name}, {num_prompts} prompts" + (" (lab: meaningless)" if plan.lab
+                                                             else ""))
+        chart(points, num_prompts, title, record / "bench.png")
+        for table in tables(points):
+            console.print(table)
+        for p in published:
+            console.print(f"published: {p.source}", soft_wrap=True)
+        console.print(f"cost: {scale.gpus} GPUs x ${gpu_hour_price:g}/GPU-hour, the whole "
+                      "cluster's time charged to each kind of token", soft_wrap=True)
+    if plan.lab:
+        console.print(Text(f"note: {LAB_NOTICE}", "yellow"), soft_wrap=True)
+    for line in problems:
+        console.print(Text.assemble(("problem: ", "bold red"), line), soft_wrap=True)
+    verdict = Text("ok", "green") if code == EXIT_OK else Text("failed", "red")
+    console.print(Text.assemble("bench ", verdict, f"; record: {record}"))
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `bench` to the app."""
+    app.command("bench")(bench)
