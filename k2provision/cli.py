@@ -23,7 +23,19 @@ from typer._click.core import Context  # typer 0.26 vendors click (pinned in pyp
 from typer.core import TyperGroup
 
 from k2provision import __version__
-from k2provision.commands import apply, bench, logs, models, plan, render, status, stop, verify, weights
+from k2provision.commands import (
+    apply,
+    bench,
+    logs,
+    models,
+    plan,
+    render,
+    restart,
+    status,
+    stop,
+    verify,
+    weights,
+)
 from k2provision.display import print_errors, print_unexpected, print_warnings
 from k2provision.errors import K2Error
 
@@ -38,6 +50,7 @@ COMMANDS: tuple[Register, ...] = (
     weights.register,
     status.register,
     logs.register,
+    restart.register,
     verify.register,
     bench.register,
 )

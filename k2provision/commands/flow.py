@@ -163,10 +163,13 @@ def verdict(run: HostRun, result: RunResult, seconds: float) -> Text:
     )
 
 
-def run_on_hosts(run: HostRun, hooks: RunHooks | None = None) -> int:
-    """The flow: plan, preview, record, run the playbook, show the outcome; the exit code."""
+def run_on_hosts(
+    run: HostRun, hooks: RunHooks | None = None, loaded: LoadedPlan | None = None
+) -> int:
+    """The flow: plan (`loaded` when the command read it already), preview, record, run the
+    playbook, show the outcome; the exit code."""
     hooks = hooks or RunHooks()
-    loaded = load_plan(run.inventory)
+    loaded = loaded or load_plan(run.inventory)
     plan = loaded.plan
     record = new_record_dir(run.command)
     record_plan(plan, record)

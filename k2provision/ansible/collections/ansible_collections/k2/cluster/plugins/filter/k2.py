@@ -7,8 +7,10 @@ from typing import Any
 
 from k2provision.ansible.plan_parts import NotInPlanError, host_part
 from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
+from k2provision.errors import K2Error
 from k2provision.inventory import plain_value
 from k2provision.models import ContainerOptions, Plan, Process
+from k2provision.restart import restart_set as plan_restart_set
 
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
@@ -55,9 +57,13 @@ def docker_spec_hash(process: dict[str, Any], plan: dict[str, Any], host: str | 
 
 
 def stale_containers(
-    inspect_results: list[dict[str, Any]], plan: dict[str, Any], host: str | None = None
+    inspect_results: list[dict[str, Any]],
+    plan: dict[str, Any],
+    host: str | None = None,
+    recreate: list[str] | None = None,
 ) -> list[Any]:
-    """Processes whose existing container is stopped or was made from another spec.
+    """Processes whose existing container is stopped, was made from another spec, or is named
+    in `recreate` (a restart).
 
     `inspect_results` are loop results of `docker container inspect NAME` that succeeded, on
     `host` (the inventory host the tasks run for).
@@ -68,7 +74,11 @@ def stale_containers(
         info = json.loads(result["stdout"])[0]
         labels = info.get("Config", {}).get("Labels") or {}
         running = bool(info.get("State", {}).get("Running"))
-        if not running or labels.get(LABEL_HASH) != docker_spec_hash(process, plan, host):
+        if (
+            not running
+            or labels.get(LABEL_HASH) != docker_spec_hash(process, plan, host)
+            or process["container"] in (recreate or ())
+        ):
             stale.append(process)
     return stale
 
@@ -81,6 +91,23 @@ def docker_exec_argv(process: dict[str, Any], config_dir: str) -> list[str]:
 def plan_stages(plan: dict[str, Any]) -> list[int]:
     """Distinct process stages of the whole plan, in start order."""
     return sorted({p.stage for h in Plan.model_validate(plan).hosts for p in h.processes})
+
+
+def restart_set(plan: dict[str, Any], names: Any = None) -> dict[str, Any]:
+    """What restarting `names` restarts (k2provision/restart.py): {hosts: [...], containers:
+    {host: [container, ...]}}. `names` is a comma-separated string or a list of hosts, pools or
+    `router`; None or empty: every host."""
+    if isinstance(names, str):
+        names = names.split(",")
+    wanted = [str(n) for n in names or ()] or None
+    try:
+        chosen = plan_restart_set(Plan.model_validate(plan), wanted)
+    except K2Error as error:
+        raise ValueError("; ".join(error.problems)) from None
+    return {
+        "hosts": list(chosen.hosts),
+        "containers": {host: list(chosen.containers(host)) for host in chosen.hosts},
+    }
 
 
 def _plain_args(func: Any) -> Any:
@@ -117,6 +144,7 @@ class FilterModule:
             docker_exec_argv,
             stale_containers,
             plan_stages,
+            restart_set,
             json_body,
         )
         return {f.__name__: _plain_args(f) for f in funcs}
