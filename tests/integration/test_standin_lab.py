@@ -219,7 +219,8 @@ def day_two_on_the_mpirun_world(
 ) -> None:
     """status and logs on the TensorRT-LLM world: the exec'd trtllm-serve (mpirun from rank
     0) is a planned process status checks and logs reads from its /run/k2-<name>.log; killing
-    it is named by status, exit 1."""
+    it is named by status, exit 1; restarting the other rank's host restarts the whole world
+    (every rank's sshd, then trtllm-serve from rank 0) and status is 0 again."""
     plan = build_plan(load_cluster(inventory))
     exec_procs = [(h.name, p) for h in plan.hosts for p in h.processes if p.exec_in]
     assert exec_procs, "a TensorRT-LLM plan execs trtllm-serve in rank 0's container"
@@ -247,3 +248,10 @@ def day_two_on_the_mpirun_world(
     assert status.returncode == 1, status.stdout[-4000:]
     assert host in status.stdout
     assert proc.name in status.stdout
+    other = next(h.name for h in plan.hosts if h.name != host)
+    restarted = run("restart", str(inventory), "--limit", other, "--yes")
+    assert restarted.returncode == 0, restarted.stdout[-5000:] + restarted.stderr[-2000:]
+    assert f"{host} added: the ranks of one instance restart together" in restarted.stdout
+    assert "(exec'd)" in restarted.stdout
+    status = run("status", str(inventory))
+    assert status.returncode == 0, status.stdout[-4000:] + status.stderr[-2000:]

@@ -1,6 +1,6 @@
 """The pure parts of `status` and `logs`: SSH parameters from the inventory, the probe script
 and its judgement, log sources and commands. The lab test (tests/integration/
-test_status_logs.py) runs the same code against real hosts."""
+test_day_two.py) runs the same code against real hosts."""
 
 from __future__ import annotations
 
