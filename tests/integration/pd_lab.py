@@ -15,6 +15,9 @@ from k2lab.standin import build_standin
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 MODEL_DIR = "/models/Kimi-K2-Instruct"
+# Every CLI run of the lab tests has a Hugging Face token in its environment, as a user's
+# shell would: no run record may hold it.
+LAB_HF_TOKEN = "hf_" + "LabTokenNeverRecorded" * 2
 LAB_VARS: dict[str, lab_api.VarValue] = {
     "k2_engine": "sglang",
     "k2_layout": "pd",
@@ -24,14 +27,15 @@ LAB_VARS: dict[str, lab_api.VarValue] = {
 
 
 def k2(*args: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """The k2provision CLI as a user runs it (a terminal wide enough for status's table)."""
+    """The k2provision CLI as a user runs it (a terminal wide enough for status's table, a
+    Hugging Face token in the environment)."""
     return subprocess.run(
         [str(BIN / "k2provision"), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "250"},
+        env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "250", "HF_TOKEN": LAB_HF_TOKEN},
         check=False,
     )
 

@@ -25,6 +25,7 @@ from k2provision.inventory import load_cluster
 from k2provision.plan import build_plan
 from tests.integration.pd_lab import (
     BIN,
+    LAB_HF_TOKEN,
     ROOT,
     k2,
     on_host,
@@ -422,3 +423,18 @@ def test_a_failing_client_is_exit_1_with_its_last_lines(
     assert doc["points"] == []
     assert "the client exited 1" in doc["problems"][0]
     assert json.loads((record / "summary.json").read_text())["rc"] == 1
+
+
+def test_no_record_of_the_day_holds_a_secret(cluster: tuple[Any, Path, Path]) -> None:
+    """Last in the module: every record apply, status, logs, restart, verify and bench wrote
+    on this cluster is free of the lab's private key and of the HF token in their environment."""
+    state, _, runs = cluster
+    kinds = {p.name.rsplit("-", 1)[-1] for p in runs.iterdir() if p.is_dir()}
+    assert {"apply", "status", "restart", "verify", "bench"} <= kinds, kinds
+    key_body = Path(state.private_key).read_text().splitlines()[1]
+    files = [p for p in runs.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        text = path.read_text(errors="replace")
+        assert LAB_HF_TOKEN not in text, path
+        assert key_body not in text, path
