@@ -1,0 +1,92 @@
+"""How fast `k2provision status` answers for a cluster (a benchmark, not a test).
+
+On N lab hosts (default 16) running a launched plan (vLLM DP+EP, stand-in engines), it times in
+one run:
+  - `k2provision status` (every host's containers, spec hashes, gates, logs and the endpoint,
+    over one parallel SSH session per host);
+  - the least a playbook run per question costs: one ad-hoc `ansible` command (`docker ps`) on
+    every host with the project's ansible.cfg;
+and prints the times and their ratio. Needs root (the lab). Usage:
+
+    .venv/bin/python benchmarks/status_speed.py [--hosts 16] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import k2lab as lab
+from k2lab.config import LabConfig, default_lab_dir
+from k2lab.standin import build_standin
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MODEL_DIR = "/models/k2-bench"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
+def timed(argv: list[str], expect: int = 0) -> float:
+    """Run argv from the repository root; its wall time, or exit with its output."""
+    started = time.monotonic()
+    out = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True)
+    elapsed = time.monotonic() - started
+    if out.returncode != expect:
+        sys.exit(f"{' '.join(argv[:3])} exited {out.returncode}:\n{out.stdout[-3000:]}"
+                 f"{out.stderr[-2000:]}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="k2-status-speed-"))
+    inventory = work / "bench.ini"
+    # A lab instance of its own, so the benchmark never resizes a lab that tests are using.
+    cfg = LabConfig(lab_dir=default_lab_dir(), name="k2stat", subnet="10.80.0.0/24")
+    state = lab.up(
+        args.hosts, inventory=inventory, groups={"nodes": args.hosts}, cfg=cfg,
+        all_vars={"k2_engine": "vllm", "k2_layout": "dp_ep", "k2_model_dir": MODEL_DIR,
+                  "k2_context_length": 8192},
+    )
+    try:
+        build_standin()
+        for host in state.hosts:
+            subprocess.run(
+                lab.ssh_command(state, host.name, f"mkdir -p {MODEL_DIR}; "
+                                f"echo '{{}}' > {MODEL_DIR}/config.json"),
+                check=True, capture_output=True,
+            )
+        timed([str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml",
+               "--tags", "launch,verify"])
+        status = [str(BIN / "k2provision"), "status", str(inventory)]
+        adhoc = [str(BIN / "ansible"), "-i", str(inventory), "all", "-m",
+                 "ansible.builtin.command", "-a", "docker ps -a"]
+        times: dict[str, list[float]] = {"status": [], "ansible": []}
+        for _ in range(args.rounds):
+            times["status"].append(timed(status))
+            times["ansible"].append(timed(adhoc))
+    finally:
+        lab.down(cfg)
+    best = {name: min(values) for name, values in times.items()}
+    print(f"\n{args.hosts} lab hosts, vLLM DP+EP stand-in, {args.rounds} round(s), best of each")
+    print(f"{'question':<44}{'s':>8}")
+    print(f"{'k2provision status (everything, endpoint too)':<44}{best['status']:>8.1f}")
+    print(f"{'ansible ad-hoc docker ps (one command)':<44}{best['ansible']:>8.1f}")
+    print(f"status answers in {best['status'] / best['ansible']:.2f}x the time of one "
+          "ad-hoc Ansible command")
+
+
+if __name__ == "__main__":
+    main()
