@@ -12,20 +12,16 @@ and prints the times and the ratios. Needs root (the lab). Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import k2lab as lab
-from k2lab.config import LabConfig, default_lab_dir
-from k2lab.standin import build_standin
+import dp_ep_lab
+from dp_ep_lab import BIN, ROOT, WRITE_CHECKPOINT, ansible_env
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-MODEL_DIR = "/models/k2-bench"
+import k2lab as lab
+
 STOCK_CFG = """[defaults]
 roles_path = {root}/roles
 collections_path = {root}/k2provision/ansible/collections
@@ -34,7 +30,7 @@ collections_path = {root}/k2provision/ansible/collections
 
 def playbook(inventory: Path, config: Path, *extra: str) -> float:
     """Run site.yml (launch, verify) and return its wall time; fail loudly."""
-    env = {**os.environ, "ANSIBLE_CONFIG": str(config), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env = ansible_env(config)
     started = time.monotonic()
     out = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml",
@@ -53,8 +49,7 @@ def reset(state: lab.LabState) -> None:
         subprocess.run(
             lab.ssh_command(state, host.name,
                             "docker rm -f $(docker ps -aq --filter name=k2-) >/dev/null 2>&1; "
-                            f"rm -rf /etc/k2provision; mkdir -p {MODEL_DIR}; "
-                            f"echo '{{}}' > {MODEL_DIR}/config.json"),
+                            f"rm -rf /etc/k2provision; {WRITE_CHECKPOINT}"),
             check=True, capture_output=True,
         )
 
@@ -64,18 +59,9 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="k2-ansible-speed-"))
-    inventory = work / "bench.ini"
-    # A lab instance of its own, so the benchmark never resizes a lab that tests are using.
-    cfg = LabConfig(lab_dir=default_lab_dir(), name="k2bench", subnet="10.79.0.0/24")
-    state = lab.up(
-        args.hosts, inventory=inventory, groups={"nodes": args.hosts}, cfg=cfg,
-        all_vars={"k2_engine": "vllm", "k2_layout": "dp_ep", "k2_model_dir": MODEL_DIR,
-                  "k2_context_length": 8192},
-    )
-    build_standin()
+    state, inventory, cfg = dp_ep_lab.up(args.hosts, name="k2bench", subnet="10.79.0.0/24")
     tuned = ROOT / "ansible.cfg"
-    stock = work / "stock.cfg"
+    stock = inventory.parent / "stock.cfg"
     stock.write_text(STOCK_CFG.format(root=ROOT))
     results: dict[str, dict[str, list[float]]] = {"tuned": {}, "stock": {}}
     for _ in range(args.rounds):

@@ -14,31 +14,21 @@ and prints the times and their ratio. Needs root (the lab). Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
+
+import dp_ep_lab
+from dp_ep_lab import BIN, ROOT, WRITE_CHECKPOINT, ansible_env
 
 import k2lab as lab
-from k2lab.config import LabConfig, default_lab_dir
-from k2lab.standin import build_standin
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-MODEL_DIR = "/models/k2-bench"
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-            "PATH": f"{BIN}:{os.environ['PATH']}"}
 
 
 def timed(argv: list[str], expect: int = 0) -> float:
     """Run argv from the repository root; its wall time, or exit with its output."""
     started = time.monotonic()
-    out = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True)
+    out = subprocess.run(argv, cwd=ROOT, env=ansible_env(ROOT / "ansible.cfg"),
+                         capture_output=True, text=True)
     elapsed = time.monotonic() - started
     if out.returncode != expect:
         sys.exit(f"{' '.join(argv[:3])} exited {out.returncode}:\n{out.stdout[-3000:]}"
@@ -51,23 +41,11 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="k2-status-speed-"))
-    inventory = work / "bench.ini"
-    # A lab instance of its own, so the benchmark never resizes a lab that tests are using.
-    cfg = LabConfig(lab_dir=default_lab_dir(), name="k2stat", subnet="10.80.0.0/24")
-    state = lab.up(
-        args.hosts, inventory=inventory, groups={"nodes": args.hosts}, cfg=cfg,
-        all_vars={"k2_engine": "vllm", "k2_layout": "dp_ep", "k2_model_dir": MODEL_DIR,
-                  "k2_context_length": 8192},
-    )
+    state, inventory, cfg = dp_ep_lab.up(args.hosts, name="k2stat", subnet="10.80.0.0/24")
     try:
-        build_standin()
         for host in state.hosts:
-            subprocess.run(
-                lab.ssh_command(state, host.name, f"mkdir -p {MODEL_DIR}; "
-                                f"echo '{{}}' > {MODEL_DIR}/config.json"),
-                check=True, capture_output=True,
-            )
+            subprocess.run(lab.ssh_command(state, host.name, WRITE_CHECKPOINT),
+                           check=True, capture_output=True)
         timed([str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml",
                "--tags", "launch,verify"])
         status = [str(BIN / "k2provision"), "status", str(inventory)]
