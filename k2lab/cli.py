@@ -24,8 +24,8 @@ from k2lab.proc import require_root, stderr_log
 from k2lab.standin import build_standin
 from k2lab.state import LabState
 from k2provision.commands.params import FormatOpt, OutputFormat
-from k2provision.display import console as _out
-from k2provision.display import print_errors
+from k2provision.run.display import console as _out
+from k2provision.run.display import print_errors
 
 lab_app = typer.Typer(
     name="lab",

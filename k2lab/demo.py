@@ -31,11 +31,11 @@ from pathlib import Path
 from k2lab.config import MAX_HOSTS, LabConfig
 from k2lab.errors import LabError
 from k2lab.inventory import InventoryHost, VarValue, layout_groups, render_inventory
-from k2provision import catalog
+from k2provision.core import catalog
+from k2provision.core.inventory import DEFAULT_MODEL, cluster_from_groups, load_cluster
+from k2provision.core.records import LAYOUTS
 from k2provision.errors import K2Error
-from k2provision.inventory import DEFAULT_MODEL, cluster_from_groups, load_cluster
-from k2provision.models import LAYOUTS
-from k2provision.plan import build_plan
+from k2provision.plan.assemble import build_plan
 
 LAYOUT_ORDER: tuple[tuple[str, str], ...] = (
     ("sglang", "pd"),

@@ -36,8 +36,8 @@ from k2provision.commands import (
     verify,
     weights,
 )
-from k2provision.display import print_errors, print_unexpected, print_warnings
 from k2provision.errors import K2Error
+from k2provision.run.display import print_errors, print_unexpected, print_warnings
 
 Register = Callable[[typer.Typer], None]
 

@@ -28,7 +28,7 @@ from typing import IO, Any, Literal, get_args
 
 from pydantic import Field
 
-from k2provision.models import Record
+from k2provision.core.records import Record
 from k2provision.weights.kernel import common, synthetic
 from k2provision.weights.manifest import Manifest
 from k2provision.weights.relay_app import relay_app

@@ -7,7 +7,7 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
-from k2provision.inventory import plain_value
+from k2provision.core.inventory import plain_value
 
 
 class ReadOnlyAction(ActionBase):  # type: ignore[misc]  # Ansible's base class is untyped

@@ -1,7 +1,7 @@
 """`k2provision bench INVENTORY [--workload NAME] [--num-prompts N] [--concurrency C[,C...]]
 [--gpu-hour-price USD] [--input-len N --output-len N] [--tokenizer T] [--client-python PATH]`.
 
-Runs the engine's own pinned benchmark client (k2provision/bench.py picks it and builds its
+Runs the engine's own pinned benchmark client (k2provision/ops/bench.py picks it and builds its
 argv) from this machine against the plan's endpoint, once per concurrency value, and shows
 throughput (total, per node, per GPU, beside the published figure where one exists),
 TTFT / ITL / end-to-end p50, p90, p99 and the cost per 1M tokens. The run record holds
@@ -24,7 +24,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from k2provision.bench import (
+from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
+from k2provision.commands.params import InventoryArg
+from k2provision.core.records import Plan
+from k2provision.errors import K2Error
+from k2provision.ops.bench import (
     DEFAULT_GPU_HOUR_USD,
     DEFAULT_NUM_PROMPTS,
     LAB_NOTICE,
@@ -45,12 +49,8 @@ from k2provision.bench import (
     scale_of,
     workload,
 )
-from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
-from k2provision.commands.params import InventoryArg
-from k2provision.display import console, err_console, print_warnings
-from k2provision.errors import K2Error
-from k2provision.models import Plan
-from k2provision.runner import new_record_dir
+from k2provision.run.display import console, err_console, print_warnings
+from k2provision.run.runner import new_record_dir
 
 IMPORT_TIMEOUT_S = 300
 TAIL_LINES = 30

@@ -22,7 +22,10 @@ from typing import Any, Protocol
 
 from rich.text import Text
 
-from k2provision.display import (
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan
+from k2provision.plan.assemble import build_plan, plan_digest
+from k2provision.run.display import (
     RunView,
     console,
     host_table,
@@ -31,11 +34,8 @@ from k2provision.display import (
     print_unexpected,
     print_warnings,
 )
-from k2provision.events import Event
-from k2provision.inventory import load_cluster
-from k2provision.models import Plan
-from k2provision.plan import build_plan, plan_digest
-from k2provision.runner import PlaybookRun, RunResult, new_record_dir, run_playbook
+from k2provision.run.events import Event
+from k2provision.run.runner import PlaybookRun, RunResult, new_record_dir, run_playbook
 
 EXIT_OK = 0
 EXIT_FAILED = 1

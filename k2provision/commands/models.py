@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from k2provision import catalog
-from k2provision.display import console
+from k2provision.commands.models_table import markdown, rows, tables
+from k2provision.core import catalog
 from k2provision.errors import K2Error
-from k2provision.models_table import markdown, rows, tables
+from k2provision.run.display import console
 
 
 class ModelsFormat(StrEnum):

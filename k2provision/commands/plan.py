@@ -8,7 +8,7 @@ import typer
 
 from k2provision.commands.flow import load_plan
 from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
-from k2provision.display import print_plan, print_warnings
+from k2provision.run.display import print_plan, print_warnings
 
 
 def plan(inventory: InventoryArg, output_format: FormatOpt = OutputFormat.table) -> None:

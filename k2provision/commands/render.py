@@ -11,8 +11,8 @@ import typer
 
 from k2provision.commands.flow import load_plan
 from k2provision.commands.params import InventoryArg
-from k2provision.display import console, print_warnings
-from k2provision.render_output import write_render
+from k2provision.run.display import console, print_warnings
+from k2provision.run.render_files import write_render
 
 
 def render(

@@ -1,6 +1,6 @@
 """`k2provision restart INVENTORY [--limit HOSTS]`: restart processes in stage order, gated.
 
-The restart set comes from the plan (k2provision/restart.py): the named hosts' processes,
+The restart set comes from the plan (k2provision/ops/restart.py): the named hosts' processes,
 widened to the instances they belong to. It is shown with the reason for each process before
 anything happens, then confirmed (`--yes` in scripts; without a terminal and without `--yes`
 the command refuses, exit 2, touching nothing). playbooks/restart.yml then recreates those
@@ -22,10 +22,10 @@ from rich.text import Text
 from k2provision.commands.flow import EXIT_FAILED, HostRun, load_plan, run_on_hosts
 from k2provision.commands.params import InventoryArg, KeepFailedOpt
 from k2provision.commands.verify import VerifyHooks
-from k2provision.display import console
+from k2provision.core.records import Plan
 from k2provision.errors import K2Error
-from k2provision.models import Plan
-from k2provision.restart import NAMED, RestartSet, restart_set
+from k2provision.ops.restart import NAMED, RestartSet, restart_set
+from k2provision.run.display import console
 
 RESULT_FILE = "restart.json"
 

@@ -27,12 +27,10 @@ from typer.core import TyperCommand
 
 from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
-from k2provision.display import console, print_warnings
+from k2provision.core.records import Plan
 from k2provision.errors import K2Error
-from k2provision.models import Plan
-from k2provision.remote import SshTarget, ignored_options, run_all, ssh_inventory
-from k2provision.runner import new_record_dir
-from k2provision.status_probe import (
+from k2provision.ops.remote import SshTarget, ignored_options, run_all, ssh_inventory
+from k2provision.ops.status_probe import (
     EndpointStatus,
     HostStatus,
     host_status,
@@ -42,6 +40,8 @@ from k2provision.status_probe import (
     readiness_detail,
     router_workers,
 )
+from k2provision.run.display import console, print_warnings
+from k2provision.run.runner import new_record_dir
 
 SCHEMA_VERSION = 1
 PROBE_TIMEOUT_S = 20.0

@@ -19,9 +19,9 @@ from rich.text import Text
 
 from k2provision.commands.flow import HostRun, LiveView, RunHooks, run_on_hosts
 from k2provision.commands.params import InventoryArg
-from k2provision.display import console
-from k2provision.models import Plan
-from k2provision.runner import RunResult
+from k2provision.core.records import Plan
+from k2provision.run.display import console
+from k2provision.run.runner import RunResult
 
 RESULT_FILE = "verify.json"
 

@@ -20,9 +20,9 @@ from rich.text import Text
 
 from k2provision.commands.flow import HostRun, LiveView, LoadedPlan, RunHooks, run_on_hosts
 from k2provision.commands.params import CheckOpt, InventoryArg, LimitOpt
-from k2provision.display import console
-from k2provision.models import Plan
-from k2provision.runner import RunResult
+from k2provision.core.records import Plan
+from k2provision.run.display import console
+from k2provision.run.runner import RunResult
 from k2provision.weights.progress import WeightsView, results_table
 
 PROGRESS_FILE = "weights-progress.jsonl"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from k2provision.models import (
+from k2provision.core.records import (
     Cluster,
     EngineRelease,
     KvDtype,

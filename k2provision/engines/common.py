@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from k2provision.models import Cluster, HealthGate, HostSpec, LaunchValue, ModelSpec
+from k2provision.core.records import Cluster, HealthGate, HostSpec, LaunchValue, ModelSpec
 
 IFNAME = LaunchValue(name="K2_SOCKET_IFNAME", kind="ifname-of")
 SUBNET = LaunchValue(name="K2_SOCKET_SUBNET", kind="cidr-of")

@@ -22,10 +22,10 @@ balance_serve backend and its rule files; it is no longer the path upstream docu
 
 from __future__ import annotations
 
+from k2provision.core.records import LaunchValue, Process
 from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import any_address, http_gate, http_url
 from k2provision.engines.sglang import LAUNCH_SERVER, model_args, server_env
-from k2provision.models import LaunchValue, Process
 
 CONTAINER = "k2-ktransformers"
 # kt-kernel's method for the routed experts' format as the checkpoint ships it.

@@ -21,7 +21,8 @@ now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
 
 from __future__ import annotations
 
-from k2provision import catalog
+from k2provision.core import catalog
+from k2provision.core.records import HostSpec, LaunchValue, PoolName, PoolPlan, Process, Tunables
 from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import (
     any_address,
@@ -32,7 +33,6 @@ from k2provision.engines.common import (
     socket_env,
     socket_ifname,
 )
-from k2provision.models import HostSpec, LaunchValue, PoolName, PoolPlan, Process, Tunables
 
 CONTAINER = "k2-sglang"
 ROUTER_CONTAINER = "k2-router"

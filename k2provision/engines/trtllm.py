@@ -28,6 +28,8 @@ from pathlib import PurePosixPath
 
 import yaml
 
+from k2provision.core.records import HostSpec, LaunchValue, PoolPlan, Process
+from k2provision.core.templating import render_template
 from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import (
     SUBNET,
@@ -45,8 +47,6 @@ from k2provision.engines.trtllm_schema import (
     KvCacheConfig,
     validate_extra_llm_api_options,
 )
-from k2provision.models import HostSpec, LaunchValue, PoolPlan, Process
-from k2provision.render import render_template
 
 CONTAINER = "k2-trtllm"
 SSHD = "/usr/sbin/sshd"

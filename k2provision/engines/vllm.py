@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 
+from k2provision.core.records import HealthGate, HostSpec, LaunchValue, PoolPlan, Process
 from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import (
     any_address,
@@ -53,7 +54,6 @@ from k2provision.engines.common import (
     socket_env,
     socket_ifname,
 )
-from k2provision.models import HealthGate, HostSpec, LaunchValue, PoolPlan, Process
 
 CONTAINER = "k2-vllm"
 RAY_LAYOUTS = ("tp", "tp_pp")

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from k2provision.core.records import Record
 from k2provision.errors import K2Error
-from k2provision.models import Record
 from k2provision.weights.kernel import common, hashing, names, safetensors
 from k2provision.weights.kernel import manifest as kernel_manifest
 

@@ -22,8 +22,8 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from k2provision.display import console, failure_line
-from k2provision.events import Event, HostResult, TaskStarted
+from k2provision.run.display import console, failure_line
+from k2provision.run.events import Event, HostResult, TaskStarted
 from k2provision.weights.kernel import common
 
 

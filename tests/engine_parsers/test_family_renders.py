@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from k2provision import catalog
-from k2provision.inventory import load_cluster
-from k2provision.models import Cluster, Plan, Process
-from k2provision.plan import build_plan
+from k2provision.core import catalog
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Cluster, Plan, Process
+from k2provision.plan.assemble import build_plan
 
 from .runner import ParseResult, check
 

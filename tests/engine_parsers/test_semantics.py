@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from k2provision.models import Plan, PoolPlan, Process
+from k2provision.core.records import Plan, PoolPlan, Process
 
 from . import goldens
 from .goldens import Launch

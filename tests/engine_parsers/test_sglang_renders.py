@@ -14,7 +14,7 @@ import shlex
 
 import pytest
 
-from k2provision import catalog
+from k2provision.core import catalog
 
 from . import goldens
 from .goldens import Launch

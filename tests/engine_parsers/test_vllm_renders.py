@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from k2provision import catalog
+from k2provision.core import catalog
 
 from . import goldens
 from .goldens import Launch

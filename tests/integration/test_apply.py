@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import k2lab as lab_api
-from k2provision.inventory import load_cluster
-from k2provision.plan import build_plan
+from k2provision.core.inventory import load_cluster
+from k2provision.plan.assemble import build_plan
 from tests.integration.pd_lab import (
     BIN,
     ROOT,

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from k2provision.bench import LAB_NOTICE, SCHEMA_VERSION
-from k2provision.inventory import load_cluster
-from k2provision.plan import build_plan
+from k2provision.core.inventory import load_cluster
+from k2provision.ops.bench import LAB_NOTICE, SCHEMA_VERSION
+from k2provision.plan.assemble import build_plan
 from tests.integration.pd_lab import (
     BIN,
     LAB_HF_TOKEN,

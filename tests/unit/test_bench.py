@@ -1,4 +1,4 @@
-"""bench's pure core (k2provision/bench.py): presets, the pinned clients' argv (read back by
+"""bench's pure core (k2provision/ops/bench.py): presets, the pinned clients' argv (read back by
 their real parsers), their result files (tests/fixtures/bench, written by the real clients
 against the stand-in), per-node / per-GPU and cost arithmetic, the published figures; and
 the stand-in's streams that the clients read (k2lab/standin_image/.../streaming.py)."""
@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.bench import (
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan
+from k2provision.errors import K2Error
+from k2provision.ops.bench import (
     LAB_NOTICE,
     PRESETS,
     ClientResult,
@@ -31,10 +34,7 @@ from k2provision.bench import (
     scale_of,
     workload,
 )
-from k2provision.errors import K2Error
-from k2provision.inventory import load_cluster
-from k2provision.models import Plan
-from k2provision.plan import build_plan
+from k2provision.plan.assemble import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "bench"

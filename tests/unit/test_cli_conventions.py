@@ -17,7 +17,7 @@ import pytest
 import k2provision
 from k2provision.commands import flow
 from k2provision.commands.flow import HostRun, RunHooks
-from k2provision.display import err_console
+from k2provision.run.display import err_console
 
 ROOT = Path(__file__).resolve().parents[2]
 PROD = str(ROOT / "inventory" / "prod.ini")

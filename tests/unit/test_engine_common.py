@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import catalog
-from k2provision.engines.common import IFNAME, socket_env, socket_ifname, tool_parser
-from k2provision.models import Cluster, HostSpec, LaunchValue, Process, Tunables
-from k2provision.render import (
+from k2provision.core import catalog
+from k2provision.core.records import Cluster, HostSpec, LaunchValue, Process, Tunables
+from k2provision.core.templating import (
     host_values_path,
     host_values_script,
     launch_script,
     shell_word,
     with_host_values,
 )
+from k2provision.engines.common import IFNAME, socket_env, socket_ifname, tool_parser
 
 
 def run_launch(tmp_path: Path, process: Process) -> subprocess.CompletedProcess[str]:
@@ -144,8 +144,8 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
     ],
 )
 def test_a_thinking_model_gets_its_reasoning_parser(case: str, program: str, flag: str) -> None:
-    from k2provision.inventory import load_cluster
-    from k2provision.plan import build_plan
+    from k2provision.core.inventory import load_cluster
+    from k2provision.plan.assemble import build_plan
 
     cl = load_cluster(GOLDEN / case / "inventory.ini")
     spec = catalog.model(cl.model)
@@ -161,8 +161,8 @@ def test_a_thinking_model_gets_its_reasoning_parser(case: str, program: str, fla
 
 @pytest.mark.parametrize("case", sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()))
 def test_every_container_option_comes_with_its_reason(case: str) -> None:
-    from k2provision.inventory import load_cluster
-    from k2provision.plan import build_plan
+    from k2provision.core.inventory import load_cluster
+    from k2provision.plan.assemble import build_plan
 
     options = build_plan(load_cluster(GOLDEN / case / "inventory.ini")).container
     rendered = [f"--network {options.network}", f"--ipc {options.ipc}"]

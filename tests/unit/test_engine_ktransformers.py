@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from k2provision.core.records import Cluster, HostSpec, Plan, Process, Tunables
+from k2provision.core.templating import launch_script
 from k2provision.engines import ktransformers
-from k2provision.models import Cluster, HostSpec, Plan, Process, Tunables
-from k2provision.plan import build_plan
-from k2provision.render import launch_script
+from k2provision.plan.assemble import build_plan
 
 
 def plan(**tunables: object) -> Plan:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Cluster, HostSpec, Plan, PoolName, Process, Tunables
 from k2provision.engines import sglang
-from k2provision.inventory import load_cluster
-from k2provision.models import Cluster, HostSpec, Plan, PoolName, Process, Tunables
-from k2provision.plan import build_plan
+from k2provision.plan.assemble import build_plan
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 IB = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from k2provision.core.records import Cluster, HostSpec, Plan, Process, Tunables
 from k2provision.engines import trtllm
 from k2provision.engines.trtllm_schema import validate_extra_llm_api_options
-from k2provision.models import Cluster, HostSpec, Plan, Process, Tunables
-from k2provision.plan import build_plan
+from k2provision.plan.assemble import build_plan
 
 ADDRESSES = ("10.2.0.7", "10.2.0.3", "10.2.0.5", "10.2.0.9")
 YAML_PATH = "/etc/k2provision/trtllm/extra-llm-api-config.yml"

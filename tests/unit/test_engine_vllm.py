@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import catalog
+from k2provision.core import catalog
+from k2provision.core.records import Cluster, HealthGate, HostSpec, Plan, Process, Tunables
 from k2provision.engines import vllm
 from k2provision.engines.base import Deployment
-from k2provision.models import Cluster, HealthGate, HostSpec, Plan, Process, Tunables
-from k2provision.plan import build_plan
+from k2provision.plan.assemble import build_plan
 
 ADDRESSES = ("10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4")
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from k2provision.catalog import GIB
-from k2provision.expectations import (
+from k2provision.core.catalog import GIB
+from k2provision.core.expectations import (
     HARDWARE_CHECKS,
     PreflightOptions,
     evaluate_cluster,
@@ -19,9 +19,9 @@ from k2provision.expectations import (
     image_id_mismatches,
     planned_ports,
 )
-from k2provision.inventory import load_cluster
-from k2provision.models import Plan
-from k2provision.plan import build_plan
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan
+from k2provision.plan.assemble import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 HW = ROOT / "tests" / "fixtures" / "hardware"

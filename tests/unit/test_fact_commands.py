@@ -1,4 +1,4 @@
-"""The fact registry (k2provision.facts.FACT_COMMANDS): each fact's command, run for real on
+"""The fact registry (k2provision.core.facts.FACT_COMMANDS): each fact's command, run for real on
 this machine where it exists, gives output its parser reads; several commands for one fact
 fall back in order; what a run leaves to parse follows the exit status."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.expectations import FACT_TEXTS, host_facts
-from k2provision.facts import FACT_COMMANDS, FACTS, MODEL_DIR, HostFacts
+from k2provision.core.expectations import FACT_TEXTS, host_facts
+from k2provision.core.facts import FACT_COMMANDS, FACTS, MODEL_DIR, HostFacts
 
 ROOT = Path(__file__).resolve().parents[2]
 HW = ROOT / "tests" / "fixtures" / "hardware"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.facts import (
+from k2provision.core.facts import (
     FactParseError,
     bound_ports,
     nearest_nics,

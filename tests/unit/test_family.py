@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import catalog
+from k2provision.core import catalog
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import EngineRelease, Plan
 from k2provision.errors import K2Error, PlanError
-from k2provision.inventory import load_cluster
-from k2provision.models import EngineRelease, Plan
-from k2provision.plan import build_plan, support_problems
+from k2provision.plan.assemble import build_plan, support_problems
 
 THINKING = "moonshotai/Kimi-K2-Thinking"
 K25 = "moonshotai/Kimi-K2.5"

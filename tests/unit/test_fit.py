@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import catalog
-from k2provision.catalog import GIB
-from k2provision.fit import (
+from k2provision.core import catalog
+from k2provision.core.catalog import GIB
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Parallel, Tunables
+from k2provision.plan.assemble import build_plan
+from k2provision.plan.fit import (
     CALIBRATION,
     VLLM_PINNED,
     CalibrationPoint,
@@ -19,9 +22,6 @@ from k2provision.fit import (
     vllm_kv_tokens,
     weights_per_gpu,
 )
-from k2provision.inventory import load_cluster
-from k2provision.models import Parallel, Tunables
-from k2provision.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 FIT_DOC = ROOT / "docs" / "fit.md"

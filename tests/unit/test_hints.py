@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from k2provision.core.inventory import load_cluster
 from k2provision.errors import PlanError
-from k2provision.inventory import load_cluster
-from k2provision.plan import build_plan
+from k2provision.plan.assemble import build_plan
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from k2provision.inventory import load_cluster, read_inventory
-from k2provision.plan import build_plan, plan_digest
+from k2provision.core.inventory import load_cluster, read_inventory
+from k2provision.plan.assemble import build_plan, plan_digest
 from tests.unit.contract_support import HostTrap
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k2provision.models import LAYOUTS, Tunables
+from k2provision.core.records import LAYOUTS, Tunables
 from tests.unit.contract_support import HostTrap
 
 # Valid ports come from here, ten apart: clear of every default port and of each other

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from k2provision import role_specs
+from k2provision.core import role_specs
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import NUMERIC_ANNOTATIONS, Cluster, Tunables
+from k2provision.core.variables import bounds, value_range
 from k2provision.engines.common import host_port, http_url
 from k2provision.errors import InventoryError
-from k2provision.inventory import load_cluster
-from k2provision.models import NUMERIC_ANNOTATIONS, Cluster, Tunables
-from k2provision.plan import build_plan
-from k2provision.variables import bounds, value_range
+from k2provision.plan.assemble import build_plan
 from tests.unit.contract_support import HostTrap
 
 ROOT = Path(__file__).resolve().parents[2]

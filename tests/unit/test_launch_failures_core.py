@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import launch_gate as lg
-from k2provision.events import HostResult, Tally
-from k2provision.models import HealthGate, Process
+from k2provision.core.records import HealthGate, Process
+from k2provision.ops import launch_gate as lg
+from k2provision.run.events import HostResult, Tally
 from k2provision.weights.kernel import checkpoint
 
 # ---------------------------------------------------------------- weights in place

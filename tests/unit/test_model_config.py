@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from k2provision import catalog
-from k2provision.catalog import GIB
-from k2provision.model_config import ConfigProblems, spec_from_config
-from k2provision.models import ModelSpec
+from k2provision.core import catalog
+from k2provision.core.catalog import GIB
+from k2provision.core.model_config import ConfigProblems, spec_from_config
+from k2provision.core.records import ModelSpec
 
 BASE = catalog.model("moonshotai/Kimi-K2-Instruct")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.nccl import (
+from k2provision.core.nccl import (
     NcclParseError,
     pair_bandwidth,
     pair_rounds,

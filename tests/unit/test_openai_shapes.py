@@ -1,5 +1,5 @@
 """The stand-in's chat answers (k2standin/openai_shapes.py): the shapes the pinned engines return,
-as the launch flags make them, judged by the smoke test's own checks (k2provision/smoke.py);
+as the launch flags make them, judged by the smoke test's own checks (k2provision/ops/smoke.py);
 and the stand-in model's Kimi-K2 text through vLLM's real kimi_k2 parser."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from k2lab.standin import standin_dir
-from k2provision import smoke
+from k2provision.ops import smoke
 
 sys.path.insert(0, str(standin_dir() / "python"))
 
@@ -230,8 +230,8 @@ def test_a_rendered_plan_passes_and_fails_without_its_parser_flags(
     without the reasoning parser, fails it."""
     from dataclasses import replace
 
-    from k2provision.inventory import load_cluster
-    from k2provision.plan import build_plan
+    from k2provision.core.inventory import load_cluster
+    from k2provision.plan.assemble import build_plan
 
     inventory = tmp_path / f"{example}.ini"
     source = (REPO / "inventory" / "examples" / f"{example}.ini").read_text()

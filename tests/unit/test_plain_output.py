@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k2provision import display
 from k2provision.errors import K2Error
-from k2provision.events import HostResult, Tally
+from k2provision.run import display
+from k2provision.run.events import HostResult, Tally
 from k2provision.weights import progress
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import catalog
+from k2provision.core import catalog
+from k2provision.core.inventory import load_cluster
 from k2provision.errors import K2Error, PlanError
-from k2provision.inventory import load_cluster
-from k2provision.plan import build_plan, plan_digest
+from k2provision.plan.assemble import build_plan, plan_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 

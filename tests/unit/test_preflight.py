@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from k2provision.facts import (
+from k2provision.core.facts import (
     GpuInventory,
     HostFacts,
     parse_clock_sync,
@@ -19,7 +19,7 @@ from k2provision.facts import (
     parse_os_release,
     parse_service_state,
 )
-from k2provision.preflight import (
+from k2provision.core.preflight import (
     Expectations,
     Problem,
     check_cluster,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k2provision.models import LAYOUTS
+from k2provision.core.records import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from k2provision import role_specs
+from k2provision.core import role_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "tasks" / "main.yml").exists())

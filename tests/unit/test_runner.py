@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from k2provision import runner
-from k2provision.events import Event, HostResult
+from k2provision.run import runner
+from k2provision.run.events import Event, HostResult
 
 TOKEN = "hf_" + "ZyXwVuTsRqPoNmLkJiHgFeDcBaZyXwVuTs"
 

@@ -1,4 +1,4 @@
-"""The smoke test's judgement of an endpoint's answers (k2provision/smoke.py) and the k2_verify
+"""The smoke test's judgement of an endpoint's answers (k2provision/ops/smoke.py) and the k2_verify
 role's filters over it (k2.cluster.smoke_*)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from k2provision import smoke
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter import (
     smoke as smoke_filters,
 )
+from k2provision.ops import smoke
 
 HOST = "decode-0"
 URL = "http://10.82.0.10:8000/v1/chat/completions"

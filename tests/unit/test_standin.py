@@ -25,8 +25,8 @@ import pytest
 
 from k2lab.errors import LabError
 from k2lab.standin import content_hash, standin_dir
-from k2provision import smoke
-from k2provision.plan import LAB_IMAGE
+from k2provision.ops import smoke
+from k2provision.plan.assemble import LAB_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = standin_dir()
@@ -397,7 +397,7 @@ def real_router(procs: list[Proc], env: Env, *argv: str) -> Proc:
 def test_real_router_serves_in_front_of_the_standins(env: Env, procs: list[Proc]) -> None:
     """The router the lab runs (sglang-router, pinned in the catalog): its CLI as rendered,
     its /readiness once both pools answer, and a chat completion through it."""
-    from k2provision import catalog
+    from k2provision.core import catalog
 
     p_port, d_port, boot, r_port = free_port(), free_port(), free_port(), free_port()
     pd = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"}
@@ -794,7 +794,7 @@ def test_content_hash_tracks_the_sources(tmp_path: Path) -> None:
     ],
 )
 def test_images_carry_the_catalogs_pins(containerfile: str, arg: str, pinned: str) -> None:
-    from k2provision import catalog
+    from k2provision.core import catalog
 
     text = (REPO / containerfile / "Containerfile").read_text()
     (line,) = [x for x in text.splitlines() if x.startswith(f"ARG {arg}=")]

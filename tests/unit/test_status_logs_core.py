@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 
 from k2provision.commands.status import watch_args
-from k2provision.containers import LABEL_HASH, spec_hash
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import HostPlan, Plan
 from k2provision.errors import K2Error
-from k2provision.inventory import load_cluster
-from k2provision.log_sources import log_command, select_sources, since_problem
-from k2provision.models import HostPlan, Plan
-from k2provision.plan import build_plan
-from k2provision.remote import SshTarget, host_key_policy, run_one, ssh_inventory, ssh_target
-from k2provision.status_probe import (
+from k2provision.ops.log_sources import log_command, select_sources, since_problem
+from k2provision.ops.remote import SshTarget, host_key_policy, run_one, ssh_inventory, ssh_target
+from k2provision.ops.status_probe import (
     MARK,
     host_status,
     human_duration,
@@ -32,6 +30,8 @@ from k2provision.status_probe import (
     readiness_detail,
     router_workers,
 )
+from k2provision.plan.assemble import build_plan
+from k2provision.plan.containers import LABEL_HASH, spec_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_ARGS = (

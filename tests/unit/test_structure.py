@@ -110,19 +110,19 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_the_package() -> None:
     edges = graph()
-    assert "k2provision.plan" in edges
-    assert "k2provision.engines.base" in edges["k2provision.plan"]
+    assert "k2provision.plan.assemble" in edges
+    assert "k2provision.engines.base" in edges["k2provision.plan.assemble"]
     assert "k2provision.engines.sglang" in edges["k2provision.engines"]
     assert "k2lab.core" in edges["k2lab"]
-    assert "k2provision.plan" in edges["k2lab.demo"]
+    assert "k2provision.plan.assemble" in edges["k2lab.demo"]
 
 
 def test_the_cycle_finder_finds_what_the_package_used_to_have() -> None:
     # engines/__init__ defined Deployment and imported each engine, which imported it back.
     edges = {
         "k2provision.engines": {"k2provision.engines.sglang"},
-        "k2provision.engines.sglang": {"k2provision.engines", "k2provision.models"},
-        "k2provision.models": set(),
+        "k2provision.engines.sglang": {"k2provision.engines", "k2provision.core.records"},
+        "k2provision.core.records": set(),
     }
     assert find_cycle(edges) == [
         "k2provision.engines",
@@ -137,10 +137,10 @@ def test_a_from_package_import_of_a_name_is_an_edge_to_the_package(tmp_path: Pat
     source.write_text(
         "from k2provision.engines import REGISTRY\n"
         "from k2lab import core\n"
-        "def later():\n    import k2provision.plan\n"
+        "def later():\n    import k2provision.plan.assemble\n"
     )
     found = set(imports("k2provision.someone", source))
-    assert found == {"k2provision.engines", "k2lab", "k2lab.core", "k2provision.plan"}
+    assert found == {"k2provision.engines", "k2lab", "k2lab.core", "k2provision.plan.assemble"}
 
 
 def test_no_import_cycle_in_the_packages() -> None:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from k2provision import catalog
+from k2provision.core import catalog
 from k2provision.engines import trtllm_schema as schema
 from k2provision.engines.trtllm_schema import (
     RENAMED,

@@ -1,4 +1,4 @@
-"""Action k2.cluster.host_facts: read a host with the commands of k2provision.facts.FACT_COMMANDS.
+"""Action k2.cluster.host_facts: read a host with the commands of core.facts.FACT_COMMANDS.
 
 One registry names every fact's command, label and parser (``nvidia-smi -q -x``, ``ibstat``,
 ``ss -Hltn``...); the preflight role reads all of them, the driver role reads the GPUs again
@@ -23,7 +23,7 @@ from typing import Any
 
 from k2provision.ansible.actions import ReadOnlyAction
 from k2provision.ansible.plan_parts import NotInPlanError, host_part
-from k2provision.facts import FACT_COMMANDS, FACTS
+from k2provision.core.facts import FACT_COMMANDS, FACTS
 
 
 class ActionModule(ReadOnlyAction):

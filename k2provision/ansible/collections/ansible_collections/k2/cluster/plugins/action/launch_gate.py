@@ -1,6 +1,6 @@
 """Action k2.cluster.launch_gate: wait for one launch stage's health gates on this host.
 
-Every ``delay`` seconds it runs one probe on the host (k2provision.launch_gate.probe_command):
+Every ``delay`` seconds it runs one probe on the host (k2provision.ops.launch_gate.probe_command):
 the state of each of the host's processes in the stage and each of its health gates. It ends
 
 - passed: every gate of this host answered (a host without gates in the stage waits, watching
@@ -31,8 +31,8 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
-from k2provision import launch_gate as lg
-from k2provision.models import HealthGate
+from k2provision.core.records import HealthGate
+from k2provision.ops import launch_gate as lg
 
 # Marker directories of earlier runs are removed once they are this old.
 MARKERS_KEPT_S = 86400

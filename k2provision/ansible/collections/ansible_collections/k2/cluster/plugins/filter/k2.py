@@ -6,11 +6,11 @@ import json
 from typing import Any
 
 from k2provision.ansible.plan_parts import NotInPlanError, host_part
-from k2provision.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
+from k2provision.core.inventory import plain_value
+from k2provision.core.records import ContainerOptions, Plan, Process
 from k2provision.errors import K2Error
-from k2provision.inventory import plain_value
-from k2provision.models import ContainerOptions, Plan, Process
-from k2provision.restart import restart_set as plan_restart_set
+from k2provision.ops.restart import restart_set as plan_restart_set
+from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
@@ -94,7 +94,7 @@ def plan_stages(plan: dict[str, Any]) -> list[int]:
 
 
 def restart_set(plan: dict[str, Any], names: Any = None) -> dict[str, Any]:
-    """What restarting `names` restarts (k2provision/restart.py): {hosts: [...], containers:
+    """What restarting `names` restarts (k2provision/ops/restart.py): {hosts: [...], containers:
     {host: [container, ...]}}. `names` is a comma-separated string or a list of hosts, pools or
     `router`; None or empty: every host."""
     if isinstance(names, str):

@@ -1,7 +1,7 @@
 """Filters that judge hosts against the plan (k2.cluster.preflight_*) and read NCCL runs.
 
-Each is a thin bridge from Ansible's data to the pure code of k2provision.expectations and
-k2provision.nccl, so the verdicts are tested without a host:
+Each is a thin bridge from Ansible's data to the pure code of k2provision.core.expectations and
+k2provision.core.nccl, so the verdicts are tested without a host:
 
 - ``texts | k2.cluster.preflight_problems(plan, host, options)``: one host's verdict,
   ``{refuse: [lines], defer: [lines], skipped: [checks], summary: line}``.
@@ -21,23 +21,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from k2provision.expectations import (
+from k2provision.core.expectations import (
     PreflightOptions,
     evaluate_cluster,
     evaluate_host,
     ib_devices_from_texts,
     image_id_mismatches,
 )
-from k2provision.facts import FactParseError
-from k2provision.inventory import plain_value as _plain
-from k2provision.models import Plan
-from k2provision.nccl import (
+from k2provision.core.facts import FactParseError
+from k2provision.core.inventory import plain_value as _plain
+from k2provision.core.nccl import (
     NcclParseError,
     pair_bandwidth,
     pair_rounds,
     parse_all_reduce_perf,
     slow_pairs,
 )
+from k2provision.core.records import Plan
 
 
 def _options(options: Mapping[str, Any] | None) -> PreflightOptions:

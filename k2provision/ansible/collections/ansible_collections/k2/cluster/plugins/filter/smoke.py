@@ -1,12 +1,12 @@
 """Filters of the k2_verify role (k2.cluster.smoke_*): the tool definition, what the served
-model's answers must look like, and the judgement of an answer (k2provision/smoke.py)."""
+model's answers must look like, and the judgement of an answer (k2provision/ops/smoke.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from k2provision import smoke
-from k2provision.inventory import plain_value
+from k2provision.core.inventory import plain_value
+from k2provision.ops import smoke
 
 
 def smoke_tool(name: str, parameter: str) -> dict[str, Any]:

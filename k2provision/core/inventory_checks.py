@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k2provision.models import LAB_FAULTS
-from k2provision.variables import shorten_hosts, show
+from k2provision.core.records import LAB_FAULTS
+from k2provision.core.variables import shorten_hosts, show
 
 # RFC 1123 host name labels (underscores tolerated, as resolvers and Ansible do).
 _LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")

@@ -14,15 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from k2provision import catalog
-from k2provision.catalog import GIB
-from k2provision.engines import REGISTRY
-from k2provision.engines.base import Deployment
-from k2provision.engines.common import multi_host, socket_warnings
-from k2provision.engines.trtllm import served_model_name as trtllm_served_name
-from k2provision.errors import PlanError
-from k2provision.fit import PoolFit, fit_pool
-from k2provision.models import (
+from k2provision.core import catalog
+from k2provision.core.catalog import GIB
+from k2provision.core.preflight import version_at_least
+from k2provision.core.records import (
     LAYOUTS,
     Cluster,
     ContainerOptions,
@@ -39,9 +34,14 @@ from k2provision.models import (
     PoolPlan,
     WeightsInfo,
 )
-from k2provision.ports import host_ports
-from k2provision.preflight import version_at_least
-from k2provision.render import host_values_path, host_values_script, launch_script
+from k2provision.core.templating import host_values_path, host_values_script, launch_script
+from k2provision.engines import REGISTRY
+from k2provision.engines.base import Deployment
+from k2provision.engines.common import multi_host, socket_warnings
+from k2provision.engines.trtllm import served_model_name as trtllm_served_name
+from k2provision.errors import PlanError
+from k2provision.plan.fit import PoolFit, fit_pool
+from k2provision.plan.ports import host_ports
 
 LAB_IMAGE = "localhost/k2-standin:lab"
 MAX_SEARCH_NODES = 64

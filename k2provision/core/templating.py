@@ -9,7 +9,7 @@ from functools import cache
 
 import jinja2
 
-from k2provision.models import Process
+from k2provision.core.records import Process
 
 # Host facts a launch script finds before it starts its process (see models.LaunchValue):
 # the program that finds them, shipped beside the launch scripts.

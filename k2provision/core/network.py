@@ -11,8 +11,8 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from k2provision.models import Cluster, HostSpec
-from k2provision.variables import shorten_hosts
+from k2provision.core.records import Cluster, HostSpec
+from k2provision.core.variables import shorten_hosts
 
 # SGLang with DP attention (the PD pools) binds the rendezvous port and the six after it on
 # the pool's rank 0: sglang 0.5.23 srt/server_args.py PortArgs.init_new, port_base =

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k2provision.errors import InventoryError
-from k2provision.model_config import ConfigProblems, spec_from_config
-from k2provision.models import (
+from k2provision.core.model_config import ConfigProblems, spec_from_config
+from k2provision.core.records import (
     EngineName,
     EngineRelease,
     EngineSupport,
@@ -26,6 +25,7 @@ from k2provision.models import (
     VisionSpec,
     WeightFormat,
 )
+from k2provision.errors import InventoryError
 
 GIB = 1024**3
 

@@ -13,8 +13,8 @@ import json
 import re
 from pathlib import Path
 
+from k2provision.core.records import Plan
 from k2provision.errors import K2Error
-from k2provision.models import Plan
 
 PLAN_FILE = "plan.json"
 MANIFEST = ".k2provision-render.json"

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k2provision.containers import exec_log_path, exec_pid_path
-from k2provision.models import HealthGate, Process
+from k2provision.core.records import HealthGate, Process
+from k2provision.plan.containers import exec_log_path, exec_pid_path
 
 LOG_LINES = 50
 # Container states that mean "not started yet" rather than "gone".

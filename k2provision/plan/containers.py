@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from k2provision.models import ContainerOptions, Process
+from k2provision.core.records import ContainerOptions, Process
 
 LABEL_HASH = "io.k2provision.hash"
 LABEL_PROCESS = "io.k2provision.process"

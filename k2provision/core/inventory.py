@@ -19,9 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from k2provision import network, role_specs
-from k2provision.errors import InventoryError
-from k2provision.inventory_checks import (
+from k2provision.core import network, role_specs
+from k2provision.core.inventory_checks import (
     address_problem,
     cluster_values,
     ib_devices,
@@ -29,8 +28,8 @@ from k2provision.inventory_checks import (
     lab_fault_problem,
     port_problem,
 )
-from k2provision.models import LAYOUTS, Cluster, HostSpec, PoolName, Tunables
-from k2provision.variables import (
+from k2provision.core.records import LAYOUTS, Cluster, HostSpec, PoolName, Tunables
+from k2provision.core.variables import (
     CLUSTER_VARS,
     TUNABLE_VARS,
     known_names,
@@ -39,6 +38,7 @@ from k2provision.variables import (
     unknown_name_problem,
     value_range,
 )
+from k2provision.errors import InventoryError
 
 # The inventory keys besides k2_ variables that the contract reads.
 INVENTORY_KEYS = ("ansible_host", "ansible_port")

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from k2provision.containers import LABEL_HASH, exec_pid_path, spec_hash
-from k2provision.log_sources import log_command
-from k2provision.models import HealthGate, HostPlan, Plan, Process
+from k2provision.core.records import HealthGate, HostPlan, Plan, Process
+from k2provision.ops.log_sources import log_command
+from k2provision.plan.containers import LABEL_HASH, exec_pid_path, spec_hash
 
 MARK = "@@k2"
 LOG_TAIL = 200

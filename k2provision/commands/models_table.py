@@ -7,15 +7,15 @@ from typing import Any
 
 from rich.table import Table
 
-from k2provision import catalog
-from k2provision.models import ENGINES, LAYOUTS, Cluster, EngineName, ModelSpec, Tunables
-from k2provision.plan import (
+from k2provision.core import catalog
+from k2provision.core.preflight import version_at_least
+from k2provision.core.records import ENGINES, LAYOUTS, Cluster, EngineName, ModelSpec, Tunables
+from k2provision.plan.assemble import (
     MAX_SEARCH_NODES,
     TEXT_ONLY_ENGINES,
     model_problems,
     smallest_for_layout,
 )
-from k2provision.preflight import version_at_least
 
 GPUS_PER_NODE = 8
 

@@ -7,7 +7,7 @@ the value found, the value expected and the fix; ``str(problem)`` is that one li
     gpu-07: driver 535.104.05 is older than 570.0 required by the sglang image; fix: upgrade \
 the driver (role nvidia_driver, k2_nvidia_driver_branch) or pin an older image (k2_image)
 
-A fact that was not collected (None in :class:`~k2provision.facts.HostFacts`) fails the checks
+A fact that was not collected (None in :class:`~k2provision.core.facts.HostFacts`) fails the checks
 that need it: preflight refuses rather than guesses.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Collection, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from k2provision.facts import FACTS, GpuInventory, HostFacts, IbPort, Topology, nearest_nics
+from k2provision.core.facts import FACTS, GpuInventory, HostFacts, IbPort, Topology, nearest_nics
 
 __all__ = [
     "Expectations",
@@ -142,7 +142,7 @@ _COLLECTED_BY = {
     "clock": "clock",
     "os": "os_release",
 }
-"""The fact command (:data:`~k2provision.facts.FACTS`) whose output each check reads."""
+"""The fact command (:data:`~k2provision.core.facts.FACTS`) whose output each check reads."""
 
 
 def _not_collected(host: str, check: str, what: str, expected: str, fix: str = "") -> Problem:

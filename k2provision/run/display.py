@@ -18,9 +18,9 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from k2provision.core.records import Plan
 from k2provision.errors import K2Error
-from k2provision.events import Event, HostResult, PlayStarted, Tally, TaskStarted
-from k2provision.models import Plan
+from k2provision.run.events import Event, HostResult, PlayStarted, Tally, TaskStarted
 
 
 def _console(stderr: bool) -> Console:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from k2provision.core.records import Parallel, Plan, PoolPlan, Process
 from k2provision.errors import K2Error
-from k2provision.models import Parallel, Plan, PoolPlan, Process
 
 NAMED = "named"
 

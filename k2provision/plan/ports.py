@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
-from k2provision.models import PortBinding, Process
+from k2provision.core.records import PortBinding, Process
 
 __all__ = ["host_ports"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-ROLES_DIR = Path(__file__).resolve().parents[1] / "roles"
+ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 ENTRY_POINT = "main"
 # The parts of an option that say what it accepts; `default` and `required` are the role's
 # business (a default may be a template, a required plan is set by the playbook).

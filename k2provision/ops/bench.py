@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from k2provision.core.records import Plan
 from k2provision.errors import K2Error
-from k2provision.models import Plan
 
 SCHEMA_VERSION = 1
 DEFAULT_GPU_HOUR_USD = 2.3

@@ -4,13 +4,13 @@ The preflight role collects command output on each host (``nvidia-smi -q -x``, `
 ``df``, ``ss``...) and hands the texts here through the ``k2.cluster.preflight_*`` filters:
 
 - :func:`expectations_for` turns the Plan and the catalog into the
-  :class:`~k2provision.preflight.Expectations` of one host: GPU model, count and memory, the
+  :class:`~k2provision.core.preflight.Expectations` of one host: GPU model, count and memory, the
   driver the engine image needs, fabric manager on NVSwitch boards, RDMA ports on multi-host
   plans, room for the checkpoint at the model dir, the TCP ports the plan binds there.
-- :func:`host_facts` parses the collected texts into :class:`~k2provision.facts.HostFacts`
+- :func:`host_facts` parses the collected texts into :class:`~k2provision.core.facts.HostFacts`
   (a text that is absent or does not parse is a fact not collected).
 - :func:`evaluate_host` and :func:`evaluate_cluster` run the checks of
-  :mod:`k2provision.preflight` and sort the problems into those that refuse the host now
+  :mod:`k2provision.core.preflight` and sort the problems into those that refuse the host now
   and those the prepare phase will fix (a driver that role ``k2_nvidia_driver`` installs).
 
 Nothing here runs a command or imports ansible.
@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from k2provision import catalog
-from k2provision.catalog import GIB
-from k2provision.facts import (
+from k2provision.core import catalog
+from k2provision.core.catalog import GIB
+from k2provision.core.facts import (
     FACT_COMMANDS,
     FACTS,
     FactParseError,
@@ -33,8 +33,7 @@ from k2provision.facts import (
     parse_ibstat,
     parse_nvidia_smi_topo,
 )
-from k2provision.models import Plan
-from k2provision.preflight import (
+from k2provision.core.preflight import (
     Expectations,
     Problem,
     check_host,
@@ -42,6 +41,7 @@ from k2provision.preflight import (
     derive_ib_devices,
     version_tuple,
 )
+from k2provision.core.records import Plan
 
 __all__ = [
     "DRIVER_CHECKS",
@@ -72,7 +72,7 @@ HARDWARE_CHECKS = GPU_CHECKS | DRIVER_CHECKS | IB_CHECKS
 
 FACT_TEXTS = tuple(fact.key for fact in FACT_COMMANDS)
 """Keys of the texts the roles collect (each the stdout of one command of
-:data:`~k2provision.facts.FACT_COMMANDS`, or None)."""
+:data:`~k2provision.core.facts.FACT_COMMANDS`, or None)."""
 
 _HW_TEXTS = frozenset(fact.key for fact in FACT_COMMANDS if fact.hardware)
 

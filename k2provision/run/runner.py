@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k2provision.events import Event, HostResult, Stats, Tally, parse_event
+from k2provision.run.events import Event, HostResult, Stats, Tally, parse_event
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-COLLECTIONS = Path(__file__).resolve().parent / "ansible" / "collections"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+COLLECTIONS = Path(__file__).resolve().parents[1] / "ansible" / "collections"
 # ansible-runner writes its whole environment into the run record (artifacts/*/command), so
 # the hub token never stays in the environment of a run: it goes to a private file instead,
 # whose path the k2_weights role reads.

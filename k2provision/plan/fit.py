@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from k2provision import catalog
-from k2provision.catalog import GIB
-from k2provision.models import (
+from k2provision.core import catalog
+from k2provision.core.catalog import GIB
+from k2provision.core.records import (
     EngineName,
     FitReport,
     GpuSpec,

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from k2provision.models import ModelSpec, Quantization, VisionSpec, WeightFormat
+from k2provision.core.records import ModelSpec, Quantization, VisionSpec, WeightFormat
 
 # The architectures k2provision plans: MLA attention + DeepSeek-V3-style MoE.
 K2_ARCHITECTURES = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration")

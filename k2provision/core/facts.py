@@ -769,7 +769,7 @@ class FactCommand:
     """One fact: the read-only command that shows it on a host and the parser that reads it.
 
     The roles run ``argv`` (``k2.cluster.fact_commands``), keep its output under ``key``
-    (``k2.cluster.fact_texts``) and :func:`~k2provision.expectations.host_facts` parses it into
+    (``k2.cluster.fact_texts``) and :func:`~k2provision.core.expectations.host_facts` parses it into
     the :class:`HostFacts` field ``field``. Several commands may fill one field: the first whose
     output parses wins (``ibv_devinfo -v`` where ``ibstat`` is missing).
     """

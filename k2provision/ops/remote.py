@@ -171,7 +171,7 @@ def host_key_checking(environ: Mapping[str, str]) -> bool:
 def ssh_inventory(inventory: Path) -> tuple[dict[str, list[str]], dict[str, SshTarget]]:
     """The inventory's groups (group -> hosts) and every host's SSH parameters, read with
     Ansible's own loader."""
-    from k2provision.inventory import read_inventory
+    from k2provision.core.inventory import read_inventory
 
     groups, host_vars = read_inventory(inventory, extra_keys=SSH_VARS)
     checking = host_key_checking(os.environ)

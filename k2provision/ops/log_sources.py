@@ -12,9 +12,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from k2provision.containers import exec_log_path
+from k2provision.core.records import Plan, Process
 from k2provision.errors import K2Error
-from k2provision.models import Plan, Process
+from k2provision.plan.containers import exec_log_path
 
 POOLS = ("nodes", "prefill", "decode")
 ROUTER = "router"

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k2provision import catalog
+from k2provision.core import catalog
 
 TOOL_NAME = "get_weather"
 TOOL_PARAMETER = "city"

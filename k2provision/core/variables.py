@@ -15,8 +15,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 from annotated_types import Ge, Le
 from pydantic.fields import FieldInfo
 
-from k2provision import role_specs
-from k2provision.models import ENGINES, LAB_FAULTS, Cluster, Tunables
+from k2provision.core import role_specs
+from k2provision.core.records import ENGINES, LAB_FAULTS, Cluster, Tunables
 
 # One value for the whole cluster ([all:vars] or group_vars/all), read into Cluster's fields.
 CLUSTER_VARS = (

@@ -1,0 +1,5 @@
+"""Day-two operations over SSH: the transport, what status, logs, restart, verify and bench ask.
+
+May import: ``k2provision.core``, ``k2provision.plan`` and ``k2provision.errors`` (and fabric
+in the transport); nothing from run/ or commands/.
+"""
