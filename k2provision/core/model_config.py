@@ -1,10 +1,12 @@
-"""A model's config.json -> the numbers and weight formats the planner sizes from.
+"""A model's config.json, both ways: read into the numbers and weight formats the planner
+sizes from, and written from a catalog entry (synthetic checkpoints, tests).
 
 Pure: the caller reads the file. Every value is type- and range-checked; every problem is one
 line naming the field, and a config whose weights cannot be sized is refused rather than
 sized as something it is not. Both forms of the Kimi-K2 family are read: the flat
 DeepseekV3ForCausalLM config (K2, K2-Thinking) and the multimodal KimiK25 config whose
-language model, and its quantization_config, sit under ``text_config`` (K2.5 and later).
+language model, and its quantization_config, sit under ``text_config`` (K2.5 and later);
+`config_json` writes either form back so that reading it gives the same entry.
 """
 
 from __future__ import annotations
@@ -531,3 +533,79 @@ def _quark(qc: Mapping[str, Any], field: str, unquantized: WeightFormat) -> dict
         name: unquantized if any(_glob(p, m) for p in excluded for m in _class_names(name)) else fmt
         for name in CLASS_MODULES
     }
+
+
+# ---------------------------------------------------------------- writing one
+
+
+def config_json(spec: ModelSpec) -> dict[str, Any]:
+    """A config.json of the model's form (flat, or text_config + vision_config for K2.5+)
+    that `spec_from_config` reads back to the same numbers and weight formats."""
+    numbers: dict[str, Any] = {k: getattr(spec, k) for k in ARCH_FIELDS}
+    numbers["num_key_value_heads"] = spec.num_attention_heads
+    text: dict[str, Any] = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3" if spec.multimodal else spec.model_type,
+        **numbers,
+        "torch_dtype": "bfloat16",
+        "quantization_config": _quantization_config(spec.quantization),
+    }
+    if spec.vision is None:
+        return {**text, "architectures": list(spec.architectures)}
+    v = spec.vision
+    return {
+        "architectures": list(spec.architectures),
+        "model_type": spec.model_type,
+        "torch_dtype": "bfloat16",
+        "text_config": text,
+        "quantization_config": text["quantization_config"],
+        "vision_config": {
+            "vt_hidden_size": v.hidden_size,
+            "vt_num_hidden_layers": v.num_hidden_layers,
+            "vt_intermediate_size": v.intermediate_size,
+            "vt_num_attention_heads": 16,
+            "patch_size": v.patch_size,
+            "merge_kernel_size": list(v.merge_kernel),
+            "init_pos_emb_height": v.pos_emb_height,
+            "init_pos_emb_width": v.pos_emb_width,
+            "mm_hidden_size": v.hidden_size,
+            "text_hidden_size": spec.hidden_size,
+        },
+    }
+
+
+def _quantization_config(q: Quantization) -> dict[str, Any]:
+    experts = q.routed_experts
+    if q.schemes() == {"fp8_block"}:
+        side = round(experts.group_size**0.5)
+        return {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [side, side],
+        }
+    if experts.scheme == "int4_group" and {q.attention.scheme, q.dense_mlp.scheme} == {"bf16"}:
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 4,
+                        "type": "int",
+                        "strategy": "group",
+                        "group_size": experts.group_size,
+                        "symmetric": True,
+                    },
+                    "input_activations": None,
+                }
+            },
+            "ignore": [
+                "lm_head",
+                "re:.*self_attn.*",
+                "re:.*shared_experts.*",
+                r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
+            ],
+        }
+    raise ValueError(f"no config.json form for {q.label}")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from k2provision.core import catalog
+from k2provision.core import catalog, model_config
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Cluster, Plan, Process
 from k2provision.plan.assemble import build_plan
@@ -70,7 +70,7 @@ def request(
     name: str, config: dict[str, Any] | None = None
 ) -> tuple[str, list[str], dict[str, Any]]:
     spec = catalog.model(plan(name).model)
-    options: dict[str, Any] = {"config": config or catalog.config_json(spec)}
+    options: dict[str, Any] = {"config": config or model_config.config_json(spec)}
     if engine_of(name) == "vllm":
         options["engine_config"] = True
     return engine_of(name), list(server(name).argv), options
@@ -80,7 +80,7 @@ def request(
 def verdicts() -> dict[str, ParseResult]:
     """Every case and variant checked once, several checker processes at a time."""
     names = [*CASES, *VARIANTS]
-    k3 = {**catalog.config_json(catalog.model("moonshotai/Kimi-K2.5"))}
+    k3 = {**model_config.config_json(catalog.model("moonshotai/Kimi-K2.5"))}
     k3["architectures"] = ["KimiK9ForConditionalGeneration"]
     jobs = {name: request(name) for name in names}
     jobs["unknown-architecture"] = request("family-k2.5-vllm-tp8", k3)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from k2provision.core import catalog
+from k2provision.core import catalog, model_config
 from k2provision.core.catalog import GIB
 from k2provision.core.model_config import ConfigProblems, spec_from_config
 from k2provision.core.records import ModelSpec
@@ -25,7 +25,7 @@ def spec_of(config: Any) -> ModelSpec:
 
 def test_every_catalog_model_round_trips_through_its_config_json() -> None:
     for spec in catalog.MODELS.values():
-        config = json.loads(json.dumps(catalog.config_json(spec)))
+        config = json.loads(json.dumps(model_config.config_json(spec)))
         again = spec_from_config(BASE.model_copy(update={"id": spec.id}), config)
         assert again.quantization == spec.quantization
         assert again.vision == spec.vision
@@ -46,7 +46,7 @@ def test_catalog_sizes_match_the_published_checkpoints() -> None:
 
 
 def test_k25_form_reads_text_config_and_its_quantization() -> None:
-    config = catalog.config_json(catalog.model("moonshotai/Kimi-K2.5"))
+    config = model_config.config_json(catalog.model("moonshotai/Kimi-K2.5"))
     del config["quantization_config"]  # only the nested one: it must still be found
     spec = spec_of(config)
     assert spec.architectures == ("KimiK25ForConditionalGeneration",)
@@ -60,7 +60,7 @@ def test_k25_form_reads_text_config_and_its_quantization() -> None:
 
 def test_int4_is_never_sized_as_fp8() -> None:
     # A K2.5 config.json given for the FP8 K2-Instruct entry: its formats win.
-    config = catalog.config_json(catalog.model("moonshotai/Kimi-K2-Thinking"))
+    config = model_config.config_json(catalog.model("moonshotai/Kimi-K2-Thinking"))
     spec = spec_of(config)
     fp8 = catalog.weights(BASE).routed_experts
     int4 = catalog.weights(spec).routed_experts
@@ -68,7 +68,7 @@ def test_int4_is_never_sized_as_fp8() -> None:
 
 
 def test_group_size_changes_the_size() -> None:
-    config = catalog.config_json(catalog.model("moonshotai/Kimi-K2-Thinking"))
+    config = model_config.config_json(catalog.model("moonshotai/Kimi-K2-Thinking"))
     config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 128
     spec = spec_of(config)
     assert spec.quantization.routed_experts.bytes_per_param == pytest.approx(0.5 + 2 / 128)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k2provision.core.catalog import MODELS, config_json
+from k2provision.core.catalog import MODELS
+from k2provision.core.model_config import config_json
 from k2provision.weights.kernel import common, events
 
 DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
