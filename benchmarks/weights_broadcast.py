@@ -62,8 +62,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from k2provision.weights.manifest import Manifest, manifest_from_dir
-from tests.relay_harness import (
+from benchmarks.relay_harness import (
     BroadcastResult,
     Launcher,
     Target,
@@ -74,6 +73,7 @@ from tests.relay_harness import (
     ssh_launcher,
     write_shards,
 )
+from k2provision.weights.manifest import Manifest, manifest_from_dir
 
 PREFIX = "k2wb"
 PORT = 29517

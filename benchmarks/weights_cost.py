@@ -44,8 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.relay_harness import BroadcastResult, Target, broadcast, write_shards
 from k2provision.weights.manifest import Manifest, manifest_from_dir
-from tests.relay_harness import BroadcastResult, Target, broadcast, write_shards
 
 GB = 1e9
 STAGES = ("receive", "hash", "write", "forward")
