@@ -552,6 +552,20 @@ class Broadcast:
         )
 
 
+def failure(result: BroadcastResult, hosts: int = 3) -> str:
+    """Why a run is not ok, in one line: the seed's status and the first ``hosts`` hosts that
+    are not ok with their messages; "" for a run that is ok."""
+    parts = []
+    if result.seed_status != "ok":
+        parts.append(f"seed {result.seed_status}: {result.seed_message or 'no message'}")
+    bad = [h for h in result.hosts if not h.ok]
+    if bad:
+        named = "; ".join(f"{h.name} {h.status}: {h.message or 'no message'}" for h in bad[:hosts])
+        more = f"; {len(bad) - hosts} more" if len(bad) > hosts else ""
+        parts.append(f"{len(bad)} of {len(result.hosts)} hosts not ok ({named}{more})")
+    return "; ".join(parts)
+
+
 def broadcast(
     manifest: Manifest, source: Path, targets: Sequence[Target], **options: Any
 ) -> BroadcastResult:
