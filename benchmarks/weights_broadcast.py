@@ -558,6 +558,47 @@ def run_one(
     return Run(result, events, start, busy, os.getloadavg()[0], wait.waited())
 
 
+def report(n: int, mode: str, mbit: float, total: int, run: Run, why: str, outcome: Outcome
+           ) -> dict[str, Any]:  # fmt: skip
+    """Print one run: its figures, or (``why`` not empty) NOT OK and the reason, no figure.
+    Returns its row for the JSON file and the table (an efficiency only when it is ok)."""
+    row: dict[str, Any] = {"hosts": n, "mode": mode, "mbit": mbit, "bytes": total,
+                           "ok": not why, "busy": run.busy, "waited": run.waited,
+                           "relay_share": run.relay_share, "load": run.load}  # fmt: skip
+    if why:
+        row["reason"] = why
+        outcome.not_ok(f"N={n} {mode}", why)
+        return row
+    e = efficiency(total, mbit, run.result.seconds)
+    row.update(seconds=run.result.seconds, efficiency=e)
+    print(f"{n:>3} {mode:<7} {mbit:>7.1f} {total / 1e6:>7.1f} {run.result.seconds:>8.2f}"
+          f" {e:>10.3f}", file=outcome.out, flush=True)  # fmt: skip
+    ph = None
+    if mode == "chain":
+        end = run.start + run.result.seconds
+        ph = phases(run.events, f"h{n}", run.start, end, total, mbit * 1e6 / 8)
+        row["phases"] = asdict(ph) if ph else None
+    where = f"{ph.line()}; " if ph else ""
+    print(f"    {where}{run.machine()}", file=outcome.out, flush=True)
+    return row
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The results table: one line per N whose chain and fan-out runs are both ok."""
+    lines = []
+    for n in dict.fromkeys(r["hosts"] for r in rows):
+        ok = {r["mode"]: r for r in rows if r["hosts"] == n and r["ok"]}
+        if "chain" not in ok or "fanout" not in ok:
+            continue
+        ce, fe = ok["chain"]["efficiency"], ok["fanout"]["efficiency"]
+        cells = [f"{ok['chain']['mbit']:.1f}", f"{ce:.3f}", f"{fe:.3f}", f"{fe * n:.2f}"]
+        lines.append(f"| {n} | {' | '.join(cells)} | {ce / fe:.2f}x |")
+    if not lines:
+        return []
+    return ["", "| hosts | link Mbit/s | chain | fan-out | fan-out x N | chain / fan-out |",
+            "| --- | --- | --- | --- | --- | --- |", *lines]  # fmt: skip
+
+
 def lab_space(hosts: Sequence[Host], plan: dict[int, int]) -> dict[int, str]:
     """For hosts on this machine (netns, local): N -> why the space is short ("" if not)."""
     short: dict[int, str] = {}
@@ -720,25 +761,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" again at {mbit / 2:.1f} Mbit/s", flush=True)  # fmt: skip
             mbit, size = mbit / 2, size // 2
         for mode, (run, total, why) in done.items():
-            row: dict[str, Any] = {"hosts": n, "mode": mode, "mbit": mbit, "bytes": total,
-                                   "ok": not why, "busy": run.busy, "waited": run.waited,
-                                   "relay_share": run.relay_share, "load": run.load}  # fmt: skip
-            rows.append(row)
-            if why:
-                row["reason"] = why
-                outcome.not_ok(f"N={n} {mode}", why)
-                continue
-            e = efficiency(total, mbit, run.result.seconds)
-            row.update(seconds=run.result.seconds, efficiency=e)
-            print(f"{n:>3} {mode:<7} {mbit:>7.1f} {total / 1e6:>7.1f} {run.result.seconds:>8.2f}"
-                  f" {e:>10.3f}", flush=True)  # fmt: skip
-            ph = None
-            if mode == "chain":
-                end = run.start + run.result.seconds
-                ph = phases(run.events, f"h{n}", run.start, end, total, mbit * 1e6 / 8)
-                row["phases"] = asdict(ph) if ph else None
-            where = f"{ph.line()}; " if ph else ""
-            print(f"    {where}{run.machine()}", flush=True)
+            rows.append(report(n, mode, mbit, total, run, why, outcome))
         ok = {r["mode"]: r for r in rows if r["hosts"] == n and r["ok"]}
         if "chain" in ok and "fanout" in ok:
             ratio = ok["chain"]["efficiency"] / ok["fanout"]["efficiency"]
@@ -746,15 +769,8 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)  # fmt: skip
     print(f"\nwhole run: {time.monotonic() - started_all:.0f} s;"
           f" load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-    table = [(n, {r["mode"]: r for r in rows if r["hosts"] == n and r["ok"]}) for n in args.hosts]
-    table = [(n, ok) for n, ok in table if "chain" in ok and "fanout" in ok]
-    if table:
-        print("\n| hosts | link Mbit/s | chain | fan-out | fan-out x N | chain / fan-out |")
-        print("| --- | --- | --- | --- | --- | --- |")
-    for n, ok in table:
-        ce, fe = ok["chain"]["efficiency"], ok["fanout"]["efficiency"]
-        cells = [f"{ok['chain']['mbit']:.1f}", f"{ce:.3f}", f"{fe:.3f}", f"{fe * n:.2f}"]
-        print(f"| {n} | {' | '.join(cells)} | {ce / fe:.2f}x |")
+    for line in markdown_table(rows):
+        print(line)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     cleanup()
