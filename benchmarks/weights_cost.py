@@ -123,11 +123,16 @@ print(json.dumps({"bytes": moved, "user": u.ru_utime, "sys": u.ru_stime}), flush
 def raw_chain(files: list[Path]) -> dict[str, Any]:
     """seed -> fwd -> sink with the raw hops; seconds from the seed's start to the sink's end."""
     py = sys.executable
-    sink = subprocess.Popen([py, "-c", RAW, "sink", "0"], stdout=subprocess.PIPE, text=True)
+    sink = subprocess.Popen(
+        [py, "-c", RAW, "sink", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert sink.stdout is not None
     sink_port = json.loads(sink.stdout.readline())["port"]
     fwd = subprocess.Popen(
-        [py, "-c", RAW, "fwd", "0", str(sink_port)], stdout=subprocess.PIPE, text=True
+        [py, "-c", RAW, "fwd", "0", str(sink_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert fwd.stdout is not None
     fwd_port = json.loads(fwd.stdout.readline())["port"]
@@ -141,12 +146,15 @@ def raw_chain(files: list[Path]) -> dict[str, Any]:
     sink_out, sink_err = sink.communicate(timeout=600)
     seconds = time.monotonic() - t0
     total = sum(f.stat().st_size for f in files)
-    hops = {"seed": (seed, seed.stdout, seed.stderr), "h1": (fwd, fwd_out, fwd_err),
-            "h2": (sink, sink_out, sink_err)}  # fmt: skip
+    hops: dict[str, tuple[int, str, str]] = {
+        "seed": (seed.returncode, seed.stdout, seed.stderr),
+        "h1": (fwd.returncode, fwd_out, fwd_err),
+        "h2": (sink.returncode, sink_out, sink_err),
+    }
     out: dict[str, Any] = {"seconds": seconds}
-    for name, (proc, stdout, stderr) in hops.items():
-        if proc.returncode != 0 or not stdout.strip():
-            raise NotOk(f"raw chain: {name} exited {proc.returncode}: {stderr.strip()[-300:]}")
+    for name, (code, stdout, stderr) in hops.items():
+        if code != 0 or not stdout.strip():
+            raise NotOk(f"raw chain: {name} exited {code}: {stderr.strip()[-300:]}")
         out[name] = json.loads(stdout.splitlines()[-1])
         if out[name]["bytes"] != total:
             raise NotOk(f"raw chain: {name} moved {out[name]['bytes']} of {total} bytes")
