@@ -66,7 +66,7 @@ def a_run(res: BroadcastResult, waited: float = 0.0) -> wb.Run:
 def test_failure_names_the_bad_hosts_and_why() -> None:
     assert failure(result("ok", "ok")) == ""
     reason = failure(result("ok", "incomplete", seed="incomplete"))
-    assert reason.startswith("seed incomplete")
+    assert reason.startswith("seed incomplete; ")
     assert "1 of 2 hosts not ok (h2 incomplete: model-1-of-2.safetensors: No space left)" in reason
 
 
