@@ -6,7 +6,8 @@ one run:
     over one parallel SSH session per host);
   - the least a playbook run per question costs: one ad-hoc `ansible` command (`docker ps`) on
     every host with the project's ansible.cfg;
-and prints the times and their ratio. Needs root (the lab). Usage:
+and prints the times and their ratio. Any step that fails ends the benchmark with NOT OK and its
+reason, no figure, exit 1. Needs root (the lab). Usage:
 
     .venv/bin/python benchmarks/status_speed.py [--hosts 16] [--rounds 3]
 """
@@ -20,23 +21,25 @@ import time
 
 import dp_ep_lab
 from dp_ep_lab import BIN, ROOT, WRITE_CHECKPOINT, ansible_env
+from outcome import NotOk
+from outcome import run as run_main
 
 import k2lab as lab
 
 
 def timed(argv: list[str], expect: int = 0) -> float:
-    """Run argv from the repository root; its wall time, or exit with its output."""
+    """Run argv from the repository root; its wall time, or NotOk with its output."""
     started = time.monotonic()
     out = subprocess.run(argv, cwd=ROOT, env=ansible_env(ROOT / "ansible.cfg"),
                          capture_output=True, text=True)
     elapsed = time.monotonic() - started
     if out.returncode != expect:
-        sys.exit(f"{' '.join(argv[:3])} exited {out.returncode}:\n{out.stdout[-3000:]}"
-                 f"{out.stderr[-2000:]}")
+        raise NotOk(f"{' '.join(argv[:3])} exited {out.returncode}, not {expect}:\n"
+                    f"{out.stdout[-3000:]}{out.stderr[-2000:]}")  # fmt: skip
     return elapsed
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
@@ -44,8 +47,11 @@ def main() -> None:
     state, inventory, cfg = dp_ep_lab.up(args.hosts, name="k2stat", subnet="10.80.0.0/24")
     try:
         for host in state.hosts:
-            subprocess.run(lab.ssh_command(state, host.name, WRITE_CHECKPOINT),
-                           check=True, capture_output=True)
+            out = subprocess.run(lab.ssh_command(state, host.name, WRITE_CHECKPOINT),
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                raise NotOk(f"checkpoint stub on {host.name} exited {out.returncode}:"
+                            f" {out.stderr[-1000:]}")  # fmt: skip
         timed([str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml",
                "--tags", "launch,verify"])
         status = [str(BIN / "k2provision"), "status", str(inventory)]
@@ -64,7 +70,8 @@ def main() -> None:
     print(f"{'ansible ad-hoc docker ps (one command)':<44}{best['ansible']:>8.1f}")
     print(f"status answers in {best['status'] / best['ansible']:.2f}x the time of one "
           "ad-hoc Ansible command")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -23,7 +23,9 @@ projects the per-hop rate on a host with C free cores:
 
     rate(C, S) = min(C / (CPU-s per GB of the hop), S / (CPU-s per GB of its busiest stage))
 
-since every stage of one stream runs in one thread (S streams: S threads). Example::
+since every stage of one stream runs in one thread (S streams: S threads). A run that is not
+ok (a relay run that fails, a raw hop that exits non-zero or moves other than the set's bytes)
+ends the benchmark with ``NOT OK`` and its reason, before any figure; it exits 1. Example::
 
     .venv/bin/python benchmarks/weights_cost.py --size-mb 1024 --files 4 --repeat 3
 """
@@ -44,8 +46,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.outcome import NotOk
+from benchmarks.outcome import run as run_main
+from benchmarks.relay_harness import BroadcastResult, Target, broadcast, failure, write_shards
 from k2provision.weights.manifest import Manifest, manifest_from_dir
-from tests.relay_harness import BroadcastResult, Target, broadcast, write_shards
 
 GB = 1e9
 STAGES = ("receive", "hash", "write", "forward")
@@ -119,11 +123,16 @@ print(json.dumps({"bytes": moved, "user": u.ru_utime, "sys": u.ru_stime}), flush
 def raw_chain(files: list[Path]) -> dict[str, Any]:
     """seed -> fwd -> sink with the raw hops; seconds from the seed's start to the sink's end."""
     py = sys.executable
-    sink = subprocess.Popen([py, "-c", RAW, "sink", "0"], stdout=subprocess.PIPE, text=True)
+    sink = subprocess.Popen(
+        [py, "-c", RAW, "sink", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert sink.stdout is not None
     sink_port = json.loads(sink.stdout.readline())["port"]
     fwd = subprocess.Popen(
-        [py, "-c", RAW, "fwd", "0", str(sink_port)], stdout=subprocess.PIPE, text=True
+        [py, "-c", RAW, "fwd", "0", str(sink_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert fwd.stdout is not None
     fwd_port = json.loads(fwd.stdout.readline())["port"]
@@ -132,17 +141,24 @@ def raw_chain(files: list[Path]) -> dict[str, Any]:
         [py, "-c", RAW, "seed", str(fwd_port), *map(str, files)],
         capture_output=True,
         text=True,
-        check=True,
     )
-    fwd_out, _ = fwd.communicate(timeout=600)
-    sink_out, _ = sink.communicate(timeout=600)
+    fwd_out, fwd_err = fwd.communicate(timeout=600)
+    sink_out, sink_err = sink.communicate(timeout=600)
     seconds = time.monotonic() - t0
-    return {
-        "seconds": seconds,
-        "seed": json.loads(seed.stdout.splitlines()[-1]),
-        "h1": json.loads(fwd_out.splitlines()[-1]),
-        "h2": json.loads(sink_out.splitlines()[-1]),
+    total = sum(f.stat().st_size for f in files)
+    hops: dict[str, tuple[int, str, str]] = {
+        "seed": (seed.returncode, seed.stdout, seed.stderr),
+        "h1": (fwd.returncode, fwd_out, fwd_err),
+        "h2": (sink.returncode, sink_out, sink_err),
     }
+    out: dict[str, Any] = {"seconds": seconds}
+    for name, (code, stdout, stderr) in hops.items():
+        if code != 0 or not stdout.strip():
+            raise NotOk(f"raw chain: {name} exited {code}: {stderr.strip()[-300:]}")
+        out[name] = json.loads(stdout.splitlines()[-1])
+        if out[name]["bytes"] != total:
+            raise NotOk(f"raw chain: {name} moved {out[name]['bytes']} of {total} bytes")
+    return out
 
 
 def hash_limit(files: list[Path]) -> dict[str, float]:
@@ -179,7 +195,8 @@ def relay_chain(
         grace=30.0,
     )
     if not result.ok:
-        raise SystemExit(f"relay run failed: {result}")
+        way = " ".join([*extra, f"--streams {streams}"])
+        raise NotOk(f"relay chain ({way}): {failure(result)}")
     for t in targets:
         shutil.rmtree(t.dest, ignore_errors=True)
     return result
@@ -340,4 +357,4 @@ if __name__ == "__main__":
     if not hasattr(os, "splice"):
         sys.exit("this benchmark's raw baseline needs os.splice (Linux, Python 3.10+)")
     socket.setdefaulttimeout(None)
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -18,6 +18,17 @@ from typing import Any
 
 import pytest
 
+from benchmarks.relay_harness import (
+    RELAY_SCRIPT,
+    Broadcast,
+    BroadcastResult,
+    RelayEvent,
+    Target,
+    broadcast,
+    fanout,
+    local_launcher,
+    write_shards,
+)
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils.k2_weights.relay.output import (  # noqa: E501
     Emitter,
 )
@@ -31,17 +42,6 @@ from k2provision.weights.manifest import (
     load_stored_manifest,
     manifest_from_dir,
     manifest_from_hub_info,
-)
-from tests.relay_harness import (
-    RELAY_SCRIPT,
-    Broadcast,
-    BroadcastResult,
-    RelayEvent,
-    Target,
-    broadcast,
-    fanout,
-    local_launcher,
-    write_shards,
 )
 
 SHARD = 1 << 20

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.relay_harness import write_shard
 from k2provision.weights import kernel
 from k2provision.weights.manifest import (
     Manifest,
@@ -29,7 +30,6 @@ from k2provision.weights.manifest import (
     save_manifest,
 )
 from k2provision.weights.relay_app import relay_app
-from tests.relay_harness import write_shard
 
 SHA = "a" * 64
 

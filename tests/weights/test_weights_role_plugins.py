@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.relay_harness import write_shard
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.action import (
     weights_hub,
     weights_wait,
@@ -26,7 +27,6 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.modu
 )
 from k2provision.weights import kernel, progress
 from k2provision.weights.manifest import ManifestError, manifest_from_dir
-from tests.relay_harness import write_shard
 
 TOKEN = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"
 

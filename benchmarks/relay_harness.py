@@ -552,6 +552,33 @@ class Broadcast:
         )
 
 
+def _why(host: HostResult) -> str:
+    if host.message:
+        return host.message
+    if host.failed:
+        return f"{host.failed[0].name}: {host.failed[0].reason}"
+    if host.missing:
+        return f"{len(host.missing)} file(s) missing"
+    return "no message"
+
+
+def failure(result: BroadcastResult, hosts: int = 3) -> str:
+    """Why a run is not ok, in one line: the seed's status and the first ``hosts`` hosts that
+    are not ok with their messages; "" for a run that is ok."""
+    parts = []
+    bad = [h for h in result.hosts if not h.ok]
+    if result.seed_status != "ok":
+        said = result.seed_message
+        if bad and said.endswith("hosts not ok"):
+            said = ""  # the hosts below say it, with their reasons
+        parts.append(f"seed {result.seed_status}" + (f": {said}" if said else ""))
+    if bad:
+        named = "; ".join(f"{h.name} {h.status}: {_why(h)}" for h in bad[:hosts])
+        more = f"; {len(bad) - hosts} more" if len(bad) > hosts else ""
+        parts.append(f"{len(bad)} of {len(result.hosts)} hosts not ok ({named}{more})")
+    return "; ".join(parts)
+
+
 def broadcast(
     manifest: Manifest, source: Path, targets: Sequence[Target], **options: Any
 ) -> BroadcastResult:

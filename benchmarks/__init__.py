@@ -1,0 +1,1 @@
+"""Benchmarks (scripts, not tests) and what they share with the tests: the relay harness."""
