@@ -344,7 +344,10 @@ def fetch_hub_manifest(
             from huggingface_hub import HfApi
         except ImportError:
             raise ManifestError(
-                ["huggingface_hub is not installed; install k2provision[hub] on the controller"]
+                [
+                    "huggingface_hub is not installed on the controller; fix: pip install "
+                    "'k2provision[hub]' (or huggingface_hub) in the controller's environment"
+                ]
             ) from None
         api = HfApi()
     try:
