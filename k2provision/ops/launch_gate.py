@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from k2provision.core.records import HealthGate, Process
-from k2provision.plan.containers import exec_log_path, exec_pid_path
+from k2provision.ops.host_probe import log_command, log_source
+from k2provision.plan.containers import exec_pid_path
 
 LOG_LINES = 50
 # Container states that mean "not started yet" rather than "gone".
@@ -134,16 +135,7 @@ def gate_passed(gate: HealthGate, result: str | None) -> bool:
 
 def logs_command(process: Process, lines: int = LOG_LINES) -> str:
     """The process's last `lines` log lines: its container's log, or an exec'd process's file."""
-    container = shlex.quote(process.container)
-    if process.exec_in:
-        return f"docker exec {container} tail -n {lines} {exec_log_path(process)} 2>&1"
-    return f"docker logs --tail {lines} {container} 2>&1"
-
-
-def log_source(process: Process) -> str:
-    if process.exec_in:
-        return f"{exec_log_path(process)} in container {process.container}"
-    return f"docker logs {process.container}"
+    return f"{log_command(process, lines)} 2>&1"
 
 
 def failure(

@@ -14,15 +14,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 from k2provision.core.records import HealthGate, HostPlan, Plan, Process
-from k2provision.ops.log_sources import log_command
+from k2provision.ops.host_probe import MARK, Section, log_command, log_section, parse_sections
 from k2provision.plan.containers import LABEL_HASH, exec_pid_path, spec_hash
 
-MARK = "@@k2"
 LOG_TAIL = 200
 GATE_TIMEOUT_S = 5
 _ERROR_LINE = re.compile(
@@ -43,15 +42,6 @@ _GATE_PROBE = (
 
 def _q(word: str) -> str:
     return shlex.quote(word)
-
-
-def log_section(name: str, command: str) -> str:
-    """Shell lines printing a marked section with `command`'s output, each output line behind
-    `|` (so no log line reads as a marker), then its exit code."""
-    return (
-        f"echo '{MARK} log {name}'; {{ {command} 2>&1; echo \"{MARK} rc $?\"; }} "
-        f"| sed '/^{MARK} rc /!s/^/|/'"
-    )
 
 
 def _gate_command(process: Process, gate: HealthGate) -> str:
@@ -94,36 +84,6 @@ def probe_script(host: HostPlan) -> str:
         lines.append(log_section(p.name, log_command(p, LOG_TAIL)))
     lines.append(f"echo '{MARK} end'")
     return "\n".join(lines) + "\n"
-
-
-@dataclass
-class Section:
-    """One part of a probe's answer: its text and the exit code the script noted."""
-
-    text: list[str] = field(default_factory=list)
-    rc: int | None = None
-
-
-def parse_sections(output: str) -> dict[tuple[str, str], Section]:
-    """A probe's output -> {(kind, process name): section}; ('now', '') etc. for host parts."""
-    sections: dict[tuple[str, str], Section] = {}
-    current: Section | None = None
-    for line in output.splitlines():
-        if line.startswith(f"{MARK} "):
-            words = line.split(" ", 2)[1:]
-            kind = words[0]
-            arg = words[1] if len(words) > 1 else ""
-            if kind == "rc" and current is not None:
-                current.rc = int(arg) if arg.lstrip("-").isdigit() else None
-                continue
-            if kind == "now":
-                sections[("now", "")] = current = Section([arg])
-                continue
-            sections[(kind, arg)] = current = Section()
-            continue
-        if current is not None:
-            current.text.append(line[1:] if line.startswith("|") else line)
-    return sections
 
 
 def parse_time(text: str) -> float | None:
