@@ -1,9 +1,10 @@
 """Asking a host about its planned processes: the shell commands and the answer's format. Pure.
 
 The launch gate (launch_gate.py), `status` (status_probe.py) and `logs` (log_sources.py) all
-ask a host the same things over one shell: a process's log, and the marked sections an answer
-comes back in. This module builds those commands and splits those answers; the callers judge
-what they mean.
+ask a host the same things over one shell: what a health gate's URL answers (asked on the host,
+where the engine's address is reachable), whether an exec'd process lives, a process's log, and
+the marked sections an answer comes back in. This module builds those commands and reads their
+answers; the callers judge what they mean.
 """
 
 from __future__ import annotations
@@ -12,9 +13,51 @@ import shlex
 from dataclasses import dataclass, field
 
 from k2provision.core.records import Process
-from k2provision.plan.containers import exec_log_path
+from k2provision.plan.containers import exec_log_path, exec_pid_path
 
 MARK = "@@k2"
+URL_TIMEOUT_S = 5
+_URL_PROBE = (
+    "import sys, urllib.request as u\n"
+    "try:\n"
+    "    print(u.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status)\n"
+    "except u.HTTPError as e:\n"
+    "    print(e.code)\n"
+    "except Exception as e:\n"
+    "    print('no answer', getattr(e, 'reason', e))\n"
+)
+
+
+# ---------------------------------------------------------------- health and liveness
+
+
+def url_probe(url: str, python: str = "python3", timeout_s: float = URL_TIMEOUT_S) -> str:
+    """The shell command printing the HTTP status `url` answers on the host, or `no answer
+    <reason>` when none comes within `timeout_s` (stdlib only: any python3 on the host)."""
+    q = shlex.quote
+    return f"{q(python)} -c {q(_URL_PROBE)} {q(url)} {timeout_s:g}"
+
+
+def exec_liveness(process: Process) -> str:
+    """The shell command printing one line on whether an exec'd process lives: `running
+    <start>` (its pid answers; <start> is its pid file's mtime in Unix seconds), `starting` (no
+    pid file yet) or `exited` (its pid is gone, or its container is)."""
+    pid = exec_pid_path(process)
+    check = (
+        f"pid=$(cat {pid} 2>/dev/null) || {{ echo starting; exit 0; }}; "
+        f'if kill -0 "$pid" 2>/dev/null; then echo running $(stat -c %Y {pid}); '
+        "else echo exited; fi"
+    )
+    container = shlex.quote(process.container)
+    return f"docker exec {container} sh -c {shlex.quote(check)} 2>/dev/null || echo exited"
+
+
+def parse_liveness(text: str) -> tuple[str, int | None]:
+    """An `exec_liveness` answer -> (running, starting or exited; start time when running)."""
+    words = text.split()
+    state = words[0] if words and words[0] in {"running", "starting"} else "exited"
+    started = words[1] if state == "running" and len(words) > 1 else ""
+    return state, int(started) if started.isdigit() else None
 
 
 # ---------------------------------------------------------------- logs
