@@ -25,7 +25,8 @@ import typer
 from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import InventoryArg
 from k2provision.errors import K2Error
-from k2provision.ops.log_sources import LogSource, log_command, select_sources, since_problem
+from k2provision.ops.host_probe import MARK, log_command, log_section, parse_sections
+from k2provision.ops.log_sources import LogSource, select_sources, since_problem
 from k2provision.ops.remote import (
     SshTarget,
     Stream,
@@ -34,7 +35,7 @@ from k2provision.ops.remote import (
     run_all,
     ssh_inventory,
 )
-from k2provision.ops.status_probe import MARK, log_section, parse_sections, plain_line
+from k2provision.ops.status_probe import plain_line
 from k2provision.run.display import print_warnings
 
 SNAPSHOT_TIMEOUT_S = 60.0

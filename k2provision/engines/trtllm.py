@@ -29,6 +29,7 @@ from pathlib import PurePosixPath
 import yaml
 
 from k2provision.core.records import HostSpec, LaunchValue, PoolPlan, Process
+from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.core.templating import render_template
 from k2provision.engines.base import Deployment, HostRender
 from k2provision.engines.common import (
@@ -257,8 +258,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     files = {
         paths.extra_options: options_yaml(extra_llm_api_options(deployment)),
         paths.sshd_start: render_template("trtllm/sshd-start.sh.j2", **template_vars),
-        paths.sshd_config: render_template("trtllm/sshd_config.j2", **template_vars),
-        paths.ssh_config: render_template("trtllm/ssh_config.j2", **template_vars),
+        **mesh_ssh_configs(paths.ssh_dir, t.ssh_port, CONTAINER, SSH_SESSION_ENV),
     }
     sshd = Process(
         name="sshd",

@@ -17,22 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from k2provision.core.records import HealthGate, Process
-from k2provision.plan.containers import exec_log_path, exec_pid_path
+from k2provision.ops.host_probe import exec_liveness, log_command, log_source, url_probe
 
 LOG_LINES = 50
 # Container states that mean "not started yet" rather than "gone".
 STARTING_STATES = frozenset({"created", "configured", "initialized"})
 # An exec'd process whose pid file is still missing after this long never started.
 PID_GRACE_S = 15.0
-_URL_PROBE = (
-    "import sys, urllib.request, urllib.error\n"
-    "try:\n"
-    "    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\n"
-    "except urllib.error.HTTPError as e:\n"
-    "    print(e.code)\n"
-    "except Exception as e:\n"
-    "    print('error', type(e).__name__)\n"
-)
 
 
 @dataclass(frozen=True)
@@ -70,20 +61,13 @@ def gate_timeout(gate: HealthGate, cap_s: int) -> int:
 
 
 def probe_command(processes: Sequence[Process], python: str = "python3") -> str:
-    """One shell command printing `S<i> <state> <code>` per process and `G<i> <result>` per
-    health gate (an HTTP status, `error <kind>`, or a command's exit status)."""
+    """One shell command printing `S<i> <state> [<code>]` per process and `G<i> <result>` per
+    health gate (an HTTP status, `no answer <reason>`, or a command's exit status)."""
     parts: list[str] = []
     for i, p in enumerate(processes):
         container = shlex.quote(p.container)
         if p.exec_in:
-            check = (
-                f'pid=$(cat {exec_pid_path(p)} 2>/dev/null) || {{ echo starting; exit 0; }}; '
-                'if kill -0 "$pid" 2>/dev/null; then echo running; else echo exited; fi'
-            )
-            parts.append(
-                f"echo S{i} $(docker exec {container} sh -c {shlex.quote(check)} 2>/dev/null "
-                "|| echo exited) ?"
-            )
+            parts.append(f"echo S{i} $({exec_liveness(p)})")
         else:
             parts.append(
                 f"echo S{i} $(docker container inspect -f "
@@ -94,10 +78,8 @@ def probe_command(processes: Sequence[Process], python: str = "python3") -> str:
         if gate is None:
             continue
         if gate.url is not None:
-            parts.append(
-                f"echo G{i} $({shlex.quote(python)} -c {shlex.quote(_URL_PROBE)} "
-                f"{shlex.quote(gate.url)} 2>/dev/null || echo error probe)"
-            )
+            probe = url_probe(gate.url, python)
+            parts.append(f'echo G{i} "$({probe} 2>/dev/null || echo error probe)"')
         else:
             parts.append(
                 f"docker exec {container} {shlex.join(gate.command)} >/dev/null 2>&1; "
@@ -118,7 +100,8 @@ def parse_probe(stdout: str) -> tuple[dict[int, ProcState], dict[int, str]]:
         if words[0][0] == "S":
             state = words[1]
             state = "starting" if state in STARTING_STATES else state
-            states[index] = ProcState(state, words[2] if len(words) > 2 else "")
+            code = words[2] if len(words) > 2 and state not in {"running", "starting"} else ""
+            states[index] = ProcState(state, code)
         elif words[0][0] == "G":
             gates[index] = " ".join(words[1:])
     return states, gates
@@ -134,16 +117,7 @@ def gate_passed(gate: HealthGate, result: str | None) -> bool:
 
 def logs_command(process: Process, lines: int = LOG_LINES) -> str:
     """The process's last `lines` log lines: its container's log, or an exec'd process's file."""
-    container = shlex.quote(process.container)
-    if process.exec_in:
-        return f"docker exec {container} tail -n {lines} {exec_log_path(process)} 2>&1"
-    return f"docker logs --tail {lines} {container} 2>&1"
-
-
-def log_source(process: Process) -> str:
-    if process.exec_in:
-        return f"{exec_log_path(process)} in container {process.container}"
-    return f"docker logs {process.container}"
+    return f"{log_command(process, lines)} 2>&1"
 
 
 def failure(

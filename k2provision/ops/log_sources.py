@@ -1,20 +1,16 @@
-"""Which planned processes `logs TARGET` reads, and the shell commands that read them. Pure.
+"""Which planned processes `logs TARGET` reads, and which --since it takes. Pure.
 
-A process that is a container's main command logs to the container (`docker logs`); a process
-exec'd inside a container (Process.exec_in) appends its output to a file inside it
-(containers.exec_log_path), read with `docker exec CONTAINER tail`.
+The commands that read them are host_probe.log_command's.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from k2provision.core.records import Plan, Process
 from k2provision.errors import K2Error
-from k2provision.plan.containers import exec_log_path
 
 POOLS = ("nodes", "prefill", "decode")
 ROUTER = "router"
@@ -82,28 +78,3 @@ def since_problem(since: str) -> str:
         f"--since {since}: expected a duration (10m, 1h30m), a time (2026-01-31T12:00:00Z) "
         "or Unix seconds"
     )
-
-
-def log_command(
-    process: Process, tail: int | None = None, since: str | None = None, follow: bool = False
-) -> str:
-    """The shell command that prints a process's log (stdout and stderr interleaved).
-
-    An exec'd process's file has no timestamps: `since` does not apply to it. Following it
-    ends the container-side `tail` when the caller goes away (its stdin closes)."""
-    container = shlex.quote(process.container)
-    if process.exec_in:
-        count = f"-n {tail}" if tail is not None else "-n +1"
-        path = shlex.quote(exec_log_path(process))
-        if follow:
-            inner = f"tail {count} -F {path} & t=$!; cat >/dev/null; kill $t"
-            return f"docker exec -i {container} sh -c {shlex.quote(inner)}"
-        return f"docker exec {container} tail {count} {path}"
-    words = ["docker", "logs"]
-    if follow:
-        words.append("--follow")
-    if tail is not None:
-        words += ["--tail", str(tail)]
-    if since:
-        words += ["--since", shlex.quote(since)]
-    return " ".join([*words, container])

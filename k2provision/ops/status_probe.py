@@ -14,15 +14,23 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 from k2provision.core.records import HealthGate, HostPlan, Plan, Process
-from k2provision.ops.log_sources import log_command
-from k2provision.plan.containers import LABEL_HASH, exec_pid_path, spec_hash
+from k2provision.ops.host_probe import (
+    MARK,
+    Section,
+    exec_liveness,
+    log_command,
+    log_section,
+    parse_liveness,
+    parse_sections,
+    url_probe,
+)
+from k2provision.plan.containers import LABEL_HASH, spec_hash
 
-MARK = "@@k2"
 LOG_TAIL = 200
 GATE_TIMEOUT_S = 5
 _ERROR_LINE = re.compile(
@@ -30,34 +38,16 @@ _ERROR_LINE = re.compile(
 )
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_GATE_PROBE = (
-    "import sys, urllib.request as u\n"
-    "try:\n"
-    "    print(u.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status)\n"
-    "except u.HTTPError as e:\n"
-    "    print(e.code)\n"
-    "except Exception as e:\n"
-    "    print('no answer', getattr(e, 'reason', e))\n"
-)
 
 
 def _q(word: str) -> str:
     return shlex.quote(word)
 
 
-def log_section(name: str, command: str) -> str:
-    """Shell lines printing a marked section with `command`'s output, each output line behind
-    `|` (so no log line reads as a marker), then its exit code."""
-    return (
-        f"echo '{MARK} log {name}'; {{ {command} 2>&1; echo \"{MARK} rc $?\"; }} "
-        f"| sed '/^{MARK} rc /!s/^/|/'"
-    )
-
-
 def _gate_command(process: Process, gate: HealthGate) -> str:
     if gate.url is not None:
         return (
-            f"python3 -c {_q(_GATE_PROBE)} {_q(gate.url)} {GATE_TIMEOUT_S} 2>&1; echo '{MARK} rc 0'"
+            f"{url_probe(gate.url, timeout_s=GATE_TIMEOUT_S)} 2>&1; echo '{MARK} rc 0'"
         )
     argv = " ".join(_q(a) for a in gate.command)
     return (
@@ -78,12 +68,7 @@ def probe_script(host: HostPlan) -> str:
     for p in host.processes:
         name = _q(p.name)
         if p.exec_in:
-            pid = exec_pid_path(p)
-            alive = f'kill -0 "$(cat {pid})" && stat -c %Y {pid}'
-            lines.append(
-                f"echo '{MARK} alive {name}'; docker exec {_q(p.container)} sh -c {_q(alive)} "
-                f'2>&1; echo "{MARK} rc $?"'
-            )
+            lines.append(f"echo '{MARK} alive {name}'; {exec_liveness(p)}; echo \"{MARK} rc 0\"")
         else:
             lines.append(
                 f"echo '{MARK} inspect {name}'; docker container inspect {_q(p.container)} "
@@ -94,36 +79,6 @@ def probe_script(host: HostPlan) -> str:
         lines.append(log_section(p.name, log_command(p, LOG_TAIL)))
     lines.append(f"echo '{MARK} end'")
     return "\n".join(lines) + "\n"
-
-
-@dataclass
-class Section:
-    """One part of a probe's answer: its text and the exit code the script noted."""
-
-    text: list[str] = field(default_factory=list)
-    rc: int | None = None
-
-
-def parse_sections(output: str) -> dict[tuple[str, str], Section]:
-    """A probe's output -> {(kind, process name): section}; ('now', '') etc. for host parts."""
-    sections: dict[tuple[str, str], Section] = {}
-    current: Section | None = None
-    for line in output.splitlines():
-        if line.startswith(f"{MARK} "):
-            words = line.split(" ", 2)[1:]
-            kind = words[0]
-            arg = words[1] if len(words) > 1 else ""
-            if kind == "rc" and current is not None:
-                current.rc = int(arg) if arg.lstrip("-").isdigit() else None
-                continue
-            if kind == "now":
-                sections[("now", "")] = current = Section([arg])
-                continue
-            sections[(kind, arg)] = current = Section()
-            continue
-        if current is not None:
-            current.text.append(line[1:] if line.startswith("|") else line)
-    return sections
 
 
 def parse_time(text: str) -> float | None:
@@ -310,10 +265,10 @@ def process_status(
     where = f"{host.name}: {process.name} ({process.container})"
     if process.exec_in:
         alive = sections.get(("alive", process.name))
-        running = alive is not None and alive.rc == 0
-        stamp = alive.text[-1].strip() if alive and alive.text else ""
+        liveness, started = parse_liveness(" ".join(alive.text) if alive else "")
+        running = liveness == "running"
         state = "running" if running else "not running"
-        uptime = int(now - int(stamp)) if running and now and stamp.isdigit() else None
+        uptime = int(now - started) if running and now and started is not None else None
         spec, running_hash, restarts = "-", "", None
         if not running:
             problems.append(f"{where}: exec'd process is not running")

@@ -5,7 +5,7 @@ parallel) or from Hugging Face hub metadata (the hub's LFS sha256 of every file)
 saved as JSON beside the weights and in the run records. The relay (relay.pyz) reads the
 same JSON. The number and names of the shards come from the manifest alone.
 
-No network here: ``fetch_hub_manifest`` imports huggingface_hub lazily (optional extra
+No network here: ``hub_model_info`` imports huggingface_hub lazily (optional extra
 ``hub``) and hands the metadata to the pure ``manifest_from_hub_info``.
 """
 
@@ -326,6 +326,28 @@ def manifest_from_hub_info(
     return Manifest(model=str(name_of_model), revision=str(resolved), files=tuple(files))
 
 
+def hub_model_info(repo: str, revision: str, token: str | None = None, api: Any = None) -> Any:
+    """The hub's metadata of ``repo`` at ``revision`` (``files_metadata=True``): the one place
+    that asks the hub. The token goes to the hub client only; any error text is scrubbed of it.
+    """
+    if api is None:
+        try:
+            from huggingface_hub import HfApi
+        except ImportError:
+            raise ManifestError(
+                [
+                    "huggingface_hub is not installed on the controller; fix: pip install "
+                    "'k2provision[hub]' (or huggingface_hub) in the controller's environment"
+                ]
+            ) from None
+        api = HfApi()
+    try:
+        return api.model_info(repo, revision=revision, files_metadata=True, token=token)
+    except Exception as exc:  # the hub client raises many types; all end here, scrubbed
+        text = redact(f"{exc.__class__.__name__}: {exc}", [token])
+        raise ManifestError([f"{repo}@{revision}: cannot read hub metadata ({text})"]) from None
+
+
 def fetch_hub_manifest(
     repo: str,
     revision: str,
@@ -335,23 +357,8 @@ def fetch_hub_manifest(
     local_dir: Path | None = None,
     api: Any = None,
 ) -> Manifest:
-    """Ask the hub for ``repo`` at ``revision`` (metadata only) and build its manifest.
-
-    The token goes to the hub client only; any error text is scrubbed of it.
-    """
-    if api is None:
-        try:
-            from huggingface_hub import HfApi
-        except ImportError:
-            raise ManifestError(
-                ["huggingface_hub is not installed; install k2provision[hub] on the controller"]
-            ) from None
-        api = HfApi()
-    try:
-        info = api.model_info(repo, revision=revision, files_metadata=True, token=token)
-    except Exception as exc:  # the hub client raises many types; all end here, scrubbed
-        text = redact(f"{exc.__class__.__name__}: {exc}", [token])
-        raise ManifestError([f"{repo}@{revision}: cannot read hub metadata ({text})"]) from None
+    """Ask the hub for ``repo`` at ``revision`` (metadata only) and build its manifest."""
+    info = hub_model_info(repo, revision, token, api)
     return manifest_from_hub_info(
         info, model=repo, revision=revision, allow_patterns=allow_patterns, local_dir=local_dir
     )

@@ -118,13 +118,13 @@ def test_probe_asks_for_each_process_and_gate() -> None:
 
 def test_probe_answer_is_read_per_process_and_gate() -> None:
     states, gates = lg.parse_probe(
-        "S0 exited 1\nG0 error URLError\nS1 running ?\nG1 0\nS2 created 0\nnoise\n"
+        "S0 exited 1\nG0 no answer timed out\nS1 running\nG1 0\nS2 created 0\nnoise\n"
     )
     assert states[0].dead
     assert states[0].reason() == "exited with code 1 before passing its health gate"
     assert not states[1].dead
     assert states[2].state == "starting"
-    assert gates == {0: "error URLError", 1: "0"}
+    assert gates == {0: "no answer timed out", 1: "0"}
     assert lg.ProcState("missing").reason() == "its container is gone"
 
 

@@ -16,15 +16,14 @@ from k2provision.commands.status import watch_args
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import HostPlan, Plan
 from k2provision.errors import K2Error
-from k2provision.ops.log_sources import log_command, select_sources, since_problem
+from k2provision.ops.host_probe import MARK, log_command, parse_sections
+from k2provision.ops.log_sources import select_sources, since_problem
 from k2provision.ops.remote import SshTarget, host_key_policy, run_one, ssh_inventory, ssh_target
 from k2provision.ops.status_probe import (
-    MARK,
     host_status,
     human_duration,
     last_error_line,
     model_ids,
-    parse_sections,
     parse_time,
     probe_script,
     readiness_detail,

@@ -19,6 +19,7 @@ from ansible.plugins.action import ActionBase
 from k2provision.errors import K2Error
 from k2provision.weights.manifest import (
     ManifestError,
+    hub_model_info,
     hub_token,
     manifest_from_hub_info,
     natural_key,
@@ -34,22 +35,7 @@ def hub_manifest(
     repo: str, revision: str, patterns: Sequence[str], token: str | None, api: Any = None
 ) -> dict[str, Any]:
     """{manifest (LFS files), plain: [{name, size}], revision} for ``repo`` at ``revision``."""
-    if api is None:
-        try:
-            from huggingface_hub import HfApi
-        except ImportError:
-            raise ManifestError(
-                [
-                    "huggingface_hub is not installed on the controller; fix: pip install "
-                    "'k2provision[hub]' (or huggingface_hub) in the controller's environment"
-                ]
-            ) from None
-        api = HfApi()
-    try:
-        info = api.model_info(repo, revision=revision, files_metadata=True, token=token)
-    except Exception as exc:  # the hub client raises many types; all end here, scrubbed
-        text = redact(f"{exc.__class__.__name__}: {exc}", [token])
-        raise ManifestError([f"{repo}@{revision}: cannot read hub metadata ({text})"]) from None
+    info = hub_model_info(repo, revision, token, api)
     lfs: list[str] = []
     plain: list[dict[str, Any]] = []
     for sib in _field(info, "siblings") or []:
