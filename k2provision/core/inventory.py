@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from k2provision.core import network, role_specs
+from k2provision.core import network, role_specs, vault
 from k2provision.core.inventory_checks import (
     address_problem,
     cluster_values,
@@ -90,25 +90,71 @@ def read_inventory(
     if problems:
         raise InventoryError(problems)
 
+    from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
-    manager = InventoryManager(loader=loader, sources=[str(path)])
-    variables = VariableManager(loader=loader, inventory=manager)
+    vault.open_vault(loader)
+    try:
+        manager = InventoryManager(loader=loader, sources=[str(path)])
+        variables = VariableManager(loader=loader, inventory=manager)
+    except AnsibleError as exc:  # a vaulted inventory file that no secret given opens
+        raise InventoryError([_ansible_problem(str(path), exc)]) from None
     groups = {name: [h.name for h in group.get_hosts()] for name, group in manager.groups.items()}
     host_vars: dict[str, dict[str, Any]] = {}
     for host in manager.get_hosts():
-        every = variables.get_vars(host=host)
+        try:
+            every = variables.get_vars(host=host)
+        except AnsibleError as exc:  # a vaulted vars file that no secret given opens
+            problems.append(_ansible_problem(host.name, exc))
+            continue
         host_vars[host.name] = {
-            str(k): _templated(host.name, str(k), v, every, loader, problems)
+            str(k): _kept_value(host.name, str(k), v, every, loader, problems, extra_keys)
             for k, v in every.items()
             if str(k).startswith("k2_") or str(k) in INVENTORY_KEYS or str(k) in extra_keys
         }
     if problems:
         raise InventoryError(problems)
     return groups, host_vars
+
+
+def _ansible_problem(where: str, exc: Exception) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    fix = vault.VAULT_FIX if "vault" in first.lower() else "fix: correct the inventory"
+    return f"{where}: Ansible cannot read the inventory: {first}; {fix}"
+
+
+def _kept_value(
+    host: str,
+    name: str,
+    value: Any,
+    every: Any,
+    loader: Any,
+    problems: list[str],
+    extra_keys: tuple[str, ...],
+) -> Any:
+    """A kept variable's value. A vaulted one is opened (a line naming it when no secret given
+    opens it); the plan never holds its plain text: a role variable is kept as VAULTED (the
+    playbook opens it on its own), a connection variable plain (it opens the SSH session), and
+    a contract variable, which the plan would show, is refused."""
+    if not vault.is_vaulted(value):
+        return _templated(host, name, value, every, loader, problems)
+    try:
+        plain = vault.decrypted(value)
+    except ValueError as why:
+        problems.append(f"{host}: {name} is vaulted and cannot be opened: {why}; {vault.VAULT_FIX}")
+        return vault.VAULTED
+    if name in extra_keys:
+        return plain
+    if role_specs.role_of(name) is None:
+        problems.append(
+            f"{host}: {name} is vaulted, but it is a value the plan shows (and renders into "
+            "launch scripts); expected Ansible Vault only for secrets the roles read (such as "
+            f"k2_weights_hf_token); fix: write {name} in the clear"
+        )
+    return vault.VAULTED
 
 
 def _leaf_sources(path: Path) -> list[Path]:
