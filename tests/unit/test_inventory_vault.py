@@ -89,7 +89,8 @@ def test_missing_password_file_is_exit_2(tmp_path: Path) -> None:
     inv = inventory(tmp_path)
     out = k2("plan", str(inv), "--vault-password-file", str(tmp_path / "nope"), cwd=tmp_path)
     assert out.returncode == 2
-    assert "vault password:" in out.stderr and "fix:" in out.stderr
+    assert "vault password:" in out.stderr
+    assert "fix:" in out.stderr
 
 
 def test_vaulted_contract_value_is_refused_as_shown_in_the_plan(tmp_path: Path) -> None:
