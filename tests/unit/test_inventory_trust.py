@@ -42,7 +42,8 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("local-ip-zone", with_vars("k2_local_ip=fe80::2%eth0", hosts=HOSTS.replace(
         "n2 ansible_host=10.0.0.2", "n2 ansible_host=10.0.0.2 k2_local_ip=fe80::2%eth0")),
      ("zone id",)),
-    ("api-port-is-ssh", with_vars("k2_api_port=22"), ("n1, n2", "k2_api_port=22", "SSH port", "fix:")),
+    ("api-port-is-ssh", with_vars("k2_api_port=22"),
+     ("n1, n2", "k2_api_port=22", "SSH port", "fix:")),
     ("api-port-is-custom-ssh", HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_port=2200") + BASE
      + "k2_api_port=2200\n", ("n1", "k2_api_port=2200", "SSH port")),
     ("dist-port-span", with_vars("k2_dist_port=65533"), ("k2_dist_port=65533", "at most 65529")),
