@@ -117,3 +117,13 @@ def test_symlink_loop_in_an_inventory_directory_is_skipped(tmp_path: Path) -> No
     (tmp_path / "inv" / "sub" / "up").symlink_to("..")
     cluster = load_cluster(tmp_path / "inv")
     assert [h.name for h in cluster.hosts] == ["n1", "n2"]
+
+
+def test_out_of_bounds_cli_argument_is_exit_2_with_the_range() -> None:
+    from typer.testing import CliRunner
+
+    from k2provision.cli import build_app
+
+    result = CliRunner().invoke(build_app([]), ["models", "--context-length", "9" * 20])
+    assert result.exit_code == 2
+    assert "expected an integer from 1 to" in result.output
