@@ -19,7 +19,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Annotated
 
 import typer
-from typer._click.core import Context  # typer 0.26 vendors click (pinned in pyproject)
+from typer._click.core import Command, Context  # typer 0.26 vendors click (pinned in pyproject)
 from typer.core import TyperGroup
 
 from k2provision import __version__
@@ -36,6 +36,7 @@ from k2provision.commands import (
     verify,
     weights,
 )
+from k2provision.commands.params import vault_options
 from k2provision.errors import K2Error
 from k2provision.run.display import print_errors, print_unexpected, print_warnings
 
@@ -78,6 +79,14 @@ def _root(
 class CommandGroup(TyperGroup):
     """The app's command group: bad input (K2Error) from any command, the product's or a
     plugin's, is one line per problem and exit 2, however the app is invoked."""
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        """A command; one that reads an inventory takes the vault options too."""
+        command = super().get_command(ctx, cmd_name)
+        names = {p.name for p in command.params} if command is not None else set()
+        if command is not None and "inventory" in names and "vault_password_file" not in names:
+            command.params.extend(vault_options())
+        return command
 
     def invoke(self, ctx: Context) -> object:
         try:

@@ -23,6 +23,10 @@ class ModelsFormat(StrEnum):
     markdown = "markdown"
 
 
+# Beyond any model's context; a larger number is a typo, not a size to plan for.
+MAX_CONTEXT_LENGTH = 2**31 - 1
+
+
 def models(
     output_format: Annotated[
         ModelsFormat,
@@ -43,8 +47,11 @@ def models(
         for g in gpu or []
         if g.lower() not in catalog.GPUS
     ]
-    if context_length is not None and context_length < 1:
-        problems.append(f"--context-length {context_length}: expected a positive integer")
+    if context_length is not None and not 1 <= context_length <= MAX_CONTEXT_LENGTH:
+        problems.append(
+            f"--context-length {context_length}: expected an integer from 1 to "
+            f"{MAX_CONTEXT_LENGTH}; fix: pass the context in tokens (e.g. 131072)"
+        )
     if problems:
         raise K2Error(problems)
     data = rows(tuple(g.lower() for g in gpu) if gpu else None, context_length)

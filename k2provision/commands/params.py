@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer._click.core import Context, Parameter  # typer 0.26 vendors click (pinned)
+from typer.core import TyperOption
+
+from k2provision.core import vault
 
 
 class OutputFormat(StrEnum):
@@ -31,9 +36,7 @@ DiffOpt = Annotated[bool, typer.Option("--diff", help="show file differences")]
 LimitOpt = Annotated[
     str | None, typer.Option("--limit", help="only these hosts (an Ansible host pattern)")
 ]
-TagsOpt = Annotated[
-    str | None, typer.Option("--tags", help="only these phases, comma-separated")
-]
+TagsOpt = Annotated[str | None, typer.Option("--tags", help="only these phases, comma-separated")]
 
 KeepFailedOpt = Annotated[
     bool,
@@ -47,3 +50,43 @@ KeepFailedOpt = Annotated[
 def split_tags(tags: str | None) -> tuple[str, ...]:
     """'launch, verify' -> ('launch', 'verify')."""
     return tuple(t.strip() for t in (tags or "").split(",") if t.strip())
+
+
+def _vault_setter(field: str) -> Callable[[Context, Parameter, Any], Any]:
+    def store(ctx: Context, param: Parameter, value: Any) -> Any:
+        del ctx, param
+        vault.use(**{field: tuple(value) if isinstance(value, list | tuple) else bool(value)})
+        return value
+
+    return store
+
+
+def vault_options() -> list[TyperOption]:
+    """ansible-playbook's vault options, for every command that reads an inventory; they set
+    the command's vault.VaultOptions as they are parsed (ANSIBLE_VAULT_PASSWORD_FILE and
+    ANSIBLE_VAULT_IDENTITY_LIST apply too, through Ansible's config)."""
+    return [
+        TyperOption(
+            param_decls=["--vault-password-file"],
+            multiple=True,
+            metavar="FILE",
+            expose_value=False,
+            callback=_vault_setter("password_files"),
+            help="vault password file (or script), as ansible-playbook takes it; repeatable",
+        ),
+        TyperOption(
+            param_decls=["--vault-id"],
+            multiple=True,
+            metavar="ID",
+            expose_value=False,
+            callback=_vault_setter("vault_ids"),
+            help="vault identity (label@FILE or label@prompt); repeatable",
+        ),
+        TyperOption(
+            param_decls=["--ask-vault-pass"],
+            is_flag=True,
+            expose_value=False,
+            callback=_vault_setter("ask"),
+            help="ask for the vault password (once, for the inventory and the run)",
+        ),
+    ]

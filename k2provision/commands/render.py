@@ -11,22 +11,26 @@ import typer
 
 from k2provision.commands.flow import load_plan
 from k2provision.commands.params import InventoryArg
+from k2provision.errors import K2Error
 from k2provision.run.display import console, print_warnings
 from k2provision.run.render_files import write_render
 
 
 def render(
     inventory: InventoryArg,
-    out: Annotated[Path, typer.Option("--out", help="directory to write into")] = Path(
-        "render-out"
-    ),
+    out: Annotated[str, typer.Option("--out", help="directory to write into")] = "render-out",
     force: Annotated[
         bool, typer.Option("--force", help="write into a non-empty directory that is no render")
     ] = False,
 ) -> None:
     """Write every host's files and launch scripts under OUT/<host>/, plus plan.json."""
+    if not out.strip():
+        raise K2Error(
+            ["--out '' names no directory; expected the directory to write into; fix: pass "
+             "--out DIR (default render-out)"]
+        )  # fmt: skip
     loaded = load_plan(inventory)
-    written = write_render(loaded.plan, out, force=force)
+    written = write_render(loaded.plan, Path(out), force=force)
     print_warnings([*loaded.notices, *loaded.plan.warnings])
     console.print(f"wrote {written} files for {len(loaded.plan.hosts)} hosts under {out}/")
 

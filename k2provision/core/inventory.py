@@ -19,10 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from k2provision.core import network, role_specs
+from k2provision.core import address_rules, bounded_read, network, role_specs, vault
 from k2provision.core.inventory_checks import (
     address_problem,
     cluster_values,
+    host_name_problem,
     ib_devices,
     ip_problem,
     lab_fault_problem,
@@ -86,23 +87,36 @@ def read_inventory(
                 "inventory, or a directory of them (see inventory/prod.ini)"
             ]
         )
-    problems = [line for leaf in _leaf_sources(path) if (line := _source_problem(leaf))]
+    leaves = _leaf_sources(path)
+    problems = [line for leaf in _read_files(path, leaves) if (line := _bounds_problem(leaf))]
+    if problems:
+        raise InventoryError(problems)
+    problems = [line for leaf in leaves if (line := _source_problem(leaf))]
     if problems:
         raise InventoryError(problems)
 
+    from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
-    manager = InventoryManager(loader=loader, sources=[str(path)])
-    variables = VariableManager(loader=loader, inventory=manager)
+    vault.open_vault(loader)
+    try:
+        manager = InventoryManager(loader=loader, sources=[str(path)])
+        variables = VariableManager(loader=loader, inventory=manager)
+    except AnsibleError as exc:  # a vaulted inventory file that no secret given opens
+        raise InventoryError([_ansible_problem(str(path), exc)]) from None
     groups = {name: [h.name for h in group.get_hosts()] for name, group in manager.groups.items()}
     host_vars: dict[str, dict[str, Any]] = {}
     for host in manager.get_hosts():
-        every = variables.get_vars(host=host)
+        try:
+            every = variables.get_vars(host=host)
+        except AnsibleError as exc:  # a vaulted vars file that no secret given opens
+            problems.append(_ansible_problem(host.name, exc))
+            continue
         host_vars[host.name] = {
-            str(k): _templated(host.name, str(k), v, every, loader, problems)
+            str(k): _kept_value(host.name, str(k), v, every, loader, problems, extra_keys)
             for k, v in every.items()
             if str(k).startswith("k2_") or str(k) in INVENTORY_KEYS or str(k) in extra_keys
         }
@@ -111,17 +125,89 @@ def read_inventory(
     return groups, host_vars
 
 
-def _leaf_sources(path: Path) -> list[Path]:
-    """The files Ansible reads as inventory sources under `path`, in its order."""
+def _ansible_problem(where: str, exc: Exception) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    fix = vault.VAULT_FIX if "vault" in first.lower() else "fix: correct the inventory"
+    return f"{where}: Ansible cannot read the inventory: {first}; {fix}"
+
+
+def _kept_value(
+    host: str,
+    name: str,
+    value: Any,
+    every: Any,
+    loader: Any,
+    problems: list[str],
+    extra_keys: tuple[str, ...],
+) -> Any:
+    """A kept variable's value. A vaulted one is opened (a line naming it when no secret given
+    opens it); the plan never holds its plain text: a role variable is kept as VAULTED (the
+    playbook opens it on its own), a connection variable plain (it opens the SSH session), and
+    a contract variable, which the plan would show, is refused."""
+    if not vault.is_vaulted(value):
+        return _templated(host, name, value, every, loader, problems)
+    try:
+        plain = vault.decrypted(value)
+    except ValueError as why:
+        problems.append(f"{host}: {name} is vaulted and cannot be opened: {why}; {vault.VAULT_FIX}")
+        return vault.VAULTED
+    if name in extra_keys:
+        return plain
+    if role_specs.role_of(name) is None:
+        problems.append(
+            f"{host}: {name} is vaulted, but it is a value the plan shows (and renders into "
+            "launch scripts); expected Ansible Vault only for secrets the roles read (such as "
+            f"k2_weights_hf_token); fix: write {name} in the clear"
+        )
+    return vault.VAULTED
+
+
+def _leaf_sources(path: Path, seen: frozenset[str] = frozenset()) -> list[Path]:
+    """The files Ansible reads as inventory sources under `path`, in its order. A directory
+    link back to a directory above it is a loop: warned about and skipped, as Ansible goes on
+    past the sources it cannot read."""
     from ansible.inventory.manager import IGNORED
+    from ansible.utils.display import Display
 
     if not path.is_dir():
         return [path]
+    real = os.path.realpath(path)
+    if real in seen:
+        Display().warning(f"{path} leads back to {real} (a symbolic link loop); skipped")
+        return []
     found: list[Path] = []
     for name in sorted(os.listdir(path)):
         if not IGNORED.search(os.fsencode(name)):
-            found.extend(_leaf_sources(path / name))
+            found.extend(_leaf_sources(path / name, seen | {real}))
     return found
+
+
+def _read_files(path: Path, leaves: list[Path]) -> list[Path]:
+    """Every file Ansible reads for this inventory: its sources and their vars files."""
+    base = path if path.is_dir() else path.parent
+    found = list(leaves)
+    for vars_dir in ("group_vars", "host_vars"):
+        for root, _, names in os.walk(base / vars_dir):
+            found.extend(Path(root) / name for name in sorted(names))
+    return found
+
+
+def _bounds_problem(leaf: Path) -> str:
+    """One line when an inventory file is not to be read: not a regular file, too large, or
+    YAML whose aliases expand without bound ("" when it may be read)."""
+    why = bounded_read.file_problem(leaf, bounded_read.INVENTORY_FILE_LIMIT)
+    if why is None and leaf.suffix in (*_YAML_SUFFIXES, "") and leaf.suffix != ".json":
+        try:
+            why = bounded_read.yaml_expansion_problem(leaf.read_text(errors="replace"))
+        except OSError as exc:
+            why = f"cannot be read ({exc.strerror or exc})"
+    if why is None:
+        return ""
+    return (
+        f"{leaf}: the inventory file {why}; expected a regular file of at most "
+        f"{bounded_read.INVENTORY_FILE_LIMIT // bounded_read.MIB} MiB with bounded YAML "
+        "aliases; fix: point the inventory at the real file, or trim it"
+    )
 
 
 def _claimed_by_other_plugin(leaf: Path) -> bool:
@@ -289,6 +375,9 @@ def cluster_from_groups(
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
     problems += network.port_clashes(cluster, _relay_ports(hv))
+    problems += address_rules.cluster_rule_problems(
+        cluster, {**hv[members[0]], **values}, _ssh_ports(hv)
+    )
     if problems:
         raise InventoryError(problems)
     return cluster
@@ -330,6 +419,11 @@ def _hosts(
     for name in members:
         v = hv[name]
         address = str(v.get("ansible_host", name))
+        if why_name := host_name_problem(name):
+            problems.append(
+                f"{name!r}: the host name {why_name}; expected letters, digits and . _ - : @ +; "
+                "fix: rename the host in the inventory (ansible_host keeps its address)"
+            )
         why = address_problem(address)
         if why and "ansible_host" in v:
             problems.append(
@@ -420,6 +514,15 @@ def _field_problems(source: str, exc: ValidationError, values: Mapping[str, Any]
             f"fix: correct {variable} in [all:vars] or group_vars/all"
         )
     return list(dict.fromkeys(problems))
+
+
+def _ssh_ports(hv: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Each host's SSH port (ansible_port, or 22)."""
+    return {
+        host: int(str(v.get("ansible_port", 22)))
+        for host, v in hv.items()
+        if not port_problem(v.get("ansible_port", 22))
+    }
 
 
 def _relay_ports(hv: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:

@@ -20,12 +20,26 @@ _LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
 # RDMA device names as the kernel gives them (mlx5_0, mlx5_bond_0, irdma0, rocep1s0f0, ...).
 _RDMA_DEVICE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 _UNSET = object()
+# Inventory host names: what Ansible accepts in practice, less shell and path specials.
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@+-]*$")
+
+
+def host_name_problem(name: str) -> str | None:
+    """Why an inventory host name cannot name files, containers and messages (None if fine)."""
+    if not _HOST_NAME.match(name):
+        return "holds a character a shell or a path reads specially"
+    return None
 
 
 def address_problem(address: str) -> str | None:
     """Why `address` cannot be a host's address (None when it can: an IP or a host name)."""
     if not address:
         return "is empty"
+    if "%" in address:
+        return (
+            "holds an IPv6 zone id (%...), which URLs and engine arguments cannot carry; "
+            "expected a global or unique-local address"
+        )
     try:
         ipaddress.ip_address(address)
         return None
@@ -49,6 +63,8 @@ def address_problem(address: str) -> str | None:
 
 def ip_problem(value: str) -> str | None:
     """Why `value` is not an IP address literal (None when it is)."""
+    if "%" in value:
+        return address_problem(value)
     try:
         ipaddress.ip_address(value)
         return None

@@ -61,17 +61,25 @@ class HostSpec(Record):
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+# Characters a path or a name may hold: none that a shell reads specially ($ ` ; & | < > ( )
+# quotes, backslash, glob characters, whitespace), so a value means the same quoted or not.
+SHELL_SAFE_WORD = r"^[A-Za-z0-9_./:@+=%~,^-]+$"
+_SHELL_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./@+=%~-]+$")
+
+
 def _absolute_path(value: str) -> str:
     parts = set(value.split("/"))
-    if not value.startswith("/") or {".", ".."} & parts or re.search(r"[\s:,]", value):
-        raise ValueError("expected an absolute path without '.', '..', whitespace, ':' or ','")
+    if not value.startswith("/") or {".", ".."} & parts or not _SHELL_SAFE_PATH.match(value):
+        raise ValueError(
+            "expected an absolute path of letters, digits and . _ - / @ + = % ~ (no '..')"
+        )
     return value
 
 
 # An absolute, normalised path that can stand in a `docker run -v SRC:DST:ro` volume.
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
-# A word without whitespace: a name passed as one argv item.
-Word = Annotated[str, Field(pattern=r"^\S+$")]
+# A word of shell-inert characters: a name passed as one argv item.
+Word = Annotated[str, Field(pattern=SHELL_SAFE_WORD)]
 NUMERIC_ANNOTATIONS: tuple[Any, ...] = (int, float, int | None, float | None)
 
 

@@ -98,9 +98,12 @@ def value_range(variable: str) -> str:
         else:
             text = noun
     elif any(getattr(m, "func", None) is not None for m in field.metadata):
-        text = "an absolute path (no '..', spaces, ':' or ',')"
+        text = "an absolute path of letters, digits and . _ - / @ + = % ~ (no '..')"
     else:
-        text = "a word without spaces"
+        text = (
+            "a word of letters, digits and . _ - / : @ + = % ~ , ^ (no spaces or shell "
+            "metacharacters)"
+        )
     return f"{text}, or unset" if optional else text
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 
 from k2provision.core.records import ContainerOptions, Process
 
@@ -88,6 +89,7 @@ def exec_argv(process: Process, config_dir: str) -> list[str]:
         process.container,
         "sh",
         "-c",
-        f"echo $$ > {exec_pid_path(process)}; "
-        f"exec sh {launch_path(config_dir, process)} >> {exec_log_path(process)} 2>&1",
+        f"echo $$ > {shlex.quote(exec_pid_path(process))}; "
+        f"exec sh {shlex.quote(launch_path(config_dir, process))} "
+        f">> {shlex.quote(exec_log_path(process))} 2>&1",
     ]

@@ -10,6 +10,7 @@ Every failure is one K2Error line, raised before the first file is written where
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def planned_files(plan: Plan, out: Path) -> dict[Path, tuple[str, bool]]:
 
 def _previous_render(out: Path) -> list[str] | None:
     """The files a previous render wrote into `out` (None when `out` holds no render)."""
+    if (out / MANIFEST).is_symlink():
+        return None
     try:
         written = json.loads((out / MANIFEST).read_text())
     except (OSError, ValueError):
@@ -97,6 +100,11 @@ def write_render(plan: Plan, out: Path, *, force: bool = False) -> int:
                 for name in unsafe
             ]
         )
+    if out.is_symlink():
+        raise K2Error(
+            [f"--out {out} is a symbolic link (to {os.readlink(out)}); expected a directory "
+             "that is no link, as render never follows one; fix: pass the directory itself"]
+        )  # fmt: skip
     files = planned_files(plan, out)
     previous = _check_target(out, force) or []
     relative = sorted(str(path.relative_to(out)) for path in files)
@@ -105,11 +113,8 @@ def write_render(plan: Plan, out: Path, *, force: bool = False) -> int:
         for stale in sorted(set(previous) - set(relative)):
             _remove_stale(out, stale)
         for path, (content, executable) in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
-            if executable:
-                path.chmod(0o755)
-        (out / MANIFEST).write_text(json.dumps(relative, indent=1) + "\n")
+            _write_no_follow(out, path, content, 0o755 if executable else 0o644)
+        _write_no_follow(out, out / MANIFEST, json.dumps(relative, indent=1) + "\n", 0o644)
     except OSError as exc:
         where = exc.filename or out
         raise K2Error(
@@ -119,6 +124,30 @@ def write_render(plan: Plan, out: Path, *, force: bool = False) -> int:
             ]
         ) from None
     return len(files)
+
+
+def _write_no_follow(out: Path, path: Path, content: str, mode: int) -> None:
+    """Write `path` under `out` without following a symbolic link: a link an earlier render's
+    directory or file was replaced by (which could point anywhere) is removed first, so the
+    render writes a real file inside `out` and nothing outside it."""
+    where = out
+    for part in path.relative_to(out).parts[:-1]:
+        where = where / part
+        if where.is_symlink():
+            where.unlink()
+        if not where.exists():
+            where.mkdir()
+        elif not where.is_dir():
+            raise K2Error(
+                [f"--out {out}: {where} is not a directory, and {path} goes under it; fix: "
+                 "remove it, or choose another --out"]
+            )  # fmt: skip
+    if path.is_symlink():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), mode)
+        f.write(content)
 
 
 def _remove_stale(out: Path, relative: str) -> None:

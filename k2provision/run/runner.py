@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k2provision.core import vault
+from k2provision.core.vault import VaultOptions
 from k2provision.run.events import Event, HostResult, Stats, Tally, parse_event
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +47,7 @@ class PlaybookRun:
     check: bool = False
     diff: bool = False
     project_dir: Path = PROJECT_ROOT
+    vault: VaultOptions = field(default_factory=vault.current)
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ def runner_kwargs(run: PlaybookRun, environ: Mapping[str, str], token_path: Path
 ]:
     """ansible_runner's arguments for `run` (the event handler apart)."""
     cmdline = [flag for flag, on in (("--check", run.check), ("--diff", run.diff)) if on]
+    cmdline += vault.playbook_args(run.vault)
     return {
         "private_data_dir": str(run.record_dir),
         "project_dir": str(run.project_dir),
@@ -153,6 +157,9 @@ def runner_kwargs(run: PlaybookRun, environ: Mapping[str, str], token_path: Path
         "quiet": True,
         "suppress_env_files": True,
         "json_mode": False,
+        # --ask-vault-pass: ansible-playbook's prompt answered with the password asked once
+        # (suppress_env_files keeps it out of the record).
+        **({"passwords": {vault.ASK_PROMPT: run.vault.password}} if run.vault.password else {}),
     }
 
 

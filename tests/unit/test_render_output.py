@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,40 @@ def test_render_prints_the_plan_warnings(tmp_path: Path, host_trap: HostTrap, te
     )
     assert code == 0
     assert "warning: k2_socket_ifname is unset" in err
+
+
+def test_empty_out_is_refused(tmp_path: Path, host_trap: HostTrap) -> None:
+    line = refused(host_trap, str(inventory(tmp_path)), "--out", "")
+    assert "--out '' names no directory" in line
+    assert "fix:" in line
+
+
+def test_out_that_is_a_link_is_refused(tmp_path: Path, host_trap: HostTrap) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    line = refused(host_trap, str(inventory(tmp_path)), "--out", str(tmp_path / "link"))
+    assert f"--out {tmp_path / 'link'} is a symbolic link" in line
+    assert not any((tmp_path / "real").iterdir())
+
+
+def test_links_in_an_earlier_render_are_replaced_not_followed(
+    tmp_path: Path, host_trap: HostTrap
+) -> None:
+    inv, out, outside = inventory(tmp_path), tmp_path / "out", tmp_path / "outside"
+    outside.mkdir()
+    code, _, err, _ = host_trap.run("render", str(inv), "--out", str(out))
+    assert code == 0, err
+    host_dir = out / "p1"
+    for path in list(host_dir.iterdir()):
+        path.unlink() if path.is_file() else shutil.rmtree(path)
+    host_dir.rmdir()
+    host_dir.symlink_to(outside)  # a host directory replaced by a link out of --out
+    (out / "plan.json").unlink()
+    (out / "plan.json").symlink_to(outside / "plan.json")
+    code, _, err, _ = host_trap.run("render", str(inv), "--out", str(out))
+    assert code == 0, err
+    assert not any(outside.iterdir())
+    assert not host_dir.is_symlink()
+    assert host_dir.is_dir()
+    assert not (out / "plan.json").is_symlink()
+    assert (out / "plan.json").is_file()

@@ -1,0 +1,202 @@
+"""Rules over a whole Cluster that catch, at plan time, what would otherwise fail only on the
+hosts: listeners that collide with SSH or run past the last port, addresses that name no host
+(unspecified, broadcast, multicast), one host under two spellings, weights settings that cannot
+work, tunables of another engine, and image references Docker would refuse.
+
+Each rule returns problem lines (host or source, value, expectation, fix) and never raises;
+`cluster_rule_problems` runs them all.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from k2provision.core.records import Cluster
+from k2provision.core.variables import TUNABLE_VARS, shorten_hosts, show
+
+DEFAULT_SSH_PORT = 22
+# SGLang with DP attention takes the dist port and the next 6 (see Tunables.dist_port).
+SGLANG_DIST_SPAN = 6
+# Tunables that only one engine reads, by name prefix.
+ENGINE_PREFIXES = {"trtllm_": "trtllm", "vllm_": "vllm", "ktransformers_": "ktransformers"}
+# Tunables only SGLang's PD layout reads.
+SGLANG_PD_TUNABLES = (
+    "k2_max_running_requests_prefill",
+    "k2_cuda_graph_max_bs_decode",
+    "k2_prefill_chunk_per_rank",
+    "k2_pd_transfer_backend",
+    "k2_pd_timeout_s",
+    "k2_decode_redundant_experts",
+    "k2_prefill_redundant_experts",
+    "k2_bootstrap_port",
+)
+# Docker's reference grammar: [registry[:port]/]path[:tag][@digest], the path lower case.
+_IMAGE = re.compile(
+    r"^(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+    r"(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@sha256:[0-9a-f]{64})?$"
+)
+
+
+def ssh_port_clashes(cluster: Cluster, ssh_ports: Mapping[str, int]) -> list[str]:
+    """The API port on a host whose SSH daemon already listens there."""
+    port = cluster.tunables.api_port
+    hosts = [h.name for h in cluster.hosts if ssh_ports.get(h.name, DEFAULT_SSH_PORT) == port]
+    if not hosts:
+        return []
+    return [
+        f"{shorten_hosts(hosts)}: k2_api_port={port} is the host's SSH port (ansible_port); "
+        "expected the API on a port sshd does not hold; fix: set k2_api_port to a free port "
+        "(default 8000)"
+    ]
+
+
+def dist_port_span(cluster: Cluster) -> list[str]:
+    """SGLang's dist port and the ports after it must all exist."""
+    port = cluster.tunables.dist_port
+    if cluster.engine != "sglang" or port + SGLANG_DIST_SPAN <= 65535:
+        return []
+    return [
+        f"{cluster.inventory}: k2_dist_port={port}: SGLang also takes the next "
+        f"{SGLANG_DIST_SPAN} ports, past 65535; expected at most {65535 - SGLANG_DIST_SPAN}; "
+        "fix: lower k2_dist_port (default 5757)"
+    ]
+
+
+def _unreachable(value: str) -> str | None:
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        return None
+    if ip.is_unspecified:
+        return "is the unspecified address, which names no host"
+    if isinstance(ip, ipaddress.IPv4Address) and ip == ipaddress.IPv4Address("255.255.255.255"):
+        return "is the broadcast address, which names no host"
+    if ip.is_multicast:
+        return "is a multicast address, which names no host"
+    return None
+
+
+def unreachable_addresses(cluster: Cluster) -> list[str]:
+    """Unspecified, broadcast or multicast addresses (loopback stays allowed: one host's
+    cluster, and test clusters whose hosts are traps on 127.0.0.N)."""
+    problems = []
+    for host in cluster.hosts:
+        for variable, value in (("ansible_host", host.address), ("k2_local_ip", host.local_ip)):
+            if why := _unreachable(value):
+                problems.append(
+                    f"{host.name}: {variable}={value} {why}; expected an address every host "
+                    f"of the cluster reaches; fix: set {variable} to the host's own address"
+                )
+                break
+    return problems
+
+
+def _normal_name(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address.lower().rstrip(".")
+
+
+def same_host_twice(cluster: Cluster) -> list[str]:
+    """One address under two spellings (DNS names differing in case or a trailing dot, IPv6
+    written two ways); the exact repeats are inventory.py's."""
+    seen: dict[str, tuple[str, str]] = {}
+    problems = []
+    for host in cluster.hosts:
+        key = _normal_name(host.address)
+        if key in seen and seen[key][1] != host.address:
+            other, spelled = seen[key]
+            problems.append(
+                f"{host.name}: address {host.address} is {other}'s {spelled} spelt another "
+                "way (DNS names ignore case and a trailing dot); expected one address per "
+                "host; fix: correct ansible_host of one of them"
+            )
+        seen.setdefault(key, (host.name, host.address))
+    return problems
+
+
+def weights_problems(cluster: Cluster, values: Mapping[str, Any]) -> list[str]:
+    """Weights settings the k2_weights role would refuse only on the hosts."""
+    source = str(values.get("k2_weights_source", "") or "")
+    problems = []
+    seed = str(values.get("k2_weights_source_host", "") or "")
+    names = {h.name for h in cluster.hosts}
+    if seed and seed not in names and seed != "localhost":
+        problems.append(
+            f"{cluster.inventory}: k2_weights_source_host={show(seed)} is not a host of the "
+            "cluster; expected an inventory host or localhost (the controller); fix: name one "
+            "of " + shorten_hosts(sorted(names))
+        )
+    if source == "hub" and not str(values.get("k2_weights_revision", "") or "").strip():
+        problems.append(
+            f"{cluster.inventory}: k2_weights_source=hub without k2_weights_revision; expected "
+            "the hub commit to fetch (roles/k2_weights/meta/argument_specs.yml requires it for "
+            "hub); fix: set k2_weights_revision to the model's commit hash"
+        )
+    if source == "synthetic" and not cluster.lab:
+        problems.append(
+            f"{cluster.inventory}: k2_weights_source=synthetic on an inventory that is not a "
+            "lab's (k2_lab is false); expected synthetic weights only in labs and tests; fix: "
+            "set k2_weights_source=hub or dir"
+        )
+    return problems
+
+
+def foreign_tunables(cluster: Cluster, values: Mapping[str, Any]) -> list[str]:
+    """Tunables set in the inventory that the chosen engine and layout never read."""
+    problems = []
+    for name in TUNABLE_VARS:
+        if name not in values:
+            continue
+        bare = name.removeprefix("k2_")
+        if name in SGLANG_PD_TUNABLES:
+            owner, reads = "sglang layout pd", (cluster.engine, cluster.layout) == ("sglang", "pd")
+        else:
+            owner = next((e for p, e in ENGINE_PREFIXES.items() if bare.startswith(p)), "")
+            reads = not owner or owner == cluster.engine
+        if reads:
+            continue
+        problems.append(
+            f"{cluster.inventory}: {name}={show(values[name])} is read only by {owner}, and "
+            f"this cluster runs {cluster.engine} {cluster.layout}, which ignores it; expected "
+            f"tunables of the engine in use; fix: remove {name}"
+        )
+    return problems
+
+
+def image_problems(cluster: Cluster) -> list[str]:
+    """Image overrides Docker would refuse as references."""
+    problems = []
+    for variable, image in (
+        ("k2_image", cluster.tunables.image),
+        ("k2_router_image", cluster.tunables.router_image),
+    ):
+        if image is not None and (len(image) > 255 or not _IMAGE.match(image)):
+            problems.append(
+                f"{cluster.inventory}: {variable}={show(image)} is not an image reference; "
+                "expected [registry[:port]/]name[:tag][@sha256:digest] with a lower-case "
+                f"name (docker pull's form); fix: correct {variable}"
+            )
+    return problems
+
+
+def cluster_rule_problems(
+    cluster: Cluster, values: Mapping[str, Any], ssh_ports: Mapping[str, int]
+) -> list[str]:
+    """Every rule of this module over one cluster."""
+    return [
+        *ssh_port_clashes(cluster, ssh_ports),
+        *dist_port_span(cluster),
+        *unreachable_addresses(cluster),
+        *same_host_twice(cluster),
+        *weights_problems(cluster, values),
+        *foreign_tunables(cluster, values),
+        *image_problems(cluster),
+    ]
