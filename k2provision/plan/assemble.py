@@ -12,7 +12,6 @@ import hashlib
 from urllib.parse import urlsplit
 
 from k2provision.core import catalog
-from k2provision.core.catalog import GIB
 from k2provision.core.records import (
     Cluster,
     ContainerOptions,
@@ -27,7 +26,6 @@ from k2provision.core.templating import host_values_path, host_values_script, la
 from k2provision.engines import REGISTRY
 from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
-from k2provision.engines.trtllm import served_model_name as trtllm_served_name
 from k2provision.errors import PlanError
 from k2provision.plan.fixes import fixes
 from k2provision.plan.ports import host_ports
@@ -81,23 +79,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
             f"known to carry {catalog.ROUTER.package} {catalog.ROUTER.version}: build "
             "containers/router and set k2_router_image to the result"
         )
-    if cluster.engine == "trtllm" and not cluster.tunables.image and not cluster.lab:
-        warnings.append(
-            f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
-            "build containers/trtllm from it and set k2_image to the result"
-        )
-    if cluster.engine == "ktransformers":
-        warnings.append(
-            f"ktransformers keeps routed experts in host memory: the host needs about "
-            f"{catalog.routed_expert_bytes(spec) / GIB:.0f} GiB of RAM for the "
-            f"{spec.quantization.routed_experts.label} experts kt-kernel reads from the model "
-            "directory; preflight checks it"
-        )
-        if not cluster.tunables.image and not cluster.lab:
-            warnings.append(
-                f"{release.image} is built here, not pulled: build containers/ktransformers "
-                f"(kt-kernel {release.version} with its SGLang) and set k2_image to the result"
-            )
+    engine = REGISTRY[cluster.engine]
+    warnings += engine.plan_warnings(cluster, spec, release)
 
     pools = tuple(
         PoolPlan(
@@ -123,9 +106,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         multimodal=c.multimodal,
         language_model_only=c.language_model_only,
     )
-    renderer = REGISTRY[cluster.engine]
-    rendered = renderer.render(deployment)
-    endpoint = renderer.endpoint(deployment)
+    rendered = engine.render(deployment)
+    endpoint = engine.endpoint(deployment)
     host_plans = []
     for h in cluster.hosts:
         out = rendered.get(h.name)
@@ -148,12 +130,10 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
                 role="router" if h.pool == "router" else ("node" if h.pool == "nodes" else h.pool),
                 pool=h.pool,
                 node_rank=pool.hosts.index(h.name) if pool else 0,
-                gpus=0
-                if pool is None
-                else (1 if cluster.engine == "ktransformers" else cluster.gpus_per_node),
+                gpus=0 if pool is None else (1 if engine.SINGLE_GPU else cluster.gpus_per_node),
                 processes=processes,
                 files=files,
-                ports=host_ports(processes, files, config_dir, cluster.engine),
+                ports=host_ports(processes, files, config_dir, engine),
             )
         )
     return Plan(
@@ -168,10 +148,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
             (h.name for h in cluster.hosts if h.address.lower() == urlsplit(endpoint).hostname),
             pools[0].master,
         ),
-        # trtllm-serve has no served-model-name option: it lists the directory's base name.
-        served_model_name=trtllm_served_name(cluster.model_dir)
-        if cluster.engine == "trtllm"
-        else cluster.tunables.served_model_name,
+        served_model_name=engine.served_name(cluster),
         config_dir=cluster.tunables.config_dir,
         ssh_port=cluster.tunables.ssh_port,
         lab=cluster.lab,
@@ -234,22 +211,13 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
         reasons["--cap-add IPC_LOCK"] = "registering (pinning) RDMA buffers of many GB"
         ulimits.insert(0, "memlock=-1:-1")
         reasons["--ulimit memlock=-1:-1"] = "the RDMA registrations are not bounded by memlock"
-    if cluster.engine in ("sglang", "ktransformers"):
-        caps.append("SYS_NICE")
-        reasons["--cap-add SYS_NICE"] = (
-            "SGLang binds each rank's memory to its GPU's NUMA node with set_mempolicy/mbind, "
-            "which Docker's default seccomp profile allows only with CAP_SYS_NICE"
-        )
-    if cluster.engine == "trtllm":
-        caps.append("SYS_PTRACE")
-        reasons["--cap-add SYS_PTRACE"] = (
-            "Open MPI copies between the ranks of a node with process_vm_readv (CMA), which "
-            "Docker's default seccomp profile allows only with CAP_SYS_PTRACE"
-        )
-        ulimits.insert(len(ulimits) - 1, "stack=67108864:67108864")
-        reasons["--ulimit stack=67108864:67108864"] = (
-            "the 64 MiB stack NVIDIA's TensorRT-LLM container instructions ask for"
-        )
+    needs = REGISTRY[cluster.engine].CONTAINER_NEEDS
+    for cap, why in needs.cap_add:
+        caps.append(cap)
+        reasons[f"--cap-add {cap}"] = why
+    for ulimit, why in needs.ulimits:
+        ulimits.insert(len(ulimits) - 1, ulimit)
+        reasons[f"--ulimit {ulimit}"] = why
     return ContainerOptions(
         privileged=False,
         cap_add=tuple(caps),

@@ -7,14 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from k2provision.core.records import LAYOUTS, Cluster, GpuSpec, ModelSpec, PoolName
+from k2provision.engines import REGISTRY
 from k2provision.plan.shapes import (
-    DCP_LAYOUTS,
-    SHAPES,
-    TEXT_ONLY_ENGINES,
     PoolShape,
     all_pools_fit,
     choices,
-    dcp_size,
     evaluate,
     nodes_text,
     pool_shapes,
@@ -188,7 +185,7 @@ def fixes(
                 break
     # Every other layout of the engine: on these hosts, or on the fewest that fit (for PD
     # pools only when no change to the pools themselves works).
-    if cluster.engine != "ktransformers" and (cluster.layout != "pd" or not any(out.values())):
+    if cluster.layout != "pd" or not any(out.values()):
         for layout in LAYOUTS[cluster.engine]:
             if layout == cluster.layout:
                 continue
@@ -204,9 +201,10 @@ def fixes(
                     f"{_describe_layout(cluster, layout, alt_sizes, spec, gpu)} "
                     f"({alt_gpus} GPUs) fits"
                 )
-    # vLLM decode context parallelism that divides the TP group (more tokens per replica).
-    if cluster.engine == "vllm" and cluster.layout in DCP_LAYOUTS:
-        current = dcp_size(cluster, spec, SHAPES[("vllm", cluster.layout)](1, gpn))
+    # Decode context parallelism that divides the TP group (more tokens per replica).
+    engine = REGISTRY[cluster.engine]
+    if cluster.layout in engine.DCP_LAYOUTS:
+        current = engine.pool_shape(cluster, "nodes", 1, spec).dcp
         for size in (gpn, 4, 2, 1):
             if size == current:
                 continue
@@ -223,14 +221,14 @@ def fixes(
                 break
     # An FP8 KV cache, where the engine renders one for MLA.
     c = choices(cluster, spec, gpu)
-    if c.kv_dtype == "bf16" and gpu.fp8 and cluster.engine in ("sglang", "vllm"):
+    if c.kv_dtype == "bf16" and gpu.fp8 and engine.FP8_KV:
         trial = cluster.model_copy(
             update={"tunables": t.model_copy(update={"kv_cache_dtype": "fp8"})}
         )
         if works(trial):
             shared.append("k2_kv_cache_dtype=fp8 (an FP8 KV cache holds twice the tokens)")
     # Text-only serving of a multimodal model, where the engine can drop the vision tower.
-    if c.vision_loaded and cluster.engine in TEXT_ONLY_ENGINES:
+    if c.vision_loaded and engine.TEXT_ONLY:
         trial = cluster.model_copy(update={"tunables": t.model_copy(update={"multimodal": False})})
         if works(trial):
             shared.append("k2_multimodal=false (text only: the vision tower is not loaded)")

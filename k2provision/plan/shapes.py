@@ -3,7 +3,6 @@ dimensions allow, the KV dtype and multimodal serving as rendered, and the memor
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from k2provision.core.records import (
@@ -15,18 +14,8 @@ from k2provision.core.records import (
     Parallel,
     PoolName,
 )
+from k2provision.engines import REGISTRY
 from k2provision.plan.fit import PoolFit, fit_pool
-
-# Engines whose pinned release renders an FP8 KV cache for MLA on Hopper and Blackwell:
-# SGLang --kv-cache-dtype fp8_e4m3, vLLM --kv-cache-dtype fp8, TensorRT-LLM
-# kv_cache_config.dtype fp8.
-FP8_KV_ENGINES = ("sglang", "vllm", "trtllm")
-# Engines whose pinned release can leave a multimodal model's vision tower unloaded
-# (vLLM --language-model-only; SGLang 0.5.23's --language-model-only does not accept
-# KimiK25ForConditionalGeneration: server_args.py LANGUAGE_MODEL_ONLY_ARCHITECTURES).
-TEXT_ONLY_ENGINES = ("vllm",)
-# Layouts whose vLLM engine splits attention with tensor parallelism (where DCP applies).
-DCP_LAYOUTS = ("tp", "tp_pp")
 
 
 @dataclass(frozen=True)
@@ -49,89 +38,23 @@ class Choices:
     language_model_only: bool
 
 
-def _shape_tp(nodes: int, gpn: int) -> Parallel:
-    return Parallel(tp=nodes * gpn)
-
-
-def _shape_dp_attention_ep(nodes: int, gpn: int, redundant: int = 0) -> Parallel:
-    n = nodes * gpn
-    return Parallel(tp=n, dp=n, ep=n, dp_attention=True, redundant_experts=redundant)
-
-
-def _shape_vllm_tp_pp(nodes: int, gpn: int) -> Parallel:
-    return Parallel(tp=gpn, pp=nodes)
-
-
-def _shape_vllm_dp_ep(nodes: int, gpn: int) -> Parallel:
-    return Parallel(tp=1, dp=nodes * gpn, ep=nodes * gpn)
-
-
-def _shape_trtllm(nodes: int, gpn: int) -> Parallel:
-    return Parallel(tp=nodes * gpn, dp=nodes * gpn, ep=gpn, dp_attention=True)
-
-
-def _shape_single(nodes: int, gpn: int) -> Parallel:
-    return Parallel(tp=1)
-
-
-SHAPES: dict[tuple[str, str], Callable[[int, int], Parallel]] = {
-    ("sglang", "tp"): _shape_tp,
-    ("vllm", "tp"): _shape_tp,
-    ("vllm", "tp_pp"): _shape_vllm_tp_pp,
-    ("vllm", "dp_ep"): _shape_vllm_dp_ep,
-    ("trtllm", "tp_ep"): _shape_trtllm,
-    ("ktransformers", "single"): _shape_single,
-}
-
-
 def pool_names(layout: str) -> list[PoolName]:
     """The pools a layout has."""
     return ["prefill", "decode"] if layout == "pd" else ["nodes"]
 
 
-def dcp_size(cluster: Cluster, spec: ModelSpec, parallel: Parallel) -> int:
-    """vLLM decode context parallelism: k2_vllm_decode_context_parallel_size, else the GPUs
-    of a node where the model's recipes show it pays (vllm-project/recipes: Kimi-K2-Thinking
-    TP8+DCP8 on 8xH200, +43% output throughput; Kimi-K2 TP8+PP2 with -dcp 8)."""
-    if cluster.engine != "vllm" or cluster.layout not in DCP_LAYOUTS:
-        return 1
-    chosen = cluster.tunables.vllm_decode_context_parallel_size
-    if chosen is not None:
-        return chosen
-    if not spec.decode_context_parallel:
-        return 1
-    size = cluster.gpus_per_node
-    return size if parallel.tp % size == 0 else 1
-
-
 def pool_shapes(cluster: Cluster, counts: dict[PoolName, int], spec: ModelSpec) -> list[PoolShape]:
     """Parallel shapes for a layout given how many nodes each pool has."""
-    gpn = cluster.gpus_per_node
-    shapes = []
-    t = cluster.tunables
-    for name, nodes in counts.items():
-        if cluster.layout == "pd":
-            # One spare expert slot per GPU of each pool (EPLB rebalances them) unless the
-            # inventory says otherwise, as the production 4P12D config does (32 + 96).
-            redundant = t.decode_redundant_experts if name == "decode" else (
-                t.prefill_redundant_experts
-            )
-            parallel = _shape_dp_attention_ep(
-                nodes, gpn, nodes * gpn if redundant is None else redundant
-            )
-        else:
-            parallel = SHAPES[(cluster.engine, cluster.layout)](nodes, gpn)
-            dcp = dcp_size(cluster, spec, parallel)
-            if dcp != 1:
-                parallel = parallel.model_copy(update={"dcp": dcp})
-            if (cluster.engine, cluster.layout) == ("vllm", "dp_ep"):
-                spare = t.vllm_redundant_experts
-                parallel = parallel.model_copy(
-                    update={"redundant_experts": nodes * gpn if spare is None else spare}
-                )
-        gpus = 1 if cluster.engine == "ktransformers" else nodes * gpn
-        shapes.append(PoolShape(name=name, nodes=nodes, gpus=gpus, parallel=parallel))
-    return shapes
+    engine = REGISTRY[cluster.engine]
+    return [
+        PoolShape(
+            name=name,
+            nodes=nodes,
+            gpus=1 if engine.SINGLE_GPU else nodes * cluster.gpus_per_node,
+            parallel=engine.pool_shape(cluster, name, nodes, spec),
+        )
+        for name, nodes in counts.items()
+    ]
 
 
 def divisibility_problems(shape: PoolShape, spec: ModelSpec) -> list[str]:
@@ -162,13 +85,11 @@ def divisibility_problems(shape: PoolShape, spec: ModelSpec) -> list[str]:
 def choices(cluster: Cluster, spec: ModelSpec, gpu: GpuSpec) -> Choices:
     """KV dtype and multimodal serving as they will be rendered."""
     t = cluster.tunables
-    if cluster.engine == "trtllm":
-        kv: KvDtype = "fp8" if t.trtllm_kv_cache_dtype == "fp8" and gpu.fp8 else "bf16"
-    else:
-        kv = "fp8" if t.kv_cache_dtype == "fp8" else "bf16"
+    engine = REGISTRY[cluster.engine]
+    kv = engine.kv_dtype(t, gpu)
     wanted = spec.multimodal if t.multimodal is None else t.multimodal
     multimodal = wanted and spec.multimodal
-    text_only = spec.multimodal and not multimodal and cluster.engine in TEXT_ONLY_ENGINES
+    text_only = spec.multimodal and not multimodal and engine.TEXT_ONLY
     return Choices(
         kv_dtype=kv,
         vision_loaded=spec.multimodal and not text_only,

@@ -9,7 +9,7 @@ from pathlib import Path
 from k2provision.core import catalog
 from k2provision.core.records import Cluster, EngineName, EngineRelease, GpuSpec, ModelSpec
 from k2provision.core.versions import version_at_least
-from k2provision.plan.shapes import FP8_KV_ENGINES, TEXT_ONLY_ENGINES
+from k2provision.engines import REGISTRY
 
 
 def resolve_model(cluster: Cluster) -> ModelSpec:
@@ -76,26 +76,14 @@ def model_problems(
             f"{gpu.key} cannot run natively; fix: use Blackwell GPUs (b200)"
         )
     t = cluster.tunables
-    if cluster.engine in ("sglang", "vllm") and t.kv_cache_dtype == "fp8" and not gpu.fp8:
-        problems.append(
-            f"k2_kv_cache_dtype=fp8: {gpu.key} has no FP8; fix: set k2_kv_cache_dtype=auto"
-        )
-    if t.kv_cache_dtype == "fp8" and cluster.engine == "trtllm":
-        problems.append(
-            "k2_kv_cache_dtype=fp8: TensorRT-LLM's KV dtype is k2_trtllm_kv_cache_dtype "
-            f"({t.trtllm_kv_cache_dtype}); fix: unset k2_kv_cache_dtype"
-        )
-    elif t.kv_cache_dtype == "fp8" and cluster.engine not in FP8_KV_ENGINES:
-        problems.append(
-            f"k2_kv_cache_dtype=fp8: {cluster.engine} renders no FP8 KV cache; fix: set "
-            "k2_kv_cache_dtype=auto"
-        )
+    engine = REGISTRY[cluster.engine]
+    problems += engine.kv_dtype_problems(t, gpu)
     if t.multimodal and not spec.multimodal:
         problems.append(
             f"k2_multimodal=true: {spec.id} has no vision tower; fix: unset k2_multimodal "
             "or choose a multimodal model (Kimi-K2.5 and later)"
         )
-    if spec.multimodal and t.multimodal is False and cluster.engine not in TEXT_ONLY_ENGINES:
+    if spec.multimodal and t.multimodal is False and not engine.TEXT_ONLY:
         warnings.append(
             f"k2_multimodal=false: {cluster.engine} {release.version} has no text-only mode "
             f"for {spec.architectures[0]}: the vision tower stays loaded (and counted)"
