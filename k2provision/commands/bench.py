@@ -71,9 +71,7 @@ def check_client(python: str, client: Client) -> None:
         raise K2Error([f"--client-python {python}: cannot run it ({error})"]) from None
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        pins = ("sglang==0.5.23 (scripts/install-engine-parsers sglang builds .venv-sglang)"
-                if client.kind == "sglang" else
-                "vllm==0.33.0 (scripts/install-engine-parsers vllm builds .venv-vllm)")
+        pins = client.install
         raise K2Error([f"--client-python {python}: `import {client.module}` fails ({last}); "
                        f"install the pinned client there, {pins}, or pass --client-python "
                        "PATH of a Python that has it"])

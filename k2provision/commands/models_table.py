@@ -8,14 +8,11 @@ from typing import Any
 from rich.table import Table
 
 from k2provision.core import catalog
-from k2provision.core.preflight import version_at_least
 from k2provision.core.records import ENGINES, LAYOUTS, Cluster, EngineName, ModelSpec, Tunables
-from k2provision.plan.assemble import (
-    MAX_SEARCH_NODES,
-    TEXT_ONLY_ENGINES,
-    model_problems,
-    smallest_for_layout,
-)
+from k2provision.core.versions import version_at_least
+from k2provision.engines import REGISTRY
+from k2provision.plan.fixes import MAX_SEARCH_NODES, smallest_for_layout
+from k2provision.plan.support import model_problems
 
 GPUS_PER_NODE = 8
 
@@ -91,7 +88,9 @@ def rows(gpus: tuple[str, ...] | None = None, context: int | None = None) -> lis
                 "multimodal": spec.multimodal,
                 "reasoning_parser": spec.reasoning_parser,
                 "tool_parser": spec.tool_parser,
-                "text_only_engines": [e for e in TEXT_ONLY_ENGINES if spec.multimodal],
+                "text_only_engines": [
+                    e for e in ENGINES if REGISTRY[e].TEXT_ONLY and spec.multimodal
+                ],
                 "engines": {
                     engine: {
                         "pinned": catalog.RELEASES[engine].version,

@@ -39,9 +39,9 @@ from k2provision.core.preflight import (
     check_host,
     check_same_driver,
     derive_ib_devices,
-    version_tuple,
 )
 from k2provision.core.records import Plan
+from k2provision.core.versions import version_tuple
 
 __all__ = [
     "DRIVER_CHECKS",

@@ -29,7 +29,14 @@ from k2provision.core.inventory_checks import (
     lab_fault_problem,
     port_problem,
 )
-from k2provision.core.records import LAYOUTS, Cluster, HostSpec, PoolName, Tunables
+from k2provision.core.records import (
+    DEFAULT_ENGINE,
+    LAYOUTS,
+    Cluster,
+    HostSpec,
+    PoolName,
+    Tunables,
+)
 from k2provision.core.variables import (
     CLUSTER_VARS,
     TUNABLE_VARS,
@@ -347,7 +354,7 @@ def cluster_from_groups(
     model_id = str(values.get("k2_model", DEFAULT_MODEL))
     fields = {
         "inventory": source,
-        "engine": engine if engine in LAYOUTS else "sglang",
+        "engine": engine if engine in LAYOUTS else DEFAULT_ENGINE,
         "layout": layout,
         "model": model_id,
         "model_dir": values.get("k2_model_dir", f"/models/{model_id.rsplit('/', maxsplit=1)[-1]}"),

@@ -20,6 +20,7 @@ from collections.abc import Collection, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from k2provision.core.facts import FACTS, GpuInventory, HostFacts, IbPort, Topology, nearest_nics
+from k2provision.core.versions import version_at_least, version_tuple
 
 __all__ = [
     "Expectations",
@@ -28,8 +29,6 @@ __all__ = [
     "check_host",
     "check_same_driver",
     "derive_ib_devices",
-    "version_at_least",
-    "version_tuple",
 ]
 
 GIB = 1024**3
@@ -111,24 +110,6 @@ class Expectations(BaseModel):
         if self.fabric_manager is not None:
             return self.fabric_manager
         return self.gpus_per_node >= 8
-
-
-# ---------------------------------------------------------------- versions
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """``580.159.04`` -> ``(580, 159, 4)``; ValueError for anything not dotted numbers."""
-    text = version.strip()
-    if not re.fullmatch(r"\d+(?:\.\d+)*", text):
-        raise ValueError(f"{version!r} is not a dotted numeric version")
-    return tuple(int(part) for part in text.split("."))
-
-
-def version_at_least(have: str, need: str) -> bool:
-    """Numeric comparison, missing parts counting as 0: ``570.10 >= 570.9``, ``570 >= 570.0``."""
-    a, b = version_tuple(have), version_tuple(need)
-    width = max(len(a), len(b))
-    return a + (0,) * (width - len(a)) >= b + (0,) * (width - len(b))
 
 
 # ---------------------------------------------------------------- one host

@@ -25,6 +25,8 @@ PoolName = Literal["nodes", "prefill", "decode"]
 Role = Literal["node", "prefill", "decode", "router"]
 
 ENGINES: tuple[EngineName, ...] = ("sglang", "trtllm", "vllm", "ktransformers")
+# What a cluster whose inventory names no valid engine is validated as (its error names it).
+DEFAULT_ENGINE: EngineName = "sglang"
 # The lab stand-in's fault modes (k2_lab_fault; die_after takes =<seconds>).
 LAB_FAULTS = ("exit_at_start", "never_healthy", "wrong_answer", "die_after")
 LAYOUTS: dict[str, tuple[str, ...]] = {

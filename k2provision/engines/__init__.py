@@ -1,18 +1,20 @@
-"""Engine renderers: Deployment -> per-host processes and files.
+"""Engines: one module per engine, each all that is engine-specific.
 
-Each engine is one module exposing `render(deployment) -> dict[host, HostRender]` and
-`endpoint(deployment) -> str` (the `Renderer` protocol of engines/base.py, where the shared
-types live); REGISTRY maps engine names to those modules. Engine modules import from
-engines/base.py, never from this package, so the registry's imports run one way.
+Each engine module implements the `Engine` protocol of engines/base.py (where the shared
+types live): its layouts and pool shapes, KV dtypes, text-only serving, container needs, bench
+client, served name, warnings, and `render(deployment) -> dict[host, HostRender]` with
+`endpoint(deployment) -> str`. REGISTRY maps engine names (core/records.py ENGINES) to those
+modules; the plan asks REGISTRY[cluster.engine] and names no engine. Engine modules import
+from engines/base.py, never from this package, so the registry's imports run one way.
 """
 
 from __future__ import annotations
 
 from k2provision.engines import ktransformers, sglang, trtllm, vllm
-from k2provision.engines.base import Renderer
+from k2provision.engines.base import Engine
 
-# Modules satisfy Renderer structurally.
-REGISTRY: dict[str, Renderer] = {
+# Modules satisfy Engine structurally.
+REGISTRY: dict[str, Engine] = {
     "sglang": sglang,
     "trtllm": trtllm,
     "vllm": vllm,

@@ -1,4 +1,4 @@
-"""The types every engine module shares: what a renderer gets, what it returns, its interface.
+"""The types every engine module shares: what an engine gets, what it returns, its interface.
 
 A module of its own so that engine modules import these types without importing the registry
 (engines/__init__.py), which imports the engine modules: imports run one way only.
@@ -6,17 +6,21 @@ A module of its own so that engine modules import these types without importing 
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from k2provision.core.records import (
     Cluster,
     EngineRelease,
+    GpuSpec,
     KvDtype,
     ModelSpec,
+    Parallel,
     PoolName,
     PoolPlan,
     Process,
     Record,
+    Tunables,
 )
 
 
@@ -49,8 +53,59 @@ class HostRender(Record):
     files: dict[str, str] = {}
 
 
-class Renderer(Protocol):
-    """The interface every engine module implements."""
+@dataclass(frozen=True)
+class ContainerNeeds:
+    """What an engine adds to the docker run options, each with its reason."""
+
+    cap_add: tuple[tuple[str, str], ...] = ()
+    """(capability, why)."""
+    ulimits: tuple[tuple[str, str], ...] = ()
+    """(ulimit, why), set ahead of the open-files limit every engine gets."""
+
+
+@dataclass(frozen=True)
+class BenchClient:
+    """The pinned benchmark client that fits an engine, and how it is invoked."""
+
+    kind: Literal["sglang", "vllm"]
+    module: str
+    """The module the client's Python must import (checked before any run)."""
+    command: tuple[str, ...]
+    """What follows the Python interpreter: `-m MODULE [SUBCOMMAND...]`."""
+    backend: str
+    result_name: str
+    """The result file's name in the run's directory."""
+    install: str
+    """The pinned client's package, and how to get it."""
+
+    @property
+    def label(self) -> str:
+        return "python " + " ".join(self.command)
+
+
+class Engine(Protocol):
+    """The interface every engine module implements: all that is engine-specific.
+
+    The plan asks these (``REGISTRY[cluster.engine]``) instead of naming an engine."""
+
+    LAYOUTS: tuple[str, ...]
+    """The layouts the engine renders (core/records.py LAYOUTS lists the same)."""
+    SINGLE_GPU: bool
+    """A pool uses one GPU of its host, whatever the host has."""
+    ROUTED_EXPERTS_ON_HOST: bool
+    """Routed experts live in host memory, not on the GPU."""
+    TEXT_ONLY: bool
+    """The pinned release can leave a multimodal model's vision tower unloaded."""
+    FP8_KV: bool
+    """k2_kv_cache_dtype=fp8 renders an FP8 KV cache for MLA."""
+    DCP_LAYOUTS: tuple[str, ...]
+    """Layouts with decode context parallelism."""
+    HEALTH_PATH: str
+    """The path of the HTTP health gate of the engine's servers."""
+    METRICS_PATH: str | None
+    """The Prometheus metrics path the plan renders, None while it renders none."""
+    BENCH_CLIENT: BenchClient
+    CONTAINER_NEEDS: ContainerNeeds
 
     def render(self, deployment: Deployment) -> dict[str, HostRender]:
         """Processes and files per host name."""
@@ -58,4 +113,28 @@ class Renderer(Protocol):
 
     def endpoint(self, deployment: Deployment) -> str:
         """The OpenAI-compatible base URL clients use."""
+        ...
+
+    def pool_shape(self, cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
+        """The parallel sizes of one pool of `nodes` hosts in the cluster's layout."""
+        ...
+
+    def kv_dtype(self, tunables: Tunables, gpu: GpuSpec) -> KvDtype:
+        """The KV cache dtype the render gives the engine."""
+        ...
+
+    def kv_dtype_problems(self, tunables: Tunables, gpu: GpuSpec) -> list[str]:
+        """KV dtype settings the engine or the GPU cannot honour."""
+        ...
+
+    def served_name(self, cluster: Cluster) -> str:
+        """The model id the engine's API lists."""
+        ...
+
+    def plan_warnings(self, cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
+        """What the operator should know about this engine on this cluster."""
+        ...
+
+    def health_port_setting(self, process: Process) -> str:
+        """The inventory variable that sets the port of `process`'s health gate."""
         ...

@@ -28,7 +28,18 @@ from __future__ import annotations
 
 import ipaddress
 
-from k2provision.core.records import Cluster, HealthGate, HostSpec, LaunchValue, ModelSpec
+from k2provision.core.records import (
+    Cluster,
+    EngineRelease,
+    GpuSpec,
+    HealthGate,
+    HostSpec,
+    KvDtype,
+    LaunchValue,
+    ModelSpec,
+    Process,
+    Tunables,
+)
 
 IFNAME = LaunchValue(name="K2_SOCKET_IFNAME", kind="ifname-of")
 SUBNET = LaunchValue(name="K2_SOCKET_SUBNET", kind="cidr-of")
@@ -138,3 +149,43 @@ def socket_warnings(cluster: Cluster) -> list[str]:
         "the engines, a common cause of hangs at start on hosts with several NICs; set "
         "k2_socket_ifname (e.g. k2_socket_ifname=bond0) or k2_local_ip to the host's address"
     ]
+
+
+# ---------------------------------------------------------------- engine answers most share
+
+
+def kv_cache_dtype(tunables: Tunables, gpu: GpuSpec) -> KvDtype:
+    """k2_kv_cache_dtype as rendered: fp8, or the model's BF16."""
+    return "fp8" if tunables.kv_cache_dtype == "fp8" else "bf16"
+
+
+def fp8_kv_problems(tunables: Tunables, gpu: GpuSpec) -> list[str]:
+    """An FP8 KV cache asked of a GPU without FP8."""
+    if tunables.kv_cache_dtype == "fp8" and not gpu.fp8:
+        return [f"k2_kv_cache_dtype=fp8: {gpu.key} has no FP8; fix: set k2_kv_cache_dtype=auto"]
+    return []
+
+
+def no_fp8_kv_problems(engine: str, tunables: Tunables) -> list[str]:
+    """An FP8 KV cache asked of an engine that renders none."""
+    if tunables.kv_cache_dtype == "fp8":
+        return [
+            f"k2_kv_cache_dtype=fp8: {engine} renders no FP8 KV cache; fix: set "
+            "k2_kv_cache_dtype=auto"
+        ]
+    return []
+
+
+def inventory_served_name(cluster: Cluster) -> str:
+    """k2_served_model_name, which the engine is told to list."""
+    return cluster.tunables.served_model_name
+
+
+def api_port_setting(process: Process) -> str:
+    """Every server of the engine listens on the public k2_api_port."""
+    return "k2_api_port"
+
+
+def no_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
+    """Nothing engine-specific to say."""
+    return []

@@ -22,10 +22,31 @@ balance_serve backend and its rule files; it is no longer the path upstream docu
 
 from __future__ import annotations
 
-from k2provision.core.records import LaunchValue, Process
-from k2provision.engines.base import Deployment, HostRender
-from k2provision.engines.common import any_address, http_gate, http_url
-from k2provision.engines.sglang import LAUNCH_SERVER, model_args, server_env
+from k2provision.core import catalog
+from k2provision.core.catalog import GIB
+from k2provision.core.records import (
+    Cluster,
+    EngineRelease,
+    GpuSpec,
+    LaunchValue,
+    ModelSpec,
+    Parallel,
+    PoolName,
+    Process,
+    Tunables,
+)
+from k2provision.engines.base import ContainerNeeds, Deployment, HostRender
+from k2provision.engines.common import (
+    any_address,
+    api_port_setting,
+    http_gate,
+    http_url,
+    inventory_served_name,
+    kv_cache_dtype,
+    no_fp8_kv_problems,
+)
+from k2provision.engines.sglang import BENCH_CLIENT as SGLANG_BENCH_CLIENT
+from k2provision.engines.sglang import LAUNCH_SERVER, NUMA_BINDING, model_args, server_env
 
 CONTAINER = "k2-ktransformers"
 # kt-kernel's method for the routed experts' format as the checkpoint ships it.
@@ -71,7 +92,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         argv=argv,
         env=env,
         resolve=(*socket_values, *values),
-        health=http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s),
+        health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
     return {pool.master: HostRender(processes=(process,))}
 
@@ -80,3 +101,47 @@ def endpoint(deployment: Deployment) -> str:
     """The server's base URL."""
     pool = deployment.pool("nodes")
     return http_url(pool.master_address, deployment.cluster.tunables.api_port)
+
+
+# ---------------------------------------------------------------- what the plan asks
+
+LAYOUTS: tuple[str, ...] = ("single",)
+SINGLE_GPU = True
+ROUTED_EXPERTS_ON_HOST = True
+TEXT_ONLY = False
+FP8_KV = False
+DCP_LAYOUTS: tuple[str, ...] = ()
+HEALTH_PATH = "/health"
+METRICS_PATH: str | None = None
+# Served by sglang.launch_server: sglang's client on its native route.
+BENCH_CLIENT = SGLANG_BENCH_CLIENT
+CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
+kv_dtype = kv_cache_dtype
+served_name = inventory_served_name
+health_port_setting = api_port_setting
+
+
+def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
+    """One GPU."""
+    return Parallel(tp=1)
+
+
+def kv_dtype_problems(tunables: Tunables, gpu: GpuSpec) -> list[str]:
+    """The render has no FP8 KV cache."""
+    return no_fp8_kv_problems("ktransformers", tunables)
+
+
+def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
+    """The routed experts' host memory, and the image that is built, not pulled."""
+    warnings = [
+        f"ktransformers keeps routed experts in host memory: the host needs about "
+        f"{catalog.routed_expert_bytes(spec) / GIB:.0f} GiB of RAM for the "
+        f"{spec.quantization.routed_experts.label} experts kt-kernel reads from the model "
+        "directory; preflight checks it"
+    ]
+    if not cluster.tunables.image and not cluster.lab:
+        warnings.append(
+            f"{release.image} is built here, not pulled: build containers/ktransformers "
+            f"(kt-kernel {release.version} with its SGLang) and set k2_image to the result"
+        )
+    return warnings

@@ -22,13 +22,27 @@ now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
 from __future__ import annotations
 
 from k2provision.core import catalog
-from k2provision.core.records import HostSpec, LaunchValue, PoolName, PoolPlan, Process, Tunables
-from k2provision.engines.base import Deployment, HostRender
+from k2provision.core.records import (
+    Cluster,
+    HostSpec,
+    LaunchValue,
+    ModelSpec,
+    Parallel,
+    PoolName,
+    PoolPlan,
+    Process,
+    Tunables,
+)
+from k2provision.engines.base import BenchClient, ContainerNeeds, Deployment, HostRender
 from k2provision.engines.common import (
     any_address,
+    fp8_kv_problems,
     host_port,
     http_gate,
     http_url,
+    inventory_served_name,
+    kv_cache_dtype,
+    no_warnings,
     parser_args,
     socket_env,
     socket_ifname,
@@ -349,3 +363,62 @@ def endpoint(deployment: Deployment) -> str:
     if deployment.cluster.layout == "pd":
         return http_url(_router_host(deployment).address, t.api_port)
     return http_url(deployment.pool("nodes").master_address, t.sglang_port)
+
+
+# ---------------------------------------------------------------- what the plan asks
+
+LAYOUTS: tuple[str, ...] = ("tp", "pd")
+SINGLE_GPU = False
+ROUTED_EXPERTS_ON_HOST = False
+# SGLang 0.5.23's --language-model-only does not accept KimiK25ForConditionalGeneration
+# (server_args.py LANGUAGE_MODEL_ONLY_ARCHITECTURES).
+TEXT_ONLY = False
+FP8_KV = True  # --kv-cache-dtype fp8_e4m3
+DCP_LAYOUTS: tuple[str, ...] = ()
+HEALTH_PATH = SERVER_HEALTH_PATH
+METRICS_PATH: str | None = None
+# The native /generate route, through sglang's own client (sglang 0.5.23's home of
+# `sglang.bench_serving`, which is a deprecated alias there).
+BENCH_CLIENT = BenchClient(
+    "sglang",
+    "sglang.benchmark.serving",
+    ("-m", "sglang.benchmark.serving"),
+    "sglang",
+    "result.jsonl",
+    "sglang==0.5.23 (scripts/install-engine-parsers sglang builds .venv-sglang)",
+)
+NUMA_BINDING = (
+    "SYS_NICE",
+    "SGLang binds each rank's memory to its GPU's NUMA node with set_mempolicy/mbind, "
+    "which Docker's default seccomp profile allows only with CAP_SYS_NICE",
+)
+CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
+kv_dtype = kv_cache_dtype
+kv_dtype_problems = fp8_kv_problems
+served_name = inventory_served_name
+plan_warnings = no_warnings
+
+
+def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
+    """TP over the pool's GPUs; in PD pools DP attention and EP as wide, with one spare expert
+    slot per GPU (EPLB rebalances them) unless the inventory says otherwise, as the
+    production 4P12D config does (32 + 96)."""
+    gpus = nodes * cluster.gpus_per_node
+    if cluster.layout != "pd":
+        return Parallel(tp=gpus)
+    t = cluster.tunables
+    spare = t.decode_redundant_experts if pool == "decode" else t.prefill_redundant_experts
+    return Parallel(
+        tp=gpus,
+        dp=gpus,
+        ep=gpus,
+        dp_attention=True,
+        redundant_experts=gpus if spare is None else spare,
+    )
+
+
+def health_port_setting(process: Process) -> str:
+    """SGLang's own servers listen on k2_sglang_port; the PD router on k2_api_port."""
+    return "k2_sglang_port" if any(a.endswith("sglang.launch_server") for a in process.argv) else (
+        "k2_api_port"
+    )

@@ -23,17 +23,31 @@ k2_socket_ifname); Open MPI's own TCP traffic is pinned by subnet (`btl_tcp_if_i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 import yaml
 
-from k2provision.core.records import HostSpec, LaunchValue, PoolPlan, Process
+from k2provision.core.records import (
+    Cluster,
+    EngineRelease,
+    GpuSpec,
+    HostSpec,
+    KvDtype,
+    LaunchValue,
+    ModelSpec,
+    Parallel,
+    PoolName,
+    PoolPlan,
+    Process,
+    Tunables,
+)
 from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.core.templating import render_template
-from k2provision.engines.base import Deployment, HostRender
+from k2provision.engines.base import ContainerNeeds, Deployment, HostRender
 from k2provision.engines.common import (
     SUBNET,
+    api_port_setting,
     http_gate,
     http_url,
     multi_host,
@@ -41,6 +55,7 @@ from k2provision.engines.common import (
     socket_env,
     socket_ifname,
 )
+from k2provision.engines.sglang import BENCH_CLIENT as SGLANG_BENCH_CLIENT
 from k2provision.engines.trtllm_schema import (
     TRTLLM_VERSION,
     CudaGraphConfig,
@@ -283,7 +298,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         resolve=resolve,
         stage=1,
         exec_in=True,
-        health=http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s),
+        health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
     return {
         h.name: HostRender(
@@ -298,3 +313,69 @@ def endpoint(deployment: Deployment) -> str:
     """Rank 0's OpenAI-compatible server."""
     pool = deployment.pool("nodes")
     return http_url(pool.master_address, deployment.cluster.tunables.api_port)
+
+
+# ---------------------------------------------------------------- what the plan asks
+
+LAYOUTS: tuple[str, ...] = ("tp_ep",)
+SINGLE_GPU = False
+ROUTED_EXPERTS_ON_HOST = False
+TEXT_ONLY = False
+FP8_KV = False  # its KV dtype is k2_trtllm_kv_cache_dtype (kv_cache_config.dtype)
+DCP_LAYOUTS: tuple[str, ...] = ()
+HEALTH_PATH = "/health"
+METRICS_PATH: str | None = None
+# trtllm-serve is OpenAI-compatible: sglang's client on the OpenAI completions route.
+BENCH_CLIENT = replace(SGLANG_BENCH_CLIENT, backend="sglang-oai")
+CONTAINER_NEEDS = ContainerNeeds(
+    cap_add=(
+        (
+            "SYS_PTRACE",
+            "Open MPI copies between the ranks of a node with process_vm_readv (CMA), which "
+            "Docker's default seccomp profile allows only with CAP_SYS_PTRACE",
+        ),
+    ),
+    ulimits=(
+        (
+            "stack=67108864:67108864",
+            "the 64 MiB stack NVIDIA's TensorRT-LLM container instructions ask for",
+        ),
+    ),
+)
+health_port_setting = api_port_setting
+
+
+def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
+    """Attention DP over all GPUs, MoE EP within a node."""
+    gpn = cluster.gpus_per_node
+    return Parallel(tp=nodes * gpn, dp=nodes * gpn, ep=gpn, dp_attention=True)
+
+
+def kv_dtype(tunables: Tunables, gpu: GpuSpec) -> KvDtype:
+    """k2_trtllm_kv_cache_dtype, FP8 only where the GPU has it."""
+    return "fp8" if tunables.trtllm_kv_cache_dtype == "fp8" and gpu.fp8 else "bf16"
+
+
+def kv_dtype_problems(tunables: Tunables, gpu: GpuSpec) -> list[str]:
+    """k2_kv_cache_dtype is not TensorRT-LLM's setting."""
+    if tunables.kv_cache_dtype == "fp8":
+        return [
+            "k2_kv_cache_dtype=fp8: TensorRT-LLM's KV dtype is k2_trtllm_kv_cache_dtype "
+            f"({tunables.trtllm_kv_cache_dtype}); fix: unset k2_kv_cache_dtype"
+        ]
+    return []
+
+
+def served_name(cluster: Cluster) -> str:
+    """trtllm-serve has no served-model-name option: it lists the directory's base name."""
+    return served_model_name(cluster.model_dir)
+
+
+def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
+    """The pulled image has no sshd for the mpirun mesh."""
+    if cluster.tunables.image or cluster.lab:
+        return []
+    return [
+        f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
+        "build containers/trtllm from it and set k2_image to the result"
+    ]

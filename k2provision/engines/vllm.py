@@ -43,13 +43,28 @@ from __future__ import annotations
 
 import json
 
-from k2provision.core.records import HealthGate, HostSpec, LaunchValue, PoolPlan, Process
-from k2provision.engines.base import Deployment, HostRender
+from k2provision.core.records import (
+    Cluster,
+    HealthGate,
+    HostSpec,
+    LaunchValue,
+    ModelSpec,
+    Parallel,
+    PoolName,
+    PoolPlan,
+    Process,
+)
+from k2provision.engines.base import BenchClient, ContainerNeeds, Deployment, HostRender
 from k2provision.engines.common import (
     any_address,
+    api_port_setting,
+    fp8_kv_problems,
     host_port,
     http_gate,
     http_url,
+    inventory_served_name,
+    kv_cache_dtype,
+    no_warnings,
     parser_args,
     socket_env,
     socket_ifname,
@@ -227,7 +242,7 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
         resolve=head_values,
         stage=2,
         exec_in=True,
-        health=http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s),
+        health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
     out[head.name] = HostRender(processes=(head_ray, serve))
     for host in hosts[1:]:
@@ -311,10 +326,74 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
             resolve=values,
             stage=0,
             health=(
-                http_gate(pool.master_address, t.api_port, "/health", t.health_timeout_s)
+                http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s)
                 if head
                 else None
             ),
         )
         out[host.name] = HostRender(processes=(process,))
     return out
+
+
+# ---------------------------------------------------------------- what the plan asks
+
+LAYOUTS: tuple[str, ...] = ("tp", "tp_pp", "dp_ep")
+SINGLE_GPU = False
+ROUTED_EXPERTS_ON_HOST = False
+TEXT_ONLY = True  # --language-model-only
+FP8_KV = True  # --kv-cache-dtype fp8
+# Layouts that split attention with tensor parallelism (where DCP applies).
+DCP_LAYOUTS: tuple[str, ...] = ("tp", "tp_pp")
+HEALTH_PATH = "/health"
+METRICS_PATH: str | None = None
+BENCH_CLIENT = BenchClient(
+    "vllm",
+    "vllm.benchmarks.serve",
+    ("-m", "vllm.entrypoints.cli.main", "bench", "serve"),
+    "openai",
+    "result.json",
+    "vllm==0.33.0 (scripts/install-engine-parsers vllm builds .venv-vllm)",
+)
+CONTAINER_NEEDS = ContainerNeeds()
+kv_dtype = kv_cache_dtype
+kv_dtype_problems = fp8_kv_problems
+served_name = inventory_served_name
+plan_warnings = no_warnings
+health_port_setting = api_port_setting
+
+
+def dcp_size(cluster: Cluster, spec: ModelSpec, parallel: Parallel) -> int:
+    """Decode context parallelism: k2_vllm_decode_context_parallel_size, else the GPUs
+    of a node where the model's recipes show it pays (vllm-project/recipes: Kimi-K2-Thinking
+    TP8+DCP8 on 8xH200, +43% output throughput; Kimi-K2 TP8+PP2 with -dcp 8)."""
+    if cluster.layout not in DCP_LAYOUTS:
+        return 1
+    chosen = cluster.tunables.vllm_decode_context_parallel_size
+    if chosen is not None:
+        return chosen
+    if not spec.decode_context_parallel:
+        return 1
+    size = cluster.gpus_per_node
+    return size if parallel.tp % size == 0 else 1
+
+
+def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
+    """tp: TP over all GPUs; tp_pp: TP in a node, one pipeline stage per node; dp_ep: DP
+    attention and EP over all GPUs with a spare expert slot per GPU unless the inventory
+    says otherwise. DCP where it applies."""
+    gpn = cluster.gpus_per_node
+    if cluster.layout == "tp_pp":
+        parallel = Parallel(tp=gpn, pp=nodes)
+    elif cluster.layout == "dp_ep":
+        parallel = Parallel(tp=1, dp=nodes * gpn, ep=nodes * gpn)
+    else:
+        parallel = Parallel(tp=nodes * gpn)
+    dcp = dcp_size(cluster, spec, parallel)
+    if dcp != 1:
+        parallel = parallel.model_copy(update={"dcp": dcp})
+    if cluster.layout == "dp_ep":
+        spare = cluster.tunables.vllm_redundant_experts
+        parallel = parallel.model_copy(
+            update={"redundant_experts": nodes * gpn if spare is None else spare}
+        )
+    return parallel

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from k2provision.core.records import Plan
+from k2provision.engines import REGISTRY
+from k2provision.engines.base import BenchClient
 from k2provision.errors import K2Error
 
 SCHEMA_VERSION = 1
@@ -100,37 +102,12 @@ def concurrency_list(text: str | None) -> tuple[int | None, ...]:
 # ---------------------------------------------------------------- the client
 
 
-@dataclass(frozen=True)
-class Client:
-    kind: ClientKind
-    module: str
-    """The module the client's Python must import (checked before any run)."""
-    command: tuple[str, ...]
-    """What follows the Python interpreter: `-m MODULE [SUBCOMMAND...]`."""
-    backend: str
-    result_name: str
-    """The result file's name in the run's directory."""
-
-    @property
-    def label(self) -> str:
-        return "python " + " ".join(self.command)
-
-
-SGLANG_CLIENT_MODULE = "sglang.benchmark.serving"
-VLLM_CLIENT_MODULE = "vllm.benchmarks.serve"
+Client = BenchClient
 
 
 def client_for(plan: Plan) -> Client:
-    """The pinned client that fits the plan's engine."""
-    if plan.engine == "vllm":
-        return Client("vllm", VLLM_CLIENT_MODULE,
-                      ("-m", "vllm.entrypoints.cli.main", "bench", "serve"),
-                      "openai", "result.json")
-    # SGLang (and KTransformers, served by sglang.launch_server): the native /generate
-    # route; TensorRT-LLM's trtllm-serve: OpenAI completions.
-    backend = "sglang-oai" if plan.engine == "trtllm" else "sglang"
-    return Client("sglang", SGLANG_CLIENT_MODULE, ("-m", SGLANG_CLIENT_MODULE), backend,
-                  "result.jsonl")
+    """The pinned client that fits the plan's engine (the engine declares it)."""
+    return REGISTRY[plan.engine].BENCH_CLIENT
 
 
 @dataclass(frozen=True)

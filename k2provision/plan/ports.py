@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from k2provision.core.records import PortBinding, Process
+from k2provision.engines.base import Engine
 
 __all__ = ["host_ports"]
 
@@ -32,7 +33,7 @@ def _flag_value(argv: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def _process_ports(proc: Process, engine: str) -> list[tuple[str, int]]:
+def _process_ports(proc: Process, engine: Engine) -> list[tuple[str, int]]:
     """(setting, port) pairs one serving process binds, read from its gate and argv."""
     if proc.health is None:
         return []
@@ -41,10 +42,7 @@ def _process_ports(proc: Process, engine: str) -> list[tuple[str, int]]:
     if proc.health.url is not None:
         port = urlsplit(proc.health.url).port
         if port is not None:
-            # SGLang's own servers listen on k2_sglang_port; KTransformers (an SGLang server
-            # too) and every other front end on the public k2_api_port.
-            server = engine == "sglang" and any(a.endswith("sglang.launch_server") for a in argv)
-            found.append(("k2_sglang_port" if server else "k2_api_port", port))
+            found.append((engine.health_port_setting(proc), port))
     for flag, setting in _BIND_FLAGS.items():
         value = _flag_value(argv, flag)
         if value is not None and value.isdigit():
@@ -60,7 +58,7 @@ def _process_ports(proc: Process, engine: str) -> list[tuple[str, int]]:
 
 
 def host_ports(
-    processes: Sequence[Process], files: Mapping[str, str], config_dir: str, engine: str
+    processes: Sequence[Process], files: Mapping[str, str], config_dir: str, engine: Engine
 ) -> tuple[PortBinding, ...]:
     """Every port the processes of one host bind, in process order, the mesh sshd's last."""
     bindings = [

@@ -11,7 +11,8 @@ from k2provision.core import catalog
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import EngineRelease, Plan
 from k2provision.errors import K2Error, PlanError
-from k2provision.plan.assemble import build_plan, support_problems
+from k2provision.plan.assemble import build_plan
+from k2provision.plan.support import support_problems
 
 THINKING = "moonshotai/Kimi-K2-Thinking"
 K25 = "moonshotai/Kimi-K2.5"

@@ -13,7 +13,8 @@ from k2provision.commands.models_table import UNSERVED, markdown, rows
 from k2provision.core import catalog
 from k2provision.core.records import Cluster, HostSpec, PoolName, Tunables
 from k2provision.errors import PlanError
-from k2provision.plan.assemble import build_plan, pool_names
+from k2provision.plan.assemble import build_plan
+from k2provision.plan.shapes import pool_names
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

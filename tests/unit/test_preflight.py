@@ -26,9 +26,8 @@ from k2provision.core.preflight import (
     check_host,
     check_same_driver,
     derive_ib_devices,
-    version_at_least,
-    version_tuple,
 )
+from k2provision.core.versions import version_at_least, version_tuple
 
 HW = Path(__file__).resolve().parents[1] / "fixtures" / "hardware"
 GIB = 1024**3

@@ -1,0 +1,250 @@
+"""The fixes that work: every change suggested for a cluster that does not fit (node counts,
+layouts, redundant experts, GPUs per node, KV dtype, context) is evaluated again and offered
+only when that plan fits. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from k2provision.core.records import LAYOUTS, Cluster, GpuSpec, ModelSpec, PoolName
+from k2provision.engines import REGISTRY
+from k2provision.plan.shapes import (
+    PoolShape,
+    all_pools_fit,
+    choices,
+    evaluate,
+    nodes_text,
+    pool_shapes,
+    sizes_text,
+)
+
+MAX_SEARCH_NODES = 64
+
+
+def _on(n: int, shape: PoolShape, gpn: int, gpu: GpuSpec) -> str:
+    """"2 nodes x 8 h100 (tp 16; 16 GPUs)"."""
+    return f"{nodes_text(n)} x {gpn} {gpu.key} ({sizes_text(shape.parallel)}; {shape.gpus} GPUs)"
+
+
+
+def _counts_by_size(layout: str) -> Iterator[dict[PoolName, int]]:
+    """Node counts for a layout, fewest nodes first."""
+    if layout == "single":
+        yield {"nodes": 1}
+    elif layout == "pd":
+        for total in range(2, MAX_SEARCH_NODES // 2 + 1):
+            for prefill in range(1, total):
+                yield {"prefill": prefill, "decode": total - prefill}
+    else:
+        for n in range(1, MAX_SEARCH_NODES + 1):
+            yield {"nodes": n}
+
+
+def smallest_for_layout(
+    cluster: Cluster, layout: str, spec: ModelSpec, gpu: GpuSpec, context: int, below: int
+) -> tuple[dict[PoolName, int], int] | None:
+    """The fewest nodes (fewer than `below` GPUs) on which `layout` fits: (counts, GPUs)."""
+    trial = cluster.model_copy(update={"layout": layout})
+    for counts in _counts_by_size(layout):
+        gpus = 1 if layout == "single" else sum(counts.values()) * cluster.gpus_per_node
+        if gpus >= below:
+            return None
+        if all_pools_fit(trial, counts, spec, gpu, context):
+            return counts, gpus
+    return None
+
+
+def smallest_fit(
+    cluster: Cluster, spec: ModelSpec, gpu: GpuSpec, context: int
+) -> tuple[str, dict[PoolName, int], int] | None:
+    """The layout of the engine with the fewest GPUs that fits: (layout, counts, GPUs)."""
+    best: tuple[str, dict[PoolName, int], int] | None = None
+    for layout in LAYOUTS[cluster.engine]:
+        below = best[2] if best else 10**9
+        found = smallest_for_layout(cluster, layout, spec, gpu, context, below)
+        if found is not None:
+            best = (layout, *found)
+    return best
+
+
+def _describe_layout(
+    cluster: Cluster, layout: str, counts: dict[PoolName, int], spec: ModelSpec, gpu: GpuSpec
+) -> str:
+    trial = cluster.model_copy(update={"layout": layout})
+    shapes = pool_shapes(trial, counts, spec)
+    pools = " + ".join(
+        nodes_text(s.nodes)
+        + (f" [{s.name}]" if layout == "pd" else "")
+        + f" ({sizes_text(s.parallel)})"
+        for s in shapes
+    )
+    return f"k2_layout={layout} on {pools} x {cluster.gpus_per_node} {gpu.key}"
+
+
+def nearby_counts(
+    cluster: Cluster,
+    pool: PoolName,
+    counts: dict[PoolName, int],
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    context: int,
+) -> list[int]:
+    """The nearest node counts below and above the requested one for which `pool` fits."""
+    asked = counts[pool]
+    limit = max(MAX_SEARCH_NODES, 2 * asked)
+    below = next(
+        (
+            n
+            for n in range(asked - 1, 0, -1)
+            if pool not in evaluate(cluster, {**counts, pool: n}, spec, gpu, context)[2]
+        ),
+        None,
+    )
+    above = next(
+        (
+            n
+            for n in range(asked + 1, limit + 1)
+            if pool not in evaluate(cluster, {**counts, pool: n}, spec, gpu, context)[2]
+        ),
+        None,
+    )
+    return [n for n in (below, above) if n is not None]
+
+
+def _shape_of(
+    cluster: Cluster, pool: PoolName, counts: dict[PoolName, int], spec: ModelSpec
+) -> PoolShape:
+    return next(s for s in pool_shapes(cluster, counts, spec) if s.name == pool)
+
+
+def _poolall_pools_fit(
+    cluster: Cluster,
+    pool: PoolName,
+    counts: dict[PoolName, int],
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    context: int,
+) -> bool:
+    return pool not in evaluate(cluster, counts, spec, gpu, context)[2]
+
+
+def fixes(
+    cluster: Cluster,
+    counts: dict[PoolName, int],
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    context: int,
+) -> dict[PoolName, list[str]]:
+    """Changes that make each failing pool fit, each planned again before it is offered.
+
+    PD pools are separate serving instances, so a pool's fix is judged on that pool; a
+    change to the whole cluster (layout, GPUs per node, KV dtype, context) only when it
+    makes every pool fit."""
+    _, reports, problems = evaluate(cluster, counts, spec, gpu, context)
+    t = cluster.tunables
+    gpn = cluster.gpus_per_node
+    out: dict[PoolName, list[str]] = {pool: [] for pool in problems}
+
+    def works(c: Cluster, ctx: int | None = None) -> bool:
+        return all_pools_fit(c, counts, spec, gpu, ctx or context)
+
+    for pool, found in problems.items():
+        # Node counts near what was asked, all else equal.
+        near = nearby_counts(cluster, pool, counts, spec, gpu, context)
+        if near:
+            label = "" if cluster.layout != "pd" else f" [{pool}]"
+            options = " or ".join(
+                _on(n, _shape_of(cluster, pool, {**counts, pool: n}, spec), gpn, gpu)
+                for n in near
+            )
+            out[pool].append(f"{cluster.engine} {cluster.layout}{label} fits on {options}")
+        # Redundant experts that let the decode pool's expert parallelism divide.
+        if pool == "decode" and any("expert parallel size" in p for p in found):
+            ep = counts["decode"] * cluster.gpus_per_node
+            spare = (-spec.n_routed_experts) % ep
+            for r in (spare, spare + ep):
+                if r == t.decode_redundant_experts:
+                    continue
+                trial = cluster.model_copy(
+                    update={"tunables": t.model_copy(update={"decode_redundant_experts": r})}
+                )
+                if _poolall_pools_fit(trial, pool, counts, spec, gpu, context):
+                    out[pool].append(
+                        f"k2_decode_redundant_experts={r} ({spec.n_routed_experts} + {r} expert "
+                        f"slots over ep {ep}) on these {nodes_text(counts['decode'])}"
+                    )
+                    break
+
+    shared: list[str] = []
+    # GPUs per node, when the count given cannot split the model's heads or experts.
+    if spec.num_attention_heads % gpn or spec.n_routed_experts % gpn:
+        for g in (8, 4, 2, 1):
+            trial = cluster.model_copy(update={"gpus_per_node": g})
+            if works(trial):
+                shared.append(f"k2_gpus_per_node={g} if the hosts have {g} GPUs each")
+                break
+    # Every other layout of the engine: on these hosts, or on the fewest that fit (for PD
+    # pools only when no change to the pools themselves works).
+    if cluster.layout != "pd" or not any(out.values()):
+        for layout in LAYOUTS[cluster.engine]:
+            if layout == cluster.layout:
+                continue
+            trial = cluster.model_copy(update={"layout": layout})
+            same: dict[PoolName, int] = {"nodes": sum(counts.values())}
+            if layout != "pd" and cluster.layout != "pd" and works(trial):
+                shared.append(_describe_layout(cluster, layout, same, spec, gpu) + " fits")
+                continue
+            alt = smallest_for_layout(cluster, layout, spec, gpu, context, 10**9)
+            if alt is not None:
+                alt_sizes, alt_gpus = alt
+                shared.append(
+                    f"{_describe_layout(cluster, layout, alt_sizes, spec, gpu)} "
+                    f"({alt_gpus} GPUs) fits"
+                )
+    # Decode context parallelism that divides the TP group (more tokens per replica).
+    engine = REGISTRY[cluster.engine]
+    if cluster.layout in engine.DCP_LAYOUTS:
+        current = engine.pool_shape(cluster, "nodes", 1, spec).dcp
+        for size in (gpn, 4, 2, 1):
+            if size == current:
+                continue
+            trial = cluster.model_copy(
+                update={
+                    "tunables": t.model_copy(update={"vllm_decode_context_parallel_size": size})
+                }
+            )
+            if works(trial):
+                shared.append(
+                    f"k2_vllm_decode_context_parallel_size={size} (each token's KV on one "
+                    f"GPU of {size})"
+                )
+                break
+    # An FP8 KV cache, where the engine renders one for MLA.
+    c = choices(cluster, spec, gpu)
+    if c.kv_dtype == "bf16" and gpu.fp8 and engine.FP8_KV:
+        trial = cluster.model_copy(
+            update={"tunables": t.model_copy(update={"kv_cache_dtype": "fp8"})}
+        )
+        if works(trial):
+            shared.append("k2_kv_cache_dtype=fp8 (an FP8 KV cache holds twice the tokens)")
+    # Text-only serving of a multimodal model, where the engine can drop the vision tower.
+    if c.vision_loaded and engine.TEXT_ONLY:
+        trial = cluster.model_copy(update={"tunables": t.model_copy(update={"multimodal": False})})
+        if works(trial):
+            shared.append("k2_multimodal=false (text only: the vision tower is not loaded)")
+    # A shorter context, only when the KV cache (not weights, sizes or buffers) falls short.
+    if not any("does not divide" in p for ps in problems.values() for p in ps):
+        held = min(r.kv_tokens_per_replica for r in reports)
+        if 0 < held < context and works(cluster, ctx=held):
+            shared.append(f"k2_context_length={held} or less (what one replica's KV cache holds)")
+    # Every layout of the engine: the smallest that fits, when nothing nearer does.
+    if not shared and not any(out.values()):
+        best = smallest_fit(cluster, spec, gpu, context)
+        if best is not None:
+            best_layout, best_sizes, best_gpus = best
+            shared.append(
+                f"the smallest {cluster.engine} layout that fits is "
+                f"{_describe_layout(cluster, best_layout, best_sizes, spec, gpu)} "
+                f"({best_gpus} GPUs)"
+            )
+    return {pool: hints + shared for pool, hints in out.items()}

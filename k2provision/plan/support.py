@@ -1,0 +1,96 @@
+"""Model and release checks: whether the pinned engine release serves the model, and what no
+layout can fix (hardware formats, KV dtype, multimodal serving, context). Pure but for reading
+a k2_model_config_json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k2provision.core import catalog
+from k2provision.core.records import Cluster, EngineName, EngineRelease, GpuSpec, ModelSpec
+from k2provision.core.versions import version_at_least
+from k2provision.engines import REGISTRY
+
+
+def resolve_model(cluster: Cluster) -> ModelSpec:
+    """The catalog entry, with a local config.json's numbers when the inventory names one."""
+    spec = catalog.model(cluster.model)
+    if cluster.tunables.model_config_json:
+        spec = catalog.model_from_config(spec, Path(cluster.tunables.model_config_json))
+    return spec
+
+
+def support_problems(
+    spec: ModelSpec, engine: EngineName, release: EngineRelease, image: str | None
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings) about whether the pinned engine release serves the model."""
+    support = spec.support.get(engine)
+    others = [
+        e for e, s in spec.support.items() if e != engine and s.min_version is not None and (
+            version_at_least(catalog.RELEASES[e].version, s.min_version)
+        )
+    ]
+    alternatives = f"k2_engine={' or '.join(others)}" if others else "another model"
+    if support is None or support.min_version is None:
+        source = f" ({support.source})" if support else ""
+        return (
+            [
+                f"k2_model={spec.id}: no {engine} release is known to serve it{source}; "
+                f"fix: choose {alternatives}"
+            ],
+            [],
+        )
+    if version_at_least(release.version, support.min_version):
+        return [], []
+    if image:
+        return [], [
+            f"k2_image={image}: {spec.id} needs {engine} >= {support.min_version} "
+            f"({support.source}) and the command lines follow {engine} {release.version}; "
+            "make sure the image's release serves both"
+        ]
+    return (
+        [
+            f"k2_model={spec.id} needs {engine} >= {support.min_version} ({support.source}), "
+            f"but the pinned release is {release.version}; fix: set k2_image to an image of "
+            f"{engine} {support.min_version} or later, or choose {alternatives}"
+        ],
+        [],
+    )
+
+
+def model_problems(
+    cluster: Cluster, spec: ModelSpec, gpu: GpuSpec, context: int
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings) that no layout can fix: release, hardware formats, context."""
+    release = catalog.RELEASES[cluster.engine]
+    problems, warnings = support_problems(spec, cluster.engine, release, cluster.tunables.image)
+    schemes = spec.quantization.schemes()
+    if schemes & {"fp8_block", "fp8_channel"} and not gpu.fp8:
+        problems.append(
+            f"k2_gpu={gpu.key}: {spec.id} ships FP8 weights, which {gpu.key} cannot run "
+            "natively; fix: use Hopper or Blackwell GPUs (h200, h100, h20, h800, b200)"
+        )
+    if schemes & {"nvfp4", "mxfp4"} and not gpu.fp4:
+        problems.append(
+            f"k2_gpu={gpu.key}: {spec.id} ships FP4 ({spec.quantization.label}) weights, which "
+            f"{gpu.key} cannot run natively; fix: use Blackwell GPUs (b200)"
+        )
+    t = cluster.tunables
+    engine = REGISTRY[cluster.engine]
+    problems += engine.kv_dtype_problems(t, gpu)
+    if t.multimodal and not spec.multimodal:
+        problems.append(
+            f"k2_multimodal=true: {spec.id} has no vision tower; fix: unset k2_multimodal "
+            "or choose a multimodal model (Kimi-K2.5 and later)"
+        )
+    if spec.multimodal and t.multimodal is False and not engine.TEXT_ONLY:
+        warnings.append(
+            f"k2_multimodal=false: {cluster.engine} {release.version} has no text-only mode "
+            f"for {spec.architectures[0]}: the vision tower stays loaded (and counted)"
+        )
+    if context > spec.max_position_embeddings:
+        problems.append(
+            f"k2_context_length={context} exceeds {spec.id}'s max_position_embeddings "
+            f"{spec.max_position_embeddings}; fix: lower k2_context_length"
+        )
+    return problems, warnings
