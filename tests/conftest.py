@@ -1,1 +1,5 @@
-pytest_plugins = ["tests.lab_support", "tests.main_install", "tests.unit.contract_support"]
+pytest_plugins = [
+    "tests.lab_support",
+    "tests.main_install",
+    "tests.k2provision.unit.contract_support",
+]
