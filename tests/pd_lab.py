@@ -3,17 +3,15 @@ host, and a 4-host 2-prefill / 2-decode SGLang PD cluster of stand-ins (real SSH
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import k2lab as lab_api
 from k2lab.standin import build_standin
+from tests import runners
+from tests.runners import on_host
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 MODEL_DIR = "/models/Kimi-K2-Instruct"
 # Every CLI run of the lab tests has a Hugging Face token in its environment, as a user's
 # shell would: no run record may hold it.
@@ -24,29 +22,9 @@ LAB_VARS: dict[str, lab_api.VarValue] = {
     "k2_model_dir": MODEL_DIR,
     "k2_context_length": 32768,
 }
-
-
-def k2(*args: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """The k2provision CLI as a user runs it (a terminal wide enough for status's table, a
-    Hugging Face token in the environment)."""
-    return subprocess.run(
-        [str(BIN / "k2provision"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "250", "HF_TOKEN": LAB_HF_TOKEN},
-        check=False,
-    )
-
-
-def on_host(state: Any, host: str, command: str) -> str:
-    """`command` on a lab host over SSH; its stdout (a failure fails the test)."""
-    out = subprocess.run(
-        lab_api.ssh_command(state, host, command), capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, (host, command, out.stderr)
-    return out.stdout
+# The CLI as a user runs it: the installed console script, a terminal wide enough for status's
+# table, a Hugging Face token in the environment.
+k2 = partial(runners.k2, installed=True, timeout=600, COLUMNS="250", HF_TOKEN=LAB_HF_TOKEN)
 
 
 def pd_cluster_up(inventory: Path) -> Any:
@@ -63,11 +41,5 @@ def pd_cluster_up(inventory: Path) -> Any:
 def remove_engine_containers(state: Any) -> None:
     """Every k2- container on every lab host removed (best effort, for teardown)."""
     for host in state.hosts:
-        subprocess.run(
-            lab_api.ssh_command(
-                state, host.name, "docker rm -f $(docker ps -aq --filter name=k2-) || true"
-            ),
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
+        on_host(state, host.name, "docker rm -f $(docker ps -aq --filter name=k2-) || true",
+                check=False)

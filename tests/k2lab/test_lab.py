@@ -20,21 +20,9 @@ from k2lab.hosts import port_open
 from k2lab.images import BASE_IMAGE
 from k2lab.proc import is_alive, quiet_log
 from tests.lab_support import ROOT, ansible_env, side_instance
+from tests.runners import on_host as sh
 
 pytestmark = pytest.mark.lab
-
-
-def sh(state: labapi.LabState, host: str, command: str, timeout: float = 120) -> str:
-    """Run a command on a lab host over SSH; fail the test with its stderr otherwise."""
-    out = subprocess.run(
-        labapi.ssh_command(state, host, command),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert out.returncode == 0, (host, command, out.stdout[-2000:], out.stderr[-2000:])
-    return out.stdout
 
 
 def test_hosts_have_their_own_names_and_addresses(lab: labapi.LabState) -> None:

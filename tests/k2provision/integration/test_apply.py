@@ -19,13 +19,11 @@ import k2lab as lab_api
 from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
 from tests.pd_lab import (
-    BIN,
-    ROOT,
     k2,
-    on_host,
     pd_cluster_up,
     remove_engine_containers,
 )
+from tests.runners import BIN, ROOT, on_host
 
 pytestmark = pytest.mark.lab
 

@@ -24,14 +24,12 @@ from k2provision.core.inventory import load_cluster
 from k2provision.ops.bench import LAB_NOTICE, SCHEMA_VERSION
 from k2provision.plan.assemble import build_plan
 from tests.pd_lab import (
-    BIN,
     LAB_HF_TOKEN,
-    ROOT,
     k2,
-    on_host,
     pd_cluster_up,
     remove_engine_containers,
 )
+from tests.runners import BIN, ROOT, on_host
 
 pytestmark = pytest.mark.lab
 

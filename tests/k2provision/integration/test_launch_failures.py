@@ -22,10 +22,10 @@ import yaml
 from tests.pd_lab import (
     MODEL_DIR,
     k2,
-    on_host,
     pd_cluster_up,
     remove_engine_containers,
 )
+from tests.runners import on_host
 
 pytestmark = pytest.mark.lab
 

@@ -25,6 +25,7 @@ import k2lab as lab
 from k2lab.config import LabConfig, default_lab_dir
 from k2lab.standin import build_standin
 from tests.lab_support import require_lab
+from tests.runners import on_host
 
 pytestmark = pytest.mark.lab
 
@@ -78,14 +79,6 @@ def changed_tasks(record: Path) -> set[tuple[str, str]]:
 
 def summary(record: Path) -> dict[str, Any]:
     return dict(json.loads((record / "summary.json").read_text()))
-
-
-def on_host(state: lab.LabState, host: str, command: str) -> str:
-    done = subprocess.run(
-        lab.ssh_command(state, host, command), capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, (host, command, done.stderr)
-    return done.stdout
 
 
 @pytest.fixture(scope="module")

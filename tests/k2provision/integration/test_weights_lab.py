@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import k2lab as lab_api
+from tests.runners import k2, on_host
 
 pytestmark = pytest.mark.lab
 
@@ -46,23 +47,8 @@ def weights(
     inventory: Path, *args: str, runs: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The weights command, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "k2provision.cli", "weights", str(inventory), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "200", **(env or {})},
-    )
-
-
-def on_host(state: Any, host: str, command: str, check: bool = True) -> str:
-    out = subprocess.run(
-        lab_api.ssh_command(state, host, command), capture_output=True, text=True, timeout=120
-    )
-    if check:
-        assert out.returncode == 0, (host, command, out.stderr)
-    return out.stdout
+    return k2("weights", str(inventory), *args, runs=runs, timeout=600, COLUMNS="200",
+              **(env or {}))
 
 
 def newest_record(runs: Path) -> Path:

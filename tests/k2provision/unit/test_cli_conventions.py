@@ -18,21 +18,10 @@ import k2provision
 from k2provision.commands import flow
 from k2provision.commands.flow import HostRun, RunHooks
 from k2provision.run.display import err_console
+from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
 PROD = str(ROOT / "inventory" / "prod.ini")
-
-
-def k2(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "k2provision.cli", *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def help_lines(text: str) -> list[str]:

@@ -6,32 +6,19 @@ the display functions for the rest."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from k2provision.errors import K2Error
 from k2provision.run import display
 from k2provision.run.events import HostResult, Tally
 from k2provision.weights import progress
+from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
 FATAL = "fatal: [lab1]: UNREACHABLE"
 TRICKY = f"{FATAL} [/etc/x] :100: [bold]x[/bold] [WARNING]"
 EMOJI = "\N{HUNDRED POINTS SYMBOL}"
-
-
-def k2(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "k2provision.cli", *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250", **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def assert_plain(out: subprocess.CompletedProcess[str]) -> None:
@@ -57,7 +44,7 @@ def unreachable_cluster(tmp_path: Path) -> Path:
 
 def test_ansible_failures_print_exactly_as_ansible_said_them(tmp_path: Path) -> None:
     inventory = unreachable_cluster(tmp_path)
-    out = k2("apply", str(inventory), "--tags", "preflight", cwd=tmp_path,
+    out = k2("apply", str(inventory), "--tags", "preflight", cwd=tmp_path, COLUMNS="250",
              K2_RUNS_DIR=str(tmp_path / "runs"))  # fmt: skip
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr
     assert_plain(out)
@@ -72,7 +59,7 @@ def test_ansible_failures_print_exactly_as_ansible_said_them(tmp_path: Path) -> 
 
 def test_ansible_s_own_error_output_prints_as_it_is(tmp_path: Path) -> None:
     inventory = unreachable_cluster(tmp_path)
-    out = k2("apply", str(inventory), "--limit", "x[/etc/x]:100:", cwd=tmp_path,
+    out = k2("apply", str(inventory), "--limit", "x[/etc/x]:100:", cwd=tmp_path, COLUMNS="250",
              K2_RUNS_DIR=str(tmp_path / "runs"))  # fmt: skip
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr
     assert_plain(out)
@@ -86,13 +73,13 @@ def test_addresses_and_error_lines_print_as_they_are(tmp_path: Path) -> None:
         "[nodes]\nh1 ansible_host=fd00:100::1\nh2 ansible_host=fd00:100::2\n"
         "[all:vars]\nk2_engine=sglang\nk2_layout=tp\n"
     )
-    out = k2("plan", str(inventory), cwd=tmp_path)
+    out = k2("plan", str(inventory), cwd=tmp_path, COLUMNS="250")
     assert out.returncode == 0, out.stderr
     assert_plain(out)
     assert "fd00:100::1" in out.stdout
 
     missing = tmp_path / "a[" / "etc" / "x]:100:.ini"
-    out = k2("plan", str(missing), cwd=tmp_path)
+    out = k2("plan", str(missing), cwd=tmp_path, COLUMNS="250")
     assert out.returncode == 2
     assert_plain(out)
     assert str(missing) in out.stderr

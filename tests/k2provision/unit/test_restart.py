@@ -5,9 +5,6 @@ refusal without a terminal."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from k2provision.core.records import Plan
 from k2provision.errors import K2Error
 from k2provision.ops.restart import NAMED, describe_parallel, restart_set
 from k2provision.plan.assemble import build_plan
+from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "golden"
@@ -141,23 +139,9 @@ def test_the_playbook_filter_reads_the_same_set_from_the_registered_plan() -> No
         restart_filter(plan, "nope")
 
 
-def k2(*args: str, runs: Path) -> subprocess.CompletedProcess[str]:
-    """The CLI without a terminal on its standard input, as in a script."""
-    return subprocess.run(
-        [sys.executable, "-m", "k2provision.cli", *args],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250", "K2_RUNS_DIR": str(runs)},
-    )
-
-
 def test_without_a_terminal_or_yes_restart_shows_the_set_and_refuses(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    out = k2("restart", "inventory/prod.ini", "--limit", "gpu-d05", runs=runs)
+    out = k2("restart", "inventory/prod.ini", "--limit", "gpu-d05", runs=runs, COLUMNS="250")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "gpu-d05" in out.stdout
     assert "gpu-d12" in out.stdout
@@ -168,7 +152,8 @@ def test_without_a_terminal_or_yes_restart_shows_the_set_and_refuses(tmp_path: P
 
 
 def test_an_unknown_host_is_exit_2_naming_it(tmp_path: Path) -> None:
-    out = k2("restart", "inventory/prod.ini", "--limit", "gpu-x01", "--yes", runs=tmp_path)
+    out = k2("restart", "inventory/prod.ini", "--limit", "gpu-x01", "--yes", runs=tmp_path,
+             COLUMNS="250")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "'gpu-x01'" in out.stderr
     assert "restart, in stage order" not in out.stdout

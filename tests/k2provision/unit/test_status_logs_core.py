@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from k2provision.ops.status_probe import (
 )
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH, spec_hash
+from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
 LAB_ARGS = (
@@ -269,17 +269,6 @@ def test_since_refuses_words() -> None:
 
 
 # ---------------------------------------------------------------- bad input
-
-
-def k2(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "k2provision.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(

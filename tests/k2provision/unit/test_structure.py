@@ -156,3 +156,34 @@ def test_the_product_never_imports_the_lab() -> None:
     # Nor by name (importlib, entry points written in code): the name never appears.
     named = [m for m, path in product.items() if "k2lab" in path.read_text()]
     assert named == []
+
+
+# The tests run the CLI and a command on a lab host one way, tests/runners.py's.
+TEST_RUNNERS = ("k2", "on_host")
+
+
+def runner_copies(source: str) -> list[str]:
+    """Functions named like a test runner (k2, on_host) that `source` defines."""
+    return [
+        node.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in TEST_RUNNERS
+    ]
+
+
+def test_the_runner_finder_finds_a_copy() -> None:
+    source = "def k2(*args):\n    pass\nclass C:\n    def on_host(self):\n        pass\n"
+    assert runner_copies(source) == ["k2", "on_host"]
+
+
+def test_no_test_module_defines_its_own_cli_runner_or_on_host() -> None:
+    tests = ROOT / "tests"
+    home = tests / "runners.py"
+    assert runner_copies(home.read_text()) == list(TEST_RUNNERS)
+    copies = [
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in sorted(tests.rglob("*.py"))
+        if path != home
+        for name in runner_copies(path.read_text())
+    ]
+    assert copies == []
