@@ -20,7 +20,6 @@ from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
 from tests.pd_lab import (
     k2,
-    pd_cluster_up,
     remove_engine_containers,
 )
 from tests.runners import BIN, ROOT, on_host
@@ -38,11 +37,12 @@ def changed(summary: dict[str, Any]) -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    """4 lab hosts as a 2-prefill / 2-decode SGLang PD cluster, stand-in engines."""
-    inventory = tmp_path_factory.mktemp("inv") / "pd.ini"
-    state = pd_cluster_up(inventory)
-    yield state, inventory
+def cluster(pd_cluster: tuple[Any, Path]) -> Iterator[tuple[Any, Path]]:
+    """The session's 2-prefill / 2-decode SGLang PD cluster, stand-in engines, none running:
+    the first apply has work to do."""
+    state, _ = pd_cluster
+    remove_engine_containers(state)
+    yield pd_cluster
     remove_engine_containers(state)
 
 

@@ -26,7 +26,6 @@ from k2provision.plan.assemble import build_plan
 from tests.pd_lab import (
     LAB_HF_TOKEN,
     k2,
-    pd_cluster_up,
     remove_engine_containers,
 )
 from tests.runners import BIN, ROOT, on_host
@@ -39,11 +38,12 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Path]]:
-    """4 lab hosts as a converged 2-prefill / 2-decode PD cluster (state, inventory, runs)."""
-    inventory = tmp_path_factory.mktemp("inv") / "pd.ini"
+def cluster(
+    pd_cluster: tuple[Any, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, Path, Path]]:
+    """The session's PD cluster, converged by an apply (state, inventory, runs)."""
+    state, inventory = pd_cluster
     runs = tmp_path_factory.mktemp("runs")
-    state = pd_cluster_up(inventory)
     applied = k2("apply", str(inventory), runs=runs)
     assert applied.returncode == 0, applied.stdout[-4000:] + applied.stderr[-2000:]
     yield state, inventory, runs

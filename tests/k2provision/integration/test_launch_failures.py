@@ -11,6 +11,7 @@ a wrong chat completion (verify shows it); a rank that dies after a good apply (
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,6 @@ import yaml
 from tests.pd_lab import (
     MODEL_DIR,
     k2,
-    pd_cluster_up,
     remove_engine_containers,
 )
 from tests.runners import on_host
@@ -80,11 +80,15 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """4 lab hosts as 2 prefill + 2 decode, nothing launched yet."""
+def cluster(
+    pd_cluster: tuple[Any, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """The session's PD cluster (2 prefill + 2 decode), nothing launched yet, through a copy of
+    its inventory: the host_vars/ and group_vars/ these tests write stay beside the copy."""
+    state, shared = pd_cluster
     inventory = tmp_path_factory.mktemp("inv") / "pd.ini"
+    shutil.copyfile(shared, inventory)
     runs = tmp_path_factory.mktemp("runs")
-    state = pd_cluster_up(inventory)
     remove_engine_containers(state)
     yield Cluster(state, inventory, runs)
     remove_engine_containers(state)
