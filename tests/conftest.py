@@ -1,1 +1,6 @@
-pytest_plugins = ["tests.lab_support", "tests.main_install", "tests.unit.contract_support"]
+pytest_plugins = [
+    "tests.lab_support",
+    "tests.main_install",
+    "tests.pd_lab",
+    "tests.k2provision.unit.contract_support",
+]

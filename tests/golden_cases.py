@@ -3,8 +3,8 @@
 Each folder under tests/golden/ holds ``inventory.ini`` and ``expected.json``: the whole plan
 (layout, ranks, memory fit, ports, every process's argv, env and files) and, per host, the exact
 ``docker run`` / ``docker exec`` argv that starts each process (the container command, options
-and spec-hash label included). tests/unit/test_golden.py only compares; ``scripts/regen-goldens``
-rewrites the expectations for a person to review as a diff.
+and spec-hash label included). tests/k2provision/unit/test_golden.py only compares;
+``scripts/regen-goldens`` rewrites the expectations for a person to review as a diff.
 """
 
 from __future__ import annotations

@@ -1,0 +1,69 @@
+"""The one way the tests run the k2provision CLI (``k2``) and a command on a lab host
+(``on_host``). Test modules import these; tests/k2provision/unit/test_structure.py fails on a
+module that defines its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import k2lab as lab_api
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def k2(
+    *args: str,
+    cwd: Path = ROOT,
+    runs: Path | None = None,
+    timeout: float = 300,
+    installed: bool = False,
+    unset_prefix: str | None = None,
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child process, its output captured, no terminal on its standard input (as
+    in a script). ``installed`` runs the console script pip installed, as a user types it,
+    instead of ``python -m k2provision.cli``; ``runs`` is its K2_RUNS_DIR; ``env`` is added to
+    this process's environment, after removing its variables that start with ``unset_prefix``."""
+    argv = [str(BIN / "k2provision")] if installed else [sys.executable, "-m", "k2provision.cli"]
+    extra = {"K2_RUNS_DIR": str(runs)} if runs is not None else {}
+    return subprocess.run(
+        [*argv, *args],
+        cwd=cwd,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        timeout=timeout,
+        env={
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not (unset_prefix and k.startswith(unset_prefix))
+            },
+            "PYTHONPATH": str(ROOT),
+            **extra,
+            **env,
+        },
+        check=False,
+    )
+
+
+def on_host(
+    state: Any, host: str, command: str, *, timeout: float = 120, check: bool = True
+) -> str:
+    """``command`` on lab host ``host`` over SSH; its stdout. Unless ``check`` is false, a
+    non-zero exit fails the test with the host, the command and the ends of its output."""
+    out = subprocess.run(
+        lab_api.ssh_command(state, host, command),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check:
+        assert out.returncode == 0, (host, command, out.stdout[-2000:], out.stderr[-2000:])
+    return out.stdout
