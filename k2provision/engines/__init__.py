@@ -6,6 +6,9 @@ client, served name, warnings, and `render(deployment) -> dict[host, HostRender]
 `endpoint(deployment) -> str`. REGISTRY maps engine names (core/records.py ENGINES) to those
 modules; the plan asks REGISTRY[cluster.engine] and names no engine. Engine modules import
 from engines/base.py, never from this package, so the registry's imports run one way.
+
+May import: ``k2provision.core`` and ``k2provision.errors``; nothing from plan/, ops/, run/
+or commands/.
 """
 
 from __future__ import annotations

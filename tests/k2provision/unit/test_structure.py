@@ -187,3 +187,53 @@ def test_no_test_module_defines_its_own_cli_runner_or_on_host() -> None:
         for name in runner_copies(path.read_text())
     ]
     assert copies == []
+
+
+# What each sub-package of k2provision may import (its __init__ docstring says the same).
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": {"errors"},
+    "engines": {"core", "errors"},
+    "plan": {"core", "engines", "errors"},
+    "ops": {"core", "engines", "plan", "errors"},
+    "run": {"core", "engines", "plan", "ops", "errors"},
+    "weights": {"core", "run", "ansible", "errors"},
+    "ansible": {"core", "engines", "plan", "ops", "weights", "errors"},
+    "commands": {"core", "engines", "plan", "ops", "run", "weights", "errors"},
+}
+
+
+def sub_package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "k2provision" and len(parts) > 2 else None
+
+
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    found = []
+    for source, targets in sorted(edges.items()):
+        mine = sub_package(source)
+        if mine is None:
+            continue
+        for target in sorted(targets):
+            theirs = sub_package(target) or target.split(".")[-1]
+            if theirs != mine and theirs not in MAY_IMPORT[mine]:
+                found.append(f"{source} -> {target}")
+    return found
+
+
+def test_sub_packages_import_only_their_layers_below() -> None:
+    assert set(MAY_IMPORT) == {
+        p.name for p in (ROOT / "k2provision").iterdir() if (p / "__init__.py").exists()
+    }
+    assert layer_violations(graph()) == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    edges = {"k2provision.core.inventory": {"k2provision.plan.assemble"}}
+    assert layer_violations(edges) == ["k2provision.core.inventory -> k2provision.plan.assemble"]
+
+
+def test_each_sub_package_says_what_it_may_import() -> None:
+    for name in MAY_IMPORT:
+        init = ROOT / "k2provision" / name / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "May import:" in doc, name
