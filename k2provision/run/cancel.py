@@ -192,11 +192,12 @@ def running_playbook(state: Cancellation) -> Iterator[None]:
 
 def note_playbook(state: Cancellation, pgid: int, what: str) -> None:
     """A playbook runs in process group `pgid`: known to the stop handler from now on (until
-    `forget_playbook`). A signal that came before the group was known reaches it now."""
+    `forget_playbook`). A signal that came before the group was known reaches it now, unless
+    the playbook is a cancelled run's cleanup."""
     if pgid <= 1 or pgid == os.getpgrp():
         return
     state.playbooks[pgid] = what
-    if state.requested:
+    if state.requested and not state.cleaning:  # a cleanup playbook is left to do its work
         _signal_group(pgid, signal.SIGINT)
 
 
