@@ -4,7 +4,8 @@ Each command lives in k2provision/commands/<name>.py and adds itself through `re
 Other installed packages add commands through the `k2provision.commands` entry-point group
 (the lab registers `lab` so); the CLI works without any of them.
 
-Exit codes: 0 success, 1 a run failed on hosts, 2 bad input (inventory, plan, arguments).
+Exit codes: 0 success, 1 a run failed on hosts, 2 bad input (inventory, plan, arguments),
+128 + the signal when stopped (130 SIGINT, 143 SIGTERM, 129 SIGHUP; run/cancel.py).
 No traceback reaches the user: bad input is one line per problem; anything unexpected is one
 line naming the file that holds the details.
 """
@@ -38,6 +39,7 @@ from k2provision.commands import (
 )
 from k2provision.commands.params import vault_options
 from k2provision.errors import K2Error
+from k2provision.run.cancel import Interrupted, exit_code
 from k2provision.run.display import print_errors, print_unexpected, print_warnings
 
 Register = Callable[[typer.Typer], None]
@@ -140,6 +142,8 @@ def main() -> None:
     except K2Error as error:
         print_errors(error)
         sys.exit(2)
+    except Interrupted as stop:  # a stop signal where nothing had to be ended first
+        sys.exit(exit_code(stop.signum))
     except Exception as error:  # the last guard: never a traceback on a user's terminal
         print_unexpected(error, _details_file(error))
         sys.exit(1)

@@ -5,6 +5,10 @@ run as data (`HostRun`) and may add to the flow through `RunHooks` (what it prev
 variables for the playbook, its live view, its results); everything else is the same for
 every command: the record's content, how failures and Ansible's own errors are shown, the lab
 banner, the verdict line and the exit code (0 ok, 1 failed on hosts, 2 bad input).
+
+A stop signal (SIGTERM, SIGINT, SIGHUP; run/cancel.py) interrupts the playbook; the flow then
+ends what the run had started on the hosts (`end_started`: weights relays, a launch stage not
+through its gates), marks the record cancelled and exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from rich.text import Text
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.plan.assemble import build_plan, plan_digest
+from k2provision.run.cancel import CURRENT, Interrupted, Started, cleaning, exit_code, stopping
 from k2provision.run.display import (
     RunView,
     console,
@@ -152,9 +157,65 @@ def record_error(record: Path, error: BaseException) -> Path:
     return path
 
 
+CLEANUP_TIMEOUT_S = 60
+RELAYS_LEFT = "stopped; what they received stays, and the next run resumes from its checkpoints"
+
+
+def end_started(run: HostRun, started: Started, record: Path, digest: str) -> dict[str, Any]:
+    """After a cancelled run: stop the weights relays it started and the launch stage it had
+    not got through (as a failed stage is stopped, unless --keep-failed); what was done."""
+    done: dict[str, Any] = {}
+    if not started.anything:
+        return done
+    cleanup = record / "cleanup"
+    cleanup.mkdir()
+    stage = started.stage if started.stage is not None and not run.keep_failed else ""
+    where = f"on the hosts, see {cleanup}"
+    if started.relays:
+        CURRENT.running["weights relays (pidfiles serve.pid, send.pid)"] = where
+    if stage:
+        CURRENT.running[f"launch stage {stage}'s containers"] = where
+    result = run_playbook(
+        PlaybookRun(
+            playbook="cancelled.yml",
+            inventory=run.inventory,
+            record_dir=cleanup,
+            extravars={
+                "k2_expected_plan_digest": digest,
+                "k2_cancel_relays": started.relays,
+                "k2_cancel_stage": stage,
+            },
+            limit=run.limit,
+            timeout_s=CLEANUP_TIMEOUT_S,
+        )
+    )
+    outcome = "" if result.ok else f" (not everywhere: see {cleanup}/summary.json)"
+    if started.relays:
+        done["relays"] = RELAYS_LEFT + outcome
+    if started.stage is not None:
+        done["launch_stage"] = started.stage
+        done["launch_stage_containers"] = (
+            "left running (--keep-failed)" if run.keep_failed else "stopped" + outcome
+        )
+    if result.ok:
+        CURRENT.running.clear()
+    return done
+
+
+def record_cancelled(record: Path, signal: str, ended: dict[str, Any]) -> None:
+    """The record's summary.json, marked cancelled, with what the cleanup ended."""
+    path = record / "summary.json"
+    summary: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    summary.update(status="cancelled", cancelled=signal, ended=ended)
+    summary.setdefault("done", {})
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def verdict(run: HostRun, result: RunResult, seconds: float) -> Text:
     """`apply succeeded in 12.3 s: 4 changed, 0 host(s) failed or unreachable; record: DIR`."""
     word = Text("succeeded", "green") if result.ok else Text("failed", "red")
+    if result.cancelled:
+        word = Text(f"cancelled ({result.cancelled})", "yellow")
     return Text.assemble(
         f"{run.command} ",
         word,
@@ -167,20 +228,43 @@ def run_on_hosts(
     run: HostRun, hooks: RunHooks | None = None, loaded: LoadedPlan | None = None
 ) -> int:
     """The flow: plan (`loaded` when the command read it already), preview, record, run the
-    playbook, show the outcome; the exit code."""
-    hooks = hooks or RunHooks()
+    playbook, show the outcome; the exit code. A stop signal ends it as the module says."""
+    record: list[Path] = []
+
+    def abandoned(left: list[str]) -> None:
+        if record:
+            record_cancelled(record[0], "second signal", {"may_still_run": left})
+
+    with stopping(CURRENT, on_abandon=abandoned):
+        try:
+            return _flow(run, hooks or RunHooks(), loaded, record)
+        except Interrupted as stop:
+            if record:
+                record_cancelled(record[0], stop.args[0], {})
+            console.print(Text(f"{run.command} cancelled ({stop.args[0]}) before it ran", "yellow"))
+            return exit_code(stop.signum)
+
+
+def _flow(run: HostRun, hooks: RunHooks, loaded: LoadedPlan | None, record_: list[Path]) -> int:
     loaded = loaded or load_plan(run.inventory)
     plan = loaded.plan
     record = new_record_dir(run.command)
+    record_.append(record)
     record_plan(plan, record)
     hooks.preview(loaded, run, record)
     print_warnings(loaded.notices)
     started = time.monotonic()
+    on_hosts = Started()
     try:
         extravars = {"k2_expected_plan_digest": plan_digest(plan), **hooks.extravars(plan, record)}
         if run.keep_failed:
             extravars["k2_launch_keep_failed"] = True
         with hooks.view(plan, record) as view:
+
+            def on_event(event: Event) -> None:
+                on_hosts.observe(event)
+                view.on_event(event)
+
             result = run_playbook(
                 PlaybookRun(
                     playbook=run.playbook,
@@ -192,8 +276,13 @@ def run_on_hosts(
                     check=run.check,
                     diff=run.diff,
                 ),
-                on_event=view.on_event,
+                on_event=on_event,
             )
+        if result.cancelled:
+            with cleaning(CURRENT):
+                console.print(f"{run.command}: {result.cancelled}; ending what the run started")
+                ended = end_started(run, on_hosts, record, plan_digest(plan))
+                record_cancelled(record, result.cancelled, ended)
         hooks.report(plan, result, view)
     except Exception as error:  # a bug or a broken environment: one line, details in the record
         print_unexpected(error, str(record_error(record, error)))
@@ -204,5 +293,6 @@ def run_on_hosts(
     if plan.lab:
         console.print(lab_banner(plan, ran=True))
     console.print(verdict(run, result, time.monotonic() - started))
+    if result.cancelled:
+        return CURRENT.exit_code()
     return EXIT_OK if result.ok else EXIT_FAILED
-

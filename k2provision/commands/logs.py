@@ -36,6 +36,7 @@ from k2provision.ops.remote import (
     ssh_inventory,
 )
 from k2provision.ops.status_probe import plain_line
+from k2provision.run.cancel import SIGNALS, exit_code
 from k2provision.run.display import print_warnings
 
 SNAPSHOT_TIMEOUT_S = 60.0
@@ -102,18 +103,20 @@ def snapshot(ask: LogRequest) -> int:
     return EXIT_FAILED if problems else EXIT_OK
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    del signum, frame
-    raise KeyboardInterrupt
-
-
 @contextlib.contextmanager
-def interrupt_ends_it() -> Iterator[None]:
-    """Ctrl-C or SIGTERM end a follow cleanly, even where the shell started us with SIGINT
-    ignored (a background job)."""
-    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+def interrupt_ends_it() -> Iterator[list[int]]:
+    """Ctrl-C, SIGTERM or SIGHUP end a follow cleanly (every SSH session closed), even where
+    the shell started us with SIGINT ignored (a background job); the signal is yielded's."""
+    caught: list[int] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        del frame
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, interrupt) for s in SIGNALS}
     try:
-        yield
+        yield caught
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -126,8 +129,10 @@ def follow(ask: LogRequest) -> int:
         s.label: Stream(ask.targets[s.host], log_command(s.process, ask.tail, ask.since, True))
         for s in ask.sources
     }
-    with interrupt_ends_it():
+    with interrupt_ends_it() as caught:
         errors = follow_all(streams, lambda label, line: emit(label, line, pattern))
+    if caught:
+        return exit_code(caught[0])
     failed = [f"{label}: {reason}" for label, reason in errors.items() if reason]
     print_warnings(failed)
     return EXIT_FAILED if failed else EXIT_OK

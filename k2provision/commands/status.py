@@ -40,6 +40,7 @@ from k2provision.ops.status_probe import (
     readiness_detail,
     router_workers,
 )
+from k2provision.run.cancel import Interrupted, exit_code, stopping
 from k2provision.run.display import console, print_warnings
 from k2provision.run.runner import new_record_dir
 
@@ -272,13 +273,14 @@ def status(
     if watch is None:
         raise typer.Exit(code)
     try:
-        while True:
-            time.sleep(watch)
-            if not as_json and sys.stdout.isatty():
-                console.clear()
-            code = check_once(inventory, loaded.plan, targets, record, as_json)
-    except KeyboardInterrupt:
-        raise typer.Exit(code) from None
+        with stopping():  # a stop signal ends the watch; each check's SSH sessions close
+            while True:
+                time.sleep(watch)
+                if not as_json and sys.stdout.isatty():
+                    console.clear()
+                code = check_once(inventory, loaded.plan, targets, record, as_json)
+    except Interrupted as stop:
+        raise typer.Exit(exit_code(stop.signum)) from None
 
 
 def register(app: typer.Typer) -> None:

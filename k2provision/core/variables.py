@@ -33,7 +33,14 @@ CLUSTER_VARS = (
 HOST_VARS = ("k2_ib_devices", "k2_local_ip", "k2_lab_fault")
 TUNABLE_VARS = tuple(f"k2_{name}" for name in Tunables.model_fields)
 # Set by the playbooks themselves (registered results, the wrapper's extra-vars).
-PLAYBOOK_VARS = ("k2_planned", "k2_expected_plan_digest", "k2_restart_hosts", "k2_restart_set")
+PLAYBOOK_VARS = (
+    "k2_planned",
+    "k2_expected_plan_digest",
+    "k2_restart_hosts",
+    "k2_restart_set",
+    "k2_cancel_relays",
+    "k2_cancel_stage",
+)
 # A host list longer than this is shown by its ends and its count.
 HOSTS_SHOWN = 6
 

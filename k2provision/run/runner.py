@@ -5,14 +5,21 @@ built from it by pure functions (`runner_kwargs`, `env_overrides`, `scrubbed`) t
 caller's environment and never change `os.environ`. Events stream to a callback as typed events
 (never scraped stdout). Environment and extra-vars files are suppressed, and the hub token is
 taken out of the environment the run records, so secrets never land in the run record.
+
+Each run keeps its SSH control masters in a directory of its own (`control_dir`) and ends
+them when the playbook is done, so a run, finished or stopped, leaves no ssh process behind.
+A stop signal (run/cancel.py) interrupts the playbook, kills its process group after a grace
+time, and the result says the run was cancelled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +30,15 @@ from typing import Any
 
 from k2provision.core import vault
 from k2provision.core.vault import VaultOptions
+from k2provision.run.cancel import (
+    CURRENT,
+    Cancellation,
+    cleaning,
+    forget_playbook,
+    note_playbook,
+    running_playbook,
+    signal_name,
+)
 from k2provision.run.events import Event, HostResult, Stats, Tally, parse_event
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +48,7 @@ COLLECTIONS = Path(__file__).resolve().parents[1] / "ansible" / "collections"
 # whose path the k2_weights role reads.
 TOKEN_FILE_ENV = "K2_WEIGHTS_HF_TOKEN_FILE"
 TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+CONTROL_BASE = Path("/tmp/k2-ansible-cp")  # ansible.cfg's control_path_dir; short for sockets
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,8 @@ class PlaybookRun:
     diff: bool = False
     project_dir: Path = PROJECT_ROOT
     vault: VaultOptions = field(default_factory=vault.current)
+    timeout_s: int | None = None
+    """Ends the playbook after this many seconds (None: no limit)."""
 
 
 @dataclass(frozen=True)
@@ -60,11 +79,13 @@ class RunResult:
     tally: Tally
     stats: dict[str, dict[str, int]]
     error_tail: str = ""
+    cancelled: str = ""
+    """The signal that stopped the run (SIGTERM, ...); "" when it ran to its end."""
 
     @property
     def ok(self) -> bool:
         """True when every host finished without failures or unreachability."""
-        return self.rc == 0 and not self.tally.failures
+        return self.rc == 0 and not self.tally.failures and not self.cancelled
 
     @property
     def changed(self) -> int:
@@ -111,11 +132,23 @@ def token_file(token: str) -> Iterator[Path | None]:
         shutil.rmtree(private, ignore_errors=True)
 
 
+def control_dir(record_dir: Path) -> Path:
+    """The directory of one run's SSH control masters: named after its record, short enough
+    for socket paths, and different for two records of the same name."""
+    digest = hashlib.sha256(str(record_dir.resolve()).encode()).hexdigest()[:8]
+    return CONTROL_BASE / f"{record_dir.name[:40]}-{digest}"
+
+
 def env_overrides(
-    environ: Mapping[str, str], *, token_path: Path | None, project_dir: Path = PROJECT_ROOT
+    environ: Mapping[str, str],
+    *,
+    token_path: Path | None,
+    project_dir: Path = PROJECT_ROOT,
+    masters: Path | None = None,
 ) -> dict[str, str]:
     """What ansible-playbook's environment adds to the caller's: our config, roles and plugins,
-    our Python's bin on PATH, and where the hub token is (when there is one)."""
+    our Python's bin on PATH, where the run's SSH control masters live, and where the hub
+    token is (when there is one)."""
     bin_dir = str(Path(sys.executable).parent)
     path = environ.get("PATH", "/usr/bin:/bin")
     env = {
@@ -126,6 +159,8 @@ def env_overrides(
         "ANSIBLE_NOCOLOR": "1",
         "PATH": path if bin_dir in path.split(":") else f"{bin_dir}:{path}",
     }
+    if masters is not None:
+        env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(masters)
     if token_path is not None:
         env[TOKEN_FILE_ENV] = str(token_path)
     return env
@@ -153,7 +188,15 @@ def runner_kwargs(run: PlaybookRun, environ: Mapping[str, str], token_path: Path
         "tags": ",".join(run.tags) or None,
         "limit": run.limit,
         "cmdline": " ".join(cmdline) or None,
-        "envvars": env_overrides(environ, token_path=token_path, project_dir=run.project_dir),
+        "timeout": run.timeout_s,
+        "envvars": env_overrides(
+            environ,
+            token_path=token_path,
+            project_dir=run.project_dir,
+            masters=control_dir(run.record_dir),
+        ),
+        # How often (s) the runner asks the cancel callback while the playbook is silent.
+        "settings": {"pexpect_timeout": 1},
         "quiet": True,
         "suppress_env_files": True,
         "json_mode": False,
@@ -163,8 +206,35 @@ def runner_kwargs(run: PlaybookRun, environ: Mapping[str, str], token_path: Path
     }
 
 
-def run_playbook(run: PlaybookRun, on_event: Callable[[Event], None] | None = None) -> RunResult:
-    """Run `run.playbook`, streaming typed events to `on_event`; write summary.json."""
+def end_masters(directory: Path) -> list[str]:
+    """End the SSH control masters whose sockets are in `directory`, then remove it; the
+    sockets whose master did not answer (an empty list when all ended)."""
+    left: list[str] = []
+    if not directory.is_dir():
+        return left
+    for socket in sorted(directory.iterdir()):
+        try:
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={socket}", "-O", "exit", "k2-control-master"],
+                capture_output=True,
+                timeout=5,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            left.append(str(socket))
+    left = [s for s in left if Path(s).exists()]
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+    return left
+
+
+def run_playbook(
+    run: PlaybookRun,
+    on_event: Callable[[Event], None] | None = None,
+    cancel: Cancellation = CURRENT,
+) -> RunResult:
+    """Run `run.playbook`, streaming typed events to `on_event`; write summary.json. A stop
+    signal (`cancel`) interrupts the playbook and the result is marked cancelled."""
     from ansible_runner.interface import init_runner
 
     if not (run.project_dir / "playbooks" / run.playbook).exists():
@@ -174,8 +244,15 @@ def run_playbook(run: PlaybookRun, on_event: Callable[[Event], None] | None = No
         )
     tally = Tally()
     stats: dict[str, dict[str, int]] = {}
+    groups: set[int] = set()
+    masters = control_dir(run.record_dir)
 
     def handle(raw: dict[str, Any]) -> bool:
+        pid = raw.get("pid")
+        if isinstance(pid, int) and not groups:  # the playbook's own process leads its group
+            with contextlib.suppress(OSError):
+                groups.add(os.getpgid(pid))
+                note_playbook(cancel, os.getpgid(pid), f"{run.playbook}, record {run.record_dir}")
         event = parse_event(raw)
         if isinstance(event, HostResult):
             tally.add(event)
@@ -185,19 +262,38 @@ def run_playbook(run: PlaybookRun, on_event: Callable[[Event], None] | None = No
             on_event(event)
         return True
 
-    with token_file(hub_token(os.environ)) as token_path:
-        runner = init_runner(**runner_kwargs(run, os.environ, token_path), event_handler=handle)
-        # ansible-runner seeds the run's environment from this process's; the token stays out.
-        runner.config.env = scrubbed(runner.config.env, token_path=token_path)
-        runner.run()
+    cleanup = cancel.cleaning  # a cleanup playbook of a cancelled run is not itself cancelled
+    cancel.running[f"SSH control masters of {run.playbook}"] = str(masters)
+    try:
+        with token_file(hub_token(os.environ)) as token_path:
+            runner = init_runner(
+                **runner_kwargs(run, os.environ, token_path),
+                event_handler=handle,
+                cancel_callback=lambda: cancel.give_up(time.monotonic()),
+            )
+            # ansible-runner seeds the run's environment from this process's; the token stays
+            # out.
+            runner.config.env = scrubbed(runner.config.env, token_path=token_path)
+            with running_playbook(cancel):
+                runner.run()
+    finally:
+        with cleaning(cancel):
+            for group in groups:
+                forget_playbook(cancel, group)
+            if not end_masters(masters):
+                cancel.running.pop(f"SSH control masters of {run.playbook}", None)
     rc = int(runner.rc or 0)
+    stopped = signal_name(cancel.signum) if cancel.signum is not None and not cleanup else ""
     result = RunResult(
-        status=str(runner.status),
+        status="cancelled" if stopped else str(runner.status),
         rc=rc,
         record_dir=run.record_dir,
         tally=tally,
         stats=stats,
-        error_tail=_output_tail(run.record_dir) if rc and not tally.failures else "",
+        error_tail=""
+        if stopped or not rc or tally.failures
+        else _output_tail(run.record_dir),
+        cancelled=stopped,
     )
     _write_summary(result)
     return result
@@ -219,4 +315,7 @@ def _write_summary(run: RunResult) -> None:
         "failures": run.tally.failures,
         "error": run.error_tail,
     }
+    if run.cancelled:
+        summary["cancelled"] = run.cancelled
+        summary["done"] = {h: dict(c) for h, c in run.tally.counts.items()}
     (run.record_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
