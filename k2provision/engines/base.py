@@ -14,6 +14,7 @@ from k2provision.core.records import (
     EngineRelease,
     GpuSpec,
     KvDtype,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
@@ -22,6 +23,7 @@ from k2provision.core.records import (
     Record,
     Tunables,
 )
+from k2provision.engines.memory import KvBudget, PoolFit
 
 
 class Deployment(Record):
@@ -106,6 +108,8 @@ class Engine(Protocol):
     """The Prometheus metrics path the plan renders, None while it renders none."""
     BENCH_CLIENT: BenchClient
     CONTAINER_NEEDS: ContainerNeeds
+    KV_PAGE_TOKENS: int
+    """The KV cache is counted in whole pages of this many tokens (1: no pages)."""
 
     def render(self, deployment: Deployment) -> dict[str, HostRender]:
         """Processes and files per host name."""
@@ -137,4 +141,12 @@ class Engine(Protocol):
 
     def health_port_setting(self, process: Process) -> str:
         """The inventory variable that sets the port of `process`'s health gate."""
+        ...
+
+    def reserve(self, f: PoolFit) -> MemoryReserve:
+        """What the engine needs per GPU besides weights and KV cache (plan/fit.py)."""
+        ...
+
+    def kv_budget(self, f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+        """The memory fraction to render, the memory it governs and the KV cache it leaves."""
         ...

@@ -29,6 +29,7 @@ from k2provision.core.records import (
     EngineRelease,
     GpuSpec,
     LaunchValue,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
@@ -44,6 +45,13 @@ from k2provision.engines.common import (
     inventory_served_name,
     kv_cache_dtype,
     no_fp8_kv_problems,
+)
+from k2provision.engines.memory import (
+    RUNTIME_GIB,
+    KvBudget,
+    PoolFit,
+    activations_gib,
+    floor2,
 )
 from k2provision.engines.sglang import BENCH_CLIENT as SGLANG_BENCH_CLIENT
 from k2provision.engines.sglang import LAUNCH_SERVER, NUMA_BINDING, model_args, server_env
@@ -145,3 +153,27 @@ def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> 
             f"(kt-kernel {release.version} with its SGLang) and set k2_image to the result"
         )
     return warnings
+
+
+# ---------------------------------------------------------------- memory accounting
+
+# Routed experts in host memory (ROUTED_EXPERTS_ON_HOST); the GPU holds the rest and the cache.
+KV_PAGE_TOKENS = 1
+
+
+def reserve(f: PoolFit) -> MemoryReserve:
+    """KTransformers: one GPU, no collectives; activations for its prefill chunk."""
+    return MemoryReserve(
+        activations=round(activations_gib(8192, f.spec, f.parallel), 2),
+        cuda_graphs=0.0,
+        comm_buffers=0.0,
+        runtime=RUNTIME_GIB,
+        margin=f.tunables.reserve_gib,
+    )
+
+
+def kv_budget(f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+    """The fraction that leaves the whole reserve outside; the KV cache is the rest of it."""
+    fraction = floor2(1 - reserve.total / f.gpu.usable_gib)
+    budget = fraction * f.gpu.usable_gib
+    return KvBudget(fraction, budget, budget - weights_gib)

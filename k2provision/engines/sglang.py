@@ -22,10 +22,12 @@ now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
 from __future__ import annotations
 
 from k2provision.core import catalog
+from k2provision.core.catalog import GIB
 from k2provision.core.records import (
     Cluster,
     HostSpec,
     LaunchValue,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
@@ -46,6 +48,18 @@ from k2provision.engines.common import (
     parser_args,
     socket_env,
     socket_ifname,
+)
+from k2provision.engines.memory import (
+    DEEPEP_NORMAL_GIB,
+    RUNTIME_GIB,
+    KvBudget,
+    PoolFit,
+    activations_gib,
+    collective_buffers_gib,
+    deepep_low_latency_gib,
+    encoder_gib,
+    floor2,
+    graph_gib,
 )
 
 CONTAINER = "k2-sglang"
@@ -422,3 +436,57 @@ def health_port_setting(process: Process) -> str:
     return "k2_sglang_port" if any(a.endswith("sglang.launch_server") for a in process.argv) else (
         "k2_api_port"
     )
+
+
+# ---------------------------------------------------------------- memory accounting
+
+# SGLang 0.5.23 (mem_cache/kv_cache_configurator.py _profile_available_bytes): KV = free
+# memory after loading - (1 - mem_fraction_static) x free memory before loading; the rest
+# of the GPU must hold activations, graphs and buffers.
+KV_PAGE_TOKENS = 1
+
+
+def reserve(f: PoolFit) -> MemoryReserve:
+    """What SGLang needs outside its static pool (weights + KV), per GPU."""
+    t = f.tunables
+    p = f.parallel
+    spec = f.spec
+    if f.pool == "decode":
+        tokens = t.cuda_graph_max_bs_decode
+        graph_rows = t.cuda_graph_max_bs_decode
+        # DeepEP low-latency mode: its RDMA buffer, and inside the graphs, for every row a
+        # local expert can receive (tokens per rank from every rank), the grouped GEMM
+        # pipeline's tensors: the received row, gate/up output, activation, down output.
+        local_experts = (spec.n_routed_experts + p.redundant_experts) / p.ep
+        row = (2 * spec.hidden_size + 3 * spec.moe_intermediate_size) * 2
+        received = local_experts * p.ep * tokens * row / GIB
+        comm = deepep_low_latency_gib(spec, p, tokens)
+        graphs = graph_gib(tokens, graph_rows, spec, p) + received
+    elif f.pool == "prefill":
+        # The render gives SGLang per rank x DP, which 0.5.23 divides by the attention-DP size.
+        tokens = t.prefill_chunk_per_rank
+        comm = DEEPEP_NORMAL_GIB
+        graphs = 0.0  # --deepep-mode normal disables CUDA graphs
+    else:
+        tokens = 8192 if f.gpu.usable_gib >= 60 else 4096  # 0.5.23's chunk default
+        graph_rows = 512 if p.tp >= 4 else 256  # its decode max_bs default
+        graphs = graph_gib(graph_rows, graph_rows, spec, p)
+        comm = 0.0
+    comm += collective_buffers_gib(p.tp, f.gpus_per_node)
+    return MemoryReserve(
+        activations=round(activations_gib(tokens, spec, p), 2),
+        cuda_graphs=round(graphs, 2),
+        comm_buffers=round(comm, 2),
+        runtime=RUNTIME_GIB,
+        encoder=encoder_gib(f),
+        margin=t.reserve_gib,
+    )
+
+
+def kv_budget(f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+    """SGLang measures free memory once its runtime is up, before loading weights; the
+    buffers and graphs allocated later must fit in (1 - fraction) of that."""
+    before_load = f.gpu.usable_gib - reserve.runtime
+    fraction = floor2(1 - (reserve.total - reserve.runtime) / before_load)
+    budget = fraction * before_load
+    return KvBudget(fraction, budget, budget - weights_gib)

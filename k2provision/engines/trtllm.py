@@ -23,6 +23,7 @@ k2_socket_ifname); Open MPI's own TCP traffic is pinned by subnet (`btl_tcp_if_i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
@@ -35,6 +36,7 @@ from k2provision.core.records import (
     HostSpec,
     KvDtype,
     LaunchValue,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
@@ -54,6 +56,15 @@ from k2provision.engines.common import (
     parser_args,
     socket_env,
     socket_ifname,
+)
+from k2provision.engines.memory import (
+    RUNTIME_GIB,
+    KvBudget,
+    PoolFit,
+    activations_gib,
+    collective_buffers_gib,
+    floor2,
+    graph_gib,
 )
 from k2provision.engines.sglang import BENCH_CLIENT as SGLANG_BENCH_CLIENT
 from k2provision.engines.trtllm_schema import (
@@ -379,3 +390,38 @@ def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> 
         f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
         "build containers/trtllm from it and set k2_image to the result"
     ]
+
+
+# ---------------------------------------------------------------- memory accounting
+
+# TensorRT-LLM 1.2 (KvCacheConfig.free_gpu_memory_fraction): KV = fraction x the memory
+# free after weights and warm-up; graphs and buffers allocated later need the rest.
+KV_PAGE_TOKENS = 1
+
+
+def reserve(f: PoolFit) -> MemoryReserve:
+    """TensorRT-LLM: warm-up activations for max_num_tokens, graphs for the padded batch
+    sizes (powers of two up to 128), NCCL/MPI buffers."""
+    t = f.tunables
+    p = f.parallel
+    graph_max = min(t.trtllm_max_batch_size, 128)
+    graphs = int(math.log2(graph_max)) + 1
+    return MemoryReserve(
+        activations=round(activations_gib(t.trtllm_max_num_tokens, f.spec, p), 2),
+        cuda_graphs=round(graph_gib(graph_max, graphs, f.spec, p), 2),
+        comm_buffers=round(collective_buffers_gib(p.tp, f.gpus_per_node), 2),
+        runtime=RUNTIME_GIB,
+        margin=t.reserve_gib,
+    )
+
+
+def kv_budget(f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+    """The fraction of the memory free after weights and warm-up that leaves the graphs and
+    the margin, allocated later, outside."""
+    free = (
+        f.gpu.usable_gib - weights_gib - reserve.activations - reserve.comm_buffers
+        - reserve.runtime
+    )
+    later = reserve.cuda_graphs + reserve.margin
+    fraction = floor2(1 - later / free) if free > later else 0.0
+    return KvBudget(fraction, weights_gib + fraction * max(free, 0.0), fraction * max(free, 0.0))
