@@ -66,6 +66,33 @@ class ContainerNeeds:
 
 
 @dataclass(frozen=True)
+class ResultFormat:
+    """How a bench client writes its result file."""
+
+    json_lines: bool
+    """One JSON line appended per run (this run's is the last), else one JSON document."""
+    median: str
+    """The key of a metric's median, `{metric}` standing for the metric."""
+    e2e_metric: str
+    """The metric name of the end-to-end latency."""
+    counts_failed: bool
+    """The file has `failed`; otherwise the prompts not `completed` failed."""
+    dropped: tuple[str, ...] = ()
+    """Keys the run record leaves out of each document (a copy of the server's settings)."""
+
+
+@dataclass(frozen=True)
+class PublishedFigure:
+    """A throughput an engine's authors published for a layout and a bench workload."""
+
+    layout: str
+    workload: str
+    metric: Literal["input", "output"]
+    per_node: float
+    source: str
+
+
+@dataclass(frozen=True)
 class BenchClient:
     """The pinned benchmark client that fits an engine, and how it is invoked."""
 
@@ -79,6 +106,11 @@ class BenchClient:
     """The result file's name in the run's directory."""
     install: str
     """The pinned client's package, and how to get it."""
+    result_format: ResultFormat
+    options: tuple[str, ...]
+    """The client's own options after the common ones; `{field}` stands for a field of the
+    run (ops/bench.py RunSpec: served_model_name, tokenizer, out_dir) or `result_name`,
+    `percentiles`."""
 
     @property
     def label(self) -> str:
@@ -107,6 +139,8 @@ class Engine(Protocol):
     METRICS_PATH: str | None
     """The Prometheus metrics path the plan renders, None while it renders none."""
     BENCH_CLIENT: BenchClient
+    PUBLISHED_FIGURES: tuple[PublishedFigure, ...]
+    """Throughputs published for this engine, beside which bench reports its own."""
     CONTAINER_NEEDS: ContainerNeeds
     KV_PAGE_TOKENS: int
     """The KV cache is counted in whole pages of this many tokens (1: no pages)."""

@@ -36,7 +36,12 @@ from k2provision.core.records import (
     Process,
     Tunables,
 )
-from k2provision.engines.base import ContainerNeeds, Deployment, HostRender
+from k2provision.engines.base import (
+    ContainerNeeds,
+    Deployment,
+    HostRender,
+    PublishedFigure,
+)
 from k2provision.engines.common import (
     any_address,
     api_port_setting,
@@ -123,6 +128,7 @@ HEALTH_PATH = "/health"
 METRICS_PATH: str | None = None
 # Served by sglang.launch_server: sglang's client on its native route.
 BENCH_CLIENT = SGLANG_BENCH_CLIENT
+PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
 kv_dtype = kv_cache_dtype
 served_name = inventory_served_name

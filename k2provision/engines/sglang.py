@@ -35,7 +35,14 @@ from k2provision.core.records import (
     Process,
     Tunables,
 )
-from k2provision.engines.base import BenchClient, ContainerNeeds, Deployment, HostRender
+from k2provision.engines.base import (
+    BenchClient,
+    ContainerNeeds,
+    Deployment,
+    HostRender,
+    PublishedFigure,
+    ResultFormat,
+)
 from k2provision.engines.common import (
     any_address,
     fp8_kv_problems,
@@ -400,6 +407,34 @@ BENCH_CLIENT = BenchClient(
     "sglang",
     "result.jsonl",
     "sglang==0.5.23 (scripts/install-engine-parsers sglang builds .venv-sglang)",
+    # Appends one JSON line per run with median/p90/p95/p99, and a copy of the server's whole
+    # /server_info (server arguments included), which the run record leaves out.
+    ResultFormat(
+        json_lines=True,
+        median="median_{metric}_ms",
+        e2e_metric="e2e_latency",
+        counts_failed=False,
+        dropped=("server_info",),
+    ),
+    # `random-ids` draws ids from the tokenizer's vocabulary (`random` would download
+    # ShareGPT); range ratio 1.0 makes lengths exact; ignore_eos is its default. --model
+    # names the tokenizer so its chat-template probe stays local; requests carry the served
+    # name.
+    (
+        "--dataset-name", "random-ids",
+        "--random-range-ratio", "1.0",
+        "--model", "{tokenizer}",
+        "--served-model-name", "{served_model_name}",
+        "--output-file", "{out_dir}/{result_name}",
+    ),
+)
+PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = (
+    PublishedFigure("pd", "lmsys-2000-100", "input", 56_000,
+                    "seed 002 (LMSYS): 896k prefill tok/s on 16 nodes of 8 x H200 (4P12D), "
+                    "56k per node"),
+    PublishedFigure("pd", "lmsys-2000-100", "output", 24_000,
+                    "seed 002 (LMSYS): 384k decode tok/s on 16 nodes of 8 x H200 (4P12D, "
+                    "decode batch 480), 24k per node"),
 )
 NUMA_BINDING = (
     "SYS_NICE",

@@ -46,7 +46,12 @@ from k2provision.core.records import (
 )
 from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.core.templating import render_template
-from k2provision.engines.base import ContainerNeeds, Deployment, HostRender
+from k2provision.engines.base import (
+    ContainerNeeds,
+    Deployment,
+    HostRender,
+    PublishedFigure,
+)
 from k2provision.engines.common import (
     SUBNET,
     api_port_setting,
@@ -338,6 +343,7 @@ HEALTH_PATH = "/health"
 METRICS_PATH: str | None = None
 # trtllm-serve is OpenAI-compatible: sglang's client on the OpenAI completions route.
 BENCH_CLIENT = replace(SGLANG_BENCH_CLIENT, backend="sglang-oai")
+PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds(
     cap_add=(
         (

@@ -60,7 +60,14 @@ from k2provision.core.records import (
     Process,
     Tunables,
 )
-from k2provision.engines.base import BenchClient, ContainerNeeds, Deployment, HostRender
+from k2provision.engines.base import (
+    BenchClient,
+    ContainerNeeds,
+    Deployment,
+    HostRender,
+    PublishedFigure,
+    ResultFormat,
+)
 from k2provision.engines.common import (
     any_address,
     api_port_setting,
@@ -371,7 +378,24 @@ BENCH_CLIENT = BenchClient(
     "openai",
     "result.json",
     "vllm==0.33.0 (scripts/install-engine-parsers vllm builds .venv-vllm)",
+    # One JSON document with the percentiles it was asked for (p50/p90/p99) and `failed`.
+    ResultFormat(
+        json_lines=False, median="p50_{metric}_ms", e2e_metric="e2el", counts_failed=True
+    ),
+    (
+        "--endpoint", "/v1/completions",
+        "--dataset-name", "random",
+        "--random-range-ratio", "0",  # lengths in [L(1-r), L(1+r)]; 0 is exact
+        "--ignore-eos",
+        "--model", "{served_model_name}",
+        "--percentile-metrics", "ttft,itl,e2el",
+        "--metric-percentiles", "{percentiles}",
+        "--save-result",
+        "--result-dir", "{out_dir}",
+        "--result-filename", "{result_name}",
+    ),
 )
+PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds()
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
