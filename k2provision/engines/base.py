@@ -122,6 +122,8 @@ class Engine(Protocol):
 
     The plan asks these (``REGISTRY[cluster.engine]``) instead of naming an engine."""
 
+    DISPLAY_NAME: str
+    """The engine's name as its authors write it, for messages."""
     LAYOUTS: tuple[str, ...]
     """The layouts the engine renders (core/records.py LAYOUTS lists the same)."""
     SINGLE_GPU: bool
@@ -144,6 +146,10 @@ class Engine(Protocol):
     CONTAINER_NEEDS: ContainerNeeds
     KV_PAGE_TOKENS: int
     """The KV cache is counted in whole pages of this many tokens (1: no pages)."""
+    OWN_TUNABLES: dict[str, tuple[str, ...]]
+    """Tunables (k2_ names) no other engine reads, each with this engine's layouts that do."""
+    DIST_PORT_SPAN: int
+    """The ports after k2_dist_port the engine also takes (0: only that one)."""
 
     def render(self, deployment: Deployment) -> dict[str, HostRender]:
         """Processes and files per host name."""

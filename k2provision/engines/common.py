@@ -40,6 +40,7 @@ from k2provision.core.records import (
     Process,
     Tunables,
 )
+from k2provision.core.variables import TUNABLE_VARS
 
 IFNAME = LaunchValue(name="K2_SOCKET_IFNAME", kind="ifname-of")
 SUBNET = LaunchValue(name="K2_SOCKET_SUBNET", kind="cidr-of")
@@ -189,3 +190,8 @@ def api_port_setting(process: Process) -> str:
 def no_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
     """Nothing engine-specific to say."""
     return []
+
+
+def own_tunables(prefix: str, layouts: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The tunables named `prefix...`, each read by every one of `layouts`."""
+    return {name: layouts for name in TUNABLE_VARS if name.startswith(prefix)}

@@ -50,6 +50,7 @@ from k2provision.engines.common import (
     inventory_served_name,
     kv_cache_dtype,
     no_fp8_kv_problems,
+    own_tunables,
 )
 from k2provision.engines.memory import (
     RUNTIME_GIB,
@@ -118,6 +119,7 @@ def endpoint(deployment: Deployment) -> str:
 
 # ---------------------------------------------------------------- what the plan asks
 
+DISPLAY_NAME = "KTransformers"
 LAYOUTS: tuple[str, ...] = ("single",)
 SINGLE_GPU = True
 ROUTED_EXPERTS_ON_HOST = True
@@ -130,6 +132,9 @@ METRICS_PATH: str | None = None
 BENCH_CLIENT = SGLANG_BENCH_CLIENT
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
+# Tunables only KTransformers reads, each with the layouts that read it.
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_ktransformers_", LAYOUTS)
+DIST_PORT_SPAN = 0
 kv_dtype = kv_cache_dtype
 served_name = inventory_served_name
 health_port_setting = api_port_setting

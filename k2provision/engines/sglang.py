@@ -388,6 +388,7 @@ def endpoint(deployment: Deployment) -> str:
 
 # ---------------------------------------------------------------- what the plan asks
 
+DISPLAY_NAME = "SGLang"
 LAYOUTS: tuple[str, ...] = ("tp", "pd")
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
@@ -442,6 +443,20 @@ NUMA_BINDING = (
     "which Docker's default seccomp profile allows only with CAP_SYS_NICE",
 )
 CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
+# Tunables only SGLang reads, each with the layouts that read it.
+PD_TUNABLES = (
+    "k2_max_running_requests_prefill",
+    "k2_cuda_graph_max_bs_decode",
+    "k2_prefill_chunk_per_rank",
+    "k2_pd_transfer_backend",
+    "k2_pd_timeout_s",
+    "k2_decode_redundant_experts",
+    "k2_prefill_redundant_experts",
+    "k2_bootstrap_port",
+)
+OWN_TUNABLES: dict[str, tuple[str, ...]] = dict.fromkeys(PD_TUNABLES, ("pd",))
+# With DP attention it takes the dist port and the next 6 (see Tunables.dist_port).
+DIST_PORT_SPAN = 6
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name

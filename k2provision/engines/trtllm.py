@@ -58,6 +58,7 @@ from k2provision.engines.common import (
     http_gate,
     http_url,
     multi_host,
+    own_tunables,
     parser_args,
     socket_env,
     socket_ifname,
@@ -333,6 +334,7 @@ def endpoint(deployment: Deployment) -> str:
 
 # ---------------------------------------------------------------- what the plan asks
 
+DISPLAY_NAME = "TensorRT-LLM"
 LAYOUTS: tuple[str, ...] = ("tp_ep",)
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
@@ -359,6 +361,9 @@ CONTAINER_NEEDS = ContainerNeeds(
         ),
     ),
 )
+# Tunables only TensorRT-LLM reads, each with the layouts that read it.
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_trtllm_", LAYOUTS)
+DIST_PORT_SPAN = 0
 health_port_setting = api_port_setting
 
 

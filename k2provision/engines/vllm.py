@@ -78,6 +78,7 @@ from k2provision.engines.common import (
     inventory_served_name,
     kv_cache_dtype,
     no_warnings,
+    own_tunables,
     parser_args,
     socket_env,
     socket_ifname,
@@ -362,6 +363,7 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
 
 # ---------------------------------------------------------------- what the plan asks
 
+DISPLAY_NAME = "vLLM"
 LAYOUTS: tuple[str, ...] = ("tp", "tp_pp", "dp_ep")
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
@@ -397,6 +399,9 @@ BENCH_CLIENT = BenchClient(
 )
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds()
+# Tunables only vLLM reads (every layout), each with the layouts that read it.
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_vllm_", LAYOUTS)
+DIST_PORT_SPAN = 0
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name

@@ -26,17 +26,19 @@ from k2provision.core.templating import host_values_path, host_values_script, la
 from k2provision.engines import REGISTRY
 from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
-from k2provision.errors import PlanError
+from k2provision.errors import InventoryError, PlanError
 from k2provision.plan.fixes import fixes
 from k2provision.plan.ports import host_ports
 from k2provision.plan.shapes import choices, evaluate, nodes_text, pool_names
-from k2provision.plan.support import model_problems, resolve_model
+from k2provision.plan.support import engine_setting_problems, model_problems, resolve_model
 
 LAB_IMAGE = "localhost/k2-standin:lab"
 
 
 def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     """Decide everything about a deployment; raise PlanError when it cannot work."""
+    if settings := engine_setting_problems(cluster):
+        raise InventoryError(settings)
     if spec is None:
         spec = resolve_model(cluster)
     gpu = catalog.gpu(cluster.gpu)
