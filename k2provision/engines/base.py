@@ -48,11 +48,49 @@ class Deployment(Record):
         raise KeyError(name)
 
 
+class Listener(Record):
+    """A listening socket (or a run of them) that one of a host's rendered processes opens,
+    named by the inventory variable that sets its port."""
+
+    setting: str
+    """The inventory variable of the port (``k2_sglang_port``)."""
+    what: str
+    port: int
+    count: int = 1
+    process: str
+    container: str
+    """The container that holds the port once it runs."""
+
+    @property
+    def last(self) -> int:
+        """The last port of the run."""
+        return self.port + self.count - 1
+
+    def __str__(self) -> str:
+        """`k2_api_port=8000 (the PD router)`, with the run of ports where there is one."""
+        run = f", ports {self.port}-{self.last}" if self.count > 1 else ""
+        return f"{self.setting}={self.port} ({self.what}{run})"
+
+
+def listener(process: Process, setting: str, what: str, port: int, count: int = 1) -> Listener:
+    """What `process` binds: `count` ports from `port`, set by `setting`."""
+    return Listener(
+        setting=setting,
+        what=what,
+        port=port,
+        count=count,
+        process=process.name,
+        container=process.container,
+    )
+
+
 class HostRender(Record):
-    """One host's share of a rendering."""
+    """One host's share of a rendering: its processes, their files, and every port they bind
+    (in process order), which the plan records and checks for clashes."""
 
     processes: tuple[Process, ...] = ()
     files: dict[str, str] = {}
+    listeners: tuple[Listener, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,6 +187,8 @@ class Engine(Protocol):
     OWN_TUNABLES: dict[str, tuple[str, ...]]
     """Tunables (k2_ names) no other engine reads, each with this engine's layouts that do."""
     DIST_PORT_SPAN: int
+    NO_IPV6: str | None
+    """Why the engine cannot be wired with IPv6 literal addresses; None when it can."""
     """The ports after k2_dist_port the engine also takes (0: only that one)."""
 
     def render(self, deployment: Deployment) -> dict[str, HostRender]:
@@ -177,10 +217,6 @@ class Engine(Protocol):
 
     def plan_warnings(self, cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
         """What the operator should know about this engine on this cluster."""
-        ...
-
-    def health_port_setting(self, process: Process) -> str:
-        """The inventory variable that sets the port of `process`'s health gate."""
         ...
 
     def reserve(self, f: PoolFit) -> MemoryReserve:

@@ -41,10 +41,10 @@ from k2provision.engines.base import (
     Deployment,
     HostRender,
     PublishedFigure,
+    listener,
 )
 from k2provision.engines.common import (
     any_address,
-    api_port_setting,
     http_gate,
     http_url,
     inventory_served_name,
@@ -108,7 +108,8 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         resolve=(*socket_values, *values),
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
-    return {pool.master: HostRender(processes=(process,))}
+    port = listener(process, "k2_api_port", "the ktransformers server", t.api_port)
+    return {pool.master: HostRender(processes=(process,), listeners=(port,))}
 
 
 def endpoint(deployment: Deployment) -> str:
@@ -134,10 +135,10 @@ PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
 # Tunables only KTransformers reads, each with the layouts that read it.
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_ktransformers_", LAYOUTS)
+NO_IPV6: str | None = None
 DIST_PORT_SPAN = 0
 kv_dtype = kv_cache_dtype
 served_name = inventory_served_name
-health_port_setting = api_port_setting
 
 
 def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:

@@ -40,8 +40,10 @@ from k2provision.engines.base import (
     ContainerNeeds,
     Deployment,
     HostRender,
+    Listener,
     PublishedFigure,
     ResultFormat,
+    listener,
 )
 from k2provision.engines.common import (
     any_address,
@@ -175,7 +177,16 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             stage=0,
             health=health,
         )
-        out[name] = HostRender(processes=(process,))
+        # Rank 0 serves HTTP and hosts the rendezvous; the other ranks bind nothing of theirs.
+        listeners = (
+            (
+                listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port),
+                listener(process, "k2_dist_port", "the rendezvous", t.dist_port),
+            )
+            if rank == 0
+            else ()
+        )
+        out[name] = HostRender(processes=(process,), listeners=listeners)
     return out
 
 
@@ -307,6 +318,22 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
     )
 
 
+def _pd_listeners(process: Process, pool: PoolPlan, rank: int, t: Tunables) -> list[Listener]:
+    """What a PD server binds: on rank 0 its HTTP server, the prefill pool's KV bootstrap and
+    the rendezvous with the ports DP attention takes after it (sglang 0.5.23
+    srt/server_args.py PortArgs.init_new: port_base = dist_init_port + 1, detokenizer / rpc /
+    metrics / scheduler / load-collector at port_base + 1..5)."""
+    if rank != 0:
+        return []
+    found = [listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port)]
+    if pool.name == "prefill":
+        found.append(listener(process, "k2_bootstrap_port", "the KV bootstrap", t.bootstrap_port))
+    found.append(
+        listener(process, "k2_dist_port", "the rendezvous", t.dist_port, DIST_PORT_SPAN + 1)
+    )
+    return found
+
+
 def _router_host(deployment: Deployment) -> HostSpec:
     cluster = deployment.cluster
     return cluster.host(cluster.router or deployment.pool("prefill").master)
@@ -358,14 +385,24 @@ def router_image(deployment: Deployment) -> str:
 
 def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
     cluster = deployment.cluster
+    t = cluster.tunables
     processes: dict[str, list[Process]] = {}
+    listeners: dict[str, list[Listener]] = {}
     for pool_name in ("prefill", "decode"):
         pool = deployment.pool(pool_name)
         for rank, name in enumerate(pool.hosts):
             server = _pd_server(deployment, pool, cluster.host(name), rank)
             processes.setdefault(name, []).append(server)
-    processes.setdefault(_router_host(deployment).name, []).append(_router(deployment))
-    return {name: HostRender(processes=tuple(procs)) for name, procs in processes.items()}
+            listeners.setdefault(name, []).extend(_pd_listeners(server, pool, rank, t))
+    router_host, router = _router_host(deployment).name, _router(deployment)
+    processes.setdefault(router_host, []).append(router)
+    listeners.setdefault(router_host, []).append(
+        listener(router, "k2_api_port", "the PD router", t.api_port)
+    )
+    return {
+        name: HostRender(processes=tuple(procs), listeners=tuple(listeners[name]))
+        for name, procs in processes.items()
+    }
 
 
 # ---------------------------------------------------------------- interface
@@ -456,6 +493,7 @@ PD_TUNABLES = (
 )
 OWN_TUNABLES: dict[str, tuple[str, ...]] = dict.fromkeys(PD_TUNABLES, ("pd",))
 # With DP attention it takes the dist port and the next 6 (see Tunables.dist_port).
+NO_IPV6: str | None = None
 DIST_PORT_SPAN = 6
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
@@ -480,12 +518,6 @@ def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) ->
         redundant_experts=gpus if spare is None else spare,
     )
 
-
-def health_port_setting(process: Process) -> str:
-    """SGLang's own servers listen on k2_sglang_port; the PD router on k2_api_port."""
-    return "k2_sglang_port" if any(a.endswith("sglang.launch_server") for a in process.argv) else (
-        "k2_api_port"
-    )
 
 
 # ---------------------------------------------------------------- memory accounting

@@ -51,10 +51,10 @@ from k2provision.engines.base import (
     Deployment,
     HostRender,
     PublishedFigure,
+    listener,
 )
 from k2provision.engines.common import (
     SUBNET,
-    api_port_setting,
     http_gate,
     http_url,
     multi_host,
@@ -317,10 +317,13 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
+    serve_port = listener(serve, "k2_api_port", "trtllm-serve", t.api_port)
+    sshd_port = listener(sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port)
     return {
         h.name: HostRender(
             processes=(sshd, serve) if h.name == pool.master else (sshd,),
             files=dict(files),
+            listeners=(serve_port, sshd_port) if h.name == pool.master else (sshd_port,),
         )
         for h in hosts
     }
@@ -363,8 +366,9 @@ CONTAINER_NEEDS = ContainerNeeds(
 )
 # Tunables only TensorRT-LLM reads, each with the layouts that read it.
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_trtllm_", LAYOUTS)
+# mpirun takes its hosts as -H host:slots, where an IPv6 literal's colons break the list.
+NO_IPV6: str | None = "mpirun host list (-H host:slots) cannot carry an IPv6 literal"
 DIST_PORT_SPAN = 0
-health_port_setting = api_port_setting
 
 
 def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:

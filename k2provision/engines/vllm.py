@@ -67,10 +67,10 @@ from k2provision.engines.base import (
     HostRender,
     PublishedFigure,
     ResultFormat,
+    listener,
 )
 from k2provision.engines.common import (
     any_address,
-    api_port_setting,
     fp8_kv_problems,
     host_port,
     http_gate,
@@ -270,7 +270,13 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
-    out[head.name] = HostRender(processes=(head_ray, serve))
+    out[head.name] = HostRender(
+        processes=(head_ray, serve),
+        listeners=(
+            listener(head_ray, "k2_ray_port", "the Ray head", t.ray_port),
+            listener(serve, "k2_api_port", "the vLLM API server", t.api_port),
+        ),
+    )
     for host in hosts[1:]:
         env, values = _env(deployment, host)
         worker = Process(
@@ -357,7 +363,15 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
                 else None
             ),
         )
-        out[host.name] = HostRender(processes=(process,))
+        listeners = (
+            (
+                listener(process, "k2_api_port", "the vLLM API server", t.api_port),
+                listener(process, "k2_dp_rpc_port", "the DP RPC", t.dp_rpc_port),
+            )
+            if head
+            else ()
+        )
+        out[host.name] = HostRender(processes=(process,), listeners=listeners)
     return out
 
 
@@ -401,12 +415,12 @@ PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds()
 # Tunables only vLLM reads (every layout), each with the layouts that read it.
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_vllm_", LAYOUTS)
+NO_IPV6: str | None = None
 DIST_PORT_SPAN = 0
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name
 plan_warnings = no_warnings
-health_port_setting = api_port_setting
 
 
 def dcp_size(cluster: Cluster, spec: ModelSpec, parallel: Parallel) -> int:

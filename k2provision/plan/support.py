@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from k2provision.core import catalog
+from k2provision.core.network import ip_version
 from k2provision.core.records import Cluster, EngineName, EngineRelease, GpuSpec, ModelSpec
-from k2provision.core.variables import TUNABLE_VARS, show
+from k2provision.core.variables import TUNABLE_VARS, shorten_hosts, show
 from k2provision.core.versions import version_at_least
 from k2provision.engines import REGISTRY
 
@@ -139,7 +140,24 @@ def foreign_tunables(cluster: Cluster) -> list[str]:
     return problems
 
 
+def ipv6_problems(cluster: Cluster) -> list[str]:
+    """IPv6 literal addresses for an engine that cannot be wired with them."""
+    why = REGISTRY[cluster.engine].NO_IPV6
+    v6 = [
+        host.name
+        for host in cluster.hosts
+        for address in dict.fromkeys((host.address, host.local_ip))
+        if ip_version(address) == 6
+    ]
+    if why is None or not v6:
+        return []
+    return [
+        f"{shorten_hosts(v6)}: IPv6 address for {cluster.engine}, whose {why}; expected IPv4 "
+        "addresses or host names; fix: set ansible_host to an IPv4 address or a resolvable name"
+    ]
+
+
 def engine_setting_problems(cluster: Cluster) -> list[str]:
-    """Inventory settings that only the chosen engine makes wrong: ports it takes past the
-    last one, tunables it never reads."""
-    return [*dist_port_span_problems(cluster), *foreign_tunables(cluster)]
+    """Inventory settings that only the chosen engine makes wrong: addresses it cannot take,
+    ports it takes past the last one, tunables it never reads."""
+    return [*ipv6_problems(cluster), *dist_port_span_problems(cluster), *foreign_tunables(cluster)]
