@@ -256,8 +256,8 @@ def bench(
                 err_console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
             break
         text = result_file.read_text()
-        result_file.write_text(sanitized(client.kind, text))
-        result = parse_result(client.kind, text, num_prompts, str(result_file))
+        result_file.write_text(sanitized(client.result_format, text))
+        result = parse_result(client.result_format, text, num_prompts, str(result_file))
         points.append(point(result, level, scale, gpu_hour_price, published, argv))
         if result.failed:
             problems.append(f"{label}: {result.failed} of {num_prompts} requests failed "

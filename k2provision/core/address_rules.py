@@ -1,7 +1,8 @@
 """Rules over a whole Cluster that catch, at plan time, what would otherwise fail only on the
 hosts: listeners that collide with SSH or run past the last port, addresses that name no host
 (unspecified, broadcast, multicast), one host under two spellings, weights settings that cannot
-work, tunables of another engine, and image references Docker would refuse.
+work, and image references Docker would refuse (the engine's own rules, tunables it never
+reads and ports it takes past the last, are the plan's: plan/support.py).
 
 Each rule returns problem lines (host or source, value, expectation, fix) and never raises;
 `cluster_rule_problems` runs them all.
@@ -15,24 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from k2provision.core.records import Cluster
-from k2provision.core.variables import TUNABLE_VARS, shorten_hosts, show
+from k2provision.core.variables import shorten_hosts, show
 
 DEFAULT_SSH_PORT = 22
-# SGLang with DP attention takes the dist port and the next 6 (see Tunables.dist_port).
-SGLANG_DIST_SPAN = 6
-# Tunables that only one engine reads, by name prefix.
-ENGINE_PREFIXES = {"trtllm_": "trtllm", "vllm_": "vllm", "ktransformers_": "ktransformers"}
-# Tunables only SGLang's PD layout reads.
-SGLANG_PD_TUNABLES = (
-    "k2_max_running_requests_prefill",
-    "k2_cuda_graph_max_bs_decode",
-    "k2_prefill_chunk_per_rank",
-    "k2_pd_transfer_backend",
-    "k2_pd_timeout_s",
-    "k2_decode_redundant_experts",
-    "k2_prefill_redundant_experts",
-    "k2_bootstrap_port",
-)
 # Docker's reference grammar: [registry[:port]/]path[:tag][@digest], the path lower case.
 _IMAGE = re.compile(
     r"^(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
@@ -53,18 +39,6 @@ def ssh_port_clashes(cluster: Cluster, ssh_ports: Mapping[str, int]) -> list[str
         f"{shorten_hosts(hosts)}: k2_api_port={port} is the host's SSH port (ansible_port); "
         "expected the API on a port sshd does not hold; fix: set k2_api_port to a free port "
         "(default 8000)"
-    ]
-
-
-def dist_port_span(cluster: Cluster) -> list[str]:
-    """SGLang's dist port and the ports after it must all exist."""
-    port = cluster.tunables.dist_port
-    if cluster.engine != "sglang" or port + SGLANG_DIST_SPAN <= 65535:
-        return []
-    return [
-        f"{cluster.inventory}: k2_dist_port={port}: SGLang also takes the next "
-        f"{SGLANG_DIST_SPAN} ports, past 65535; expected at most {65535 - SGLANG_DIST_SPAN}; "
-        "fix: lower k2_dist_port (default 5757)"
     ]
 
 
@@ -149,28 +123,6 @@ def weights_problems(cluster: Cluster, values: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def foreign_tunables(cluster: Cluster, values: Mapping[str, Any]) -> list[str]:
-    """Tunables set in the inventory that the chosen engine and layout never read."""
-    problems = []
-    for name in TUNABLE_VARS:
-        if name not in values:
-            continue
-        bare = name.removeprefix("k2_")
-        if name in SGLANG_PD_TUNABLES:
-            owner, reads = "sglang layout pd", (cluster.engine, cluster.layout) == ("sglang", "pd")
-        else:
-            owner = next((e for p, e in ENGINE_PREFIXES.items() if bare.startswith(p)), "")
-            reads = not owner or owner == cluster.engine
-        if reads:
-            continue
-        problems.append(
-            f"{cluster.inventory}: {name}={show(values[name])} is read only by {owner}, and "
-            f"this cluster runs {cluster.engine} {cluster.layout}, which ignores it; expected "
-            f"tunables of the engine in use; fix: remove {name}"
-        )
-    return problems
-
-
 def image_problems(cluster: Cluster) -> list[str]:
     """Image overrides Docker would refuse as references."""
     problems = []
@@ -193,10 +145,8 @@ def cluster_rule_problems(
     """Every rule of this module over one cluster."""
     return [
         *ssh_port_clashes(cluster, ssh_ports),
-        *dist_port_span(cluster),
         *unreachable_addresses(cluster),
         *same_host_twice(cluster),
         *weights_problems(cluster, values),
-        *foreign_tunables(cluster, values),
         *image_problems(cluster),
     ]

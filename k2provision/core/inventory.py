@@ -381,7 +381,6 @@ def cluster_from_groups(
     if problems:
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
-    problems += network.port_clashes(cluster, _relay_ports(hv))
     problems += address_rules.cluster_rule_problems(
         cluster, {**hv[members[0]], **values}, _ssh_ports(hv)
     )
@@ -418,6 +417,7 @@ def _hosts(
 ) -> tuple[list[HostSpec], list[str]]:
     """HostSpecs in pool order, and a line per bad or repeated address or device list (a
     problem that several hosts share, such as one [all:vars] value, is one line)."""
+    relay_ports = _relay_ports(hv)
     problems: list[str] = []
     shared: dict[str, list[str]] = {}
     hosts: list[HostSpec] = []
@@ -488,6 +488,7 @@ def _hosts(
                 local_ip=local_ip,
                 ib_devices=devices if not why else (),
                 lab_fault=str(fault).strip() if fault is not None else None,
+                weights_port=relay_ports.get(name),
             )
         )
     problems += [f"{shorten_hosts(names)}: {line}" for line, names in shared.items()]

@@ -56,6 +56,9 @@ class HostSpec(Record):
     ib_devices: tuple[str, ...] = ()
     # Lab plans only: the stand-in fault this host's engine containers run with (K2_LAB_FAULT).
     lab_fault: str | None = None
+    weights_port: int | None = None
+    """The port the weights relay listens on here (k2_weights_port, a k2_weights role
+    variable), which the plan checks against the engine's ports."""
 
 
 # Every numeric knob has a range: a value outside it is a typo or a misunderstanding, and it is

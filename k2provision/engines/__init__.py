@@ -1,11 +1,14 @@
 """Engines: one module per engine, each all that is engine-specific.
 
 Each engine module implements the `Engine` protocol of engines/base.py (where the shared
-types live): its layouts and pool shapes, KV dtypes, text-only serving, container needs, bench
-client, served name, warnings, and `render(deployment) -> dict[host, HostRender]` with
-`endpoint(deployment) -> str`. REGISTRY maps engine names (core/records.py ENGINES) to those
-modules; the plan asks REGISTRY[cluster.engine] and names no engine. Engine modules import
-from engines/base.py, never from this package, so the registry's imports run one way.
+types live): its layouts and pool shapes, KV dtypes, text-only serving, memory accounting
+(`reserve`, `kv_budget`, on engines/memory.py's shared arithmetic), the tunables only it reads,
+the ports it takes and the addresses it cannot, container needs, bench client and published
+figures, served name, warnings, and `render(deployment) -> dict[host, HostRender]` (processes,
+files and the ports they bind) with `endpoint(deployment) -> str`. REGISTRY maps engine
+names (core/records.py ENGINES) to those modules; the plan asks REGISTRY[cluster.engine] and
+names no engine. Engine modules import from engines/base.py, never from this package, so the
+registry's imports run one way.
 
 May import: ``k2provision.core`` and ``k2provision.errors``; nothing from plan/, ops/, run/
 or commands/.

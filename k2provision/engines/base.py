@@ -14,6 +14,7 @@ from k2provision.core.records import (
     EngineRelease,
     GpuSpec,
     KvDtype,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
@@ -22,6 +23,7 @@ from k2provision.core.records import (
     Record,
     Tunables,
 )
+from k2provision.engines.memory import KvBudget, PoolFit
 
 
 class Deployment(Record):
@@ -46,11 +48,49 @@ class Deployment(Record):
         raise KeyError(name)
 
 
+class Listener(Record):
+    """A listening socket (or a run of them) that one of a host's rendered processes opens,
+    named by the inventory variable that sets its port."""
+
+    setting: str
+    """The inventory variable of the port (``k2_sglang_port``)."""
+    what: str
+    port: int
+    count: int = 1
+    process: str
+    container: str
+    """The container that holds the port once it runs."""
+
+    @property
+    def last(self) -> int:
+        """The last port of the run."""
+        return self.port + self.count - 1
+
+    def __str__(self) -> str:
+        """`k2_api_port=8000 (the PD router)`, with the run of ports where there is one."""
+        run = f", ports {self.port}-{self.last}" if self.count > 1 else ""
+        return f"{self.setting}={self.port} ({self.what}{run})"
+
+
+def listener(process: Process, setting: str, what: str, port: int, count: int = 1) -> Listener:
+    """What `process` binds: `count` ports from `port`, set by `setting`."""
+    return Listener(
+        setting=setting,
+        what=what,
+        port=port,
+        count=count,
+        process=process.name,
+        container=process.container,
+    )
+
+
 class HostRender(Record):
-    """One host's share of a rendering."""
+    """One host's share of a rendering: its processes, their files, and every port they bind
+    (in process order), which the plan records and checks for clashes."""
 
     processes: tuple[Process, ...] = ()
     files: dict[str, str] = {}
+    listeners: tuple[Listener, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +101,33 @@ class ContainerNeeds:
     """(capability, why)."""
     ulimits: tuple[tuple[str, str], ...] = ()
     """(ulimit, why), set ahead of the open-files limit every engine gets."""
+
+
+@dataclass(frozen=True)
+class ResultFormat:
+    """How a bench client writes its result file."""
+
+    json_lines: bool
+    """One JSON line appended per run (this run's is the last), else one JSON document."""
+    median: str
+    """The key of a metric's median, `{metric}` standing for the metric."""
+    e2e_metric: str
+    """The metric name of the end-to-end latency."""
+    counts_failed: bool
+    """The file has `failed`; otherwise the prompts not `completed` failed."""
+    dropped: tuple[str, ...] = ()
+    """Keys the run record leaves out of each document (a copy of the server's settings)."""
+
+
+@dataclass(frozen=True)
+class PublishedFigure:
+    """A throughput an engine's authors published for a layout and a bench workload."""
+
+    layout: str
+    workload: str
+    metric: Literal["input", "output"]
+    per_node: float
+    source: str
 
 
 @dataclass(frozen=True)
@@ -77,6 +144,11 @@ class BenchClient:
     """The result file's name in the run's directory."""
     install: str
     """The pinned client's package, and how to get it."""
+    result_format: ResultFormat
+    options: tuple[str, ...]
+    """The client's own options after the common ones; `{field}` stands for a field of the
+    run (ops/bench.py RunSpec: served_model_name, tokenizer, out_dir) or `result_name`,
+    `percentiles`."""
 
     @property
     def label(self) -> str:
@@ -88,6 +160,8 @@ class Engine(Protocol):
 
     The plan asks these (``REGISTRY[cluster.engine]``) instead of naming an engine."""
 
+    DISPLAY_NAME: str
+    """The engine's name as its authors write it, for messages."""
     LAYOUTS: tuple[str, ...]
     """The layouts the engine renders (core/records.py LAYOUTS lists the same)."""
     SINGLE_GPU: bool
@@ -105,7 +179,17 @@ class Engine(Protocol):
     METRICS_PATH: str | None
     """The Prometheus metrics path the plan renders, None while it renders none."""
     BENCH_CLIENT: BenchClient
+    PUBLISHED_FIGURES: tuple[PublishedFigure, ...]
+    """Throughputs published for this engine, beside which bench reports its own."""
     CONTAINER_NEEDS: ContainerNeeds
+    KV_PAGE_TOKENS: int
+    """The KV cache is counted in whole pages of this many tokens (1: no pages)."""
+    OWN_TUNABLES: dict[str, tuple[str, ...]]
+    """Tunables (k2_ names) no other engine reads, each with this engine's layouts that do."""
+    DIST_PORT_SPAN: int
+    NO_IPV6: str | None
+    """Why the engine cannot be wired with IPv6 literal addresses; None when it can."""
+    """The ports after k2_dist_port the engine also takes (0: only that one)."""
 
     def render(self, deployment: Deployment) -> dict[str, HostRender]:
         """Processes and files per host name."""
@@ -135,6 +219,10 @@ class Engine(Protocol):
         """What the operator should know about this engine on this cluster."""
         ...
 
-    def health_port_setting(self, process: Process) -> str:
-        """The inventory variable that sets the port of `process`'s health gate."""
+    def reserve(self, f: PoolFit) -> MemoryReserve:
+        """What the engine needs per GPU besides weights and KV cache (plan/fit.py)."""
+        ...
+
+    def kv_budget(self, f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+        """The memory fraction to render, the memory it governs and the KV cache it leaves."""
         ...

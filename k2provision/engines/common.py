@@ -12,7 +12,7 @@ What the pinned releases take (read in their sources):
   (vllm/utils/network_utils.py `get_tcp_uri`, `join_host_port`); Ray 2.60's `parse_address`
   takes `[v6]:port` (ray._raylet), so `ray start --address` and `ray.init` get brackets.
 - TensorRT-LLM: mpirun's `-H host:slots` list has no syntax for an IPv6 literal, so the
-  inventory is refused for it (network.py); give the hosts IPv4 addresses or names.
+  inventory is refused for it (trtllm.py NO_IPV6); give the hosts IPv4 addresses or names.
 
 Socket interface. NCCL, Gloo (torch.distributed), NVSHMEM's bootstrap and Open MPI pick a
 network interface on their own when not told, and on hosts with several NICs they may pick one
@@ -37,9 +37,9 @@ from k2provision.core.records import (
     KvDtype,
     LaunchValue,
     ModelSpec,
-    Process,
     Tunables,
 )
+from k2provision.core.variables import TUNABLE_VARS
 
 IFNAME = LaunchValue(name="K2_SOCKET_IFNAME", kind="ifname-of")
 SUBNET = LaunchValue(name="K2_SOCKET_SUBNET", kind="cidr-of")
@@ -181,11 +181,11 @@ def inventory_served_name(cluster: Cluster) -> str:
     return cluster.tunables.served_model_name
 
 
-def api_port_setting(process: Process) -> str:
-    """Every server of the engine listens on the public k2_api_port."""
-    return "k2_api_port"
-
-
 def no_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
     """Nothing engine-specific to say."""
     return []
+
+
+def own_tunables(prefix: str, layouts: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The tunables named `prefix...`, each read by every one of `layouts`."""
+    return {name: layouts for name in TUNABLE_VARS if name.startswith(prefix)}

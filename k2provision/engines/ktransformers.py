@@ -29,21 +29,35 @@ from k2provision.core.records import (
     EngineRelease,
     GpuSpec,
     LaunchValue,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
     Process,
     Tunables,
 )
-from k2provision.engines.base import ContainerNeeds, Deployment, HostRender
+from k2provision.engines.base import (
+    ContainerNeeds,
+    Deployment,
+    HostRender,
+    PublishedFigure,
+    listener,
+)
 from k2provision.engines.common import (
     any_address,
-    api_port_setting,
     http_gate,
     http_url,
     inventory_served_name,
     kv_cache_dtype,
     no_fp8_kv_problems,
+    own_tunables,
+)
+from k2provision.engines.memory import (
+    RUNTIME_GIB,
+    KvBudget,
+    PoolFit,
+    activations_gib,
+    floor2,
 )
 from k2provision.engines.sglang import BENCH_CLIENT as SGLANG_BENCH_CLIENT
 from k2provision.engines.sglang import LAUNCH_SERVER, NUMA_BINDING, model_args, server_env
@@ -94,7 +108,8 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         resolve=(*socket_values, *values),
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
-    return {pool.master: HostRender(processes=(process,))}
+    port = listener(process, "k2_api_port", "the ktransformers server", t.api_port)
+    return {pool.master: HostRender(processes=(process,), listeners=(port,))}
 
 
 def endpoint(deployment: Deployment) -> str:
@@ -105,6 +120,7 @@ def endpoint(deployment: Deployment) -> str:
 
 # ---------------------------------------------------------------- what the plan asks
 
+DISPLAY_NAME = "KTransformers"
 LAYOUTS: tuple[str, ...] = ("single",)
 SINGLE_GPU = True
 ROUTED_EXPERTS_ON_HOST = True
@@ -115,10 +131,14 @@ HEALTH_PATH = "/health"
 METRICS_PATH: str | None = None
 # Served by sglang.launch_server: sglang's client on its native route.
 BENCH_CLIENT = SGLANG_BENCH_CLIENT
+PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
+# Tunables only KTransformers reads, each with the layouts that read it.
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_ktransformers_", LAYOUTS)
+NO_IPV6: str | None = None
+DIST_PORT_SPAN = 0
 kv_dtype = kv_cache_dtype
 served_name = inventory_served_name
-health_port_setting = api_port_setting
 
 
 def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
@@ -145,3 +165,27 @@ def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> 
             f"(kt-kernel {release.version} with its SGLang) and set k2_image to the result"
         )
     return warnings
+
+
+# ---------------------------------------------------------------- memory accounting
+
+# Routed experts in host memory (ROUTED_EXPERTS_ON_HOST); the GPU holds the rest and the cache.
+KV_PAGE_TOKENS = 1
+
+
+def reserve(f: PoolFit) -> MemoryReserve:
+    """KTransformers: one GPU, no collectives; activations for its prefill chunk."""
+    return MemoryReserve(
+        activations=round(activations_gib(8192, f.spec, f.parallel), 2),
+        cuda_graphs=0.0,
+        comm_buffers=0.0,
+        runtime=RUNTIME_GIB,
+        margin=f.tunables.reserve_gib,
+    )
+
+
+def kv_budget(f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+    """The fraction that leaves the whole reserve outside; the KV cache is the rest of it."""
+    fraction = floor2(1 - reserve.total / f.gpu.usable_gib)
+    budget = fraction * f.gpu.usable_gib
+    return KvBudget(fraction, budget, budget - weights_gib)

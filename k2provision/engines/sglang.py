@@ -22,10 +22,12 @@ now ambiguous and rejected), `--dist-init-addr` (was `--nccl-init-addr`).
 from __future__ import annotations
 
 from k2provision.core import catalog
+from k2provision.core.catalog import GIB
 from k2provision.core.records import (
     Cluster,
     HostSpec,
     LaunchValue,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
@@ -33,7 +35,16 @@ from k2provision.core.records import (
     Process,
     Tunables,
 )
-from k2provision.engines.base import BenchClient, ContainerNeeds, Deployment, HostRender
+from k2provision.engines.base import (
+    BenchClient,
+    ContainerNeeds,
+    Deployment,
+    HostRender,
+    Listener,
+    PublishedFigure,
+    ResultFormat,
+    listener,
+)
 from k2provision.engines.common import (
     any_address,
     fp8_kv_problems,
@@ -46,6 +57,18 @@ from k2provision.engines.common import (
     parser_args,
     socket_env,
     socket_ifname,
+)
+from k2provision.engines.memory import (
+    DEEPEP_NORMAL_GIB,
+    RUNTIME_GIB,
+    KvBudget,
+    PoolFit,
+    activations_gib,
+    collective_buffers_gib,
+    deepep_low_latency_gib,
+    encoder_gib,
+    floor2,
+    graph_gib,
 )
 
 CONTAINER = "k2-sglang"
@@ -154,7 +177,16 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             stage=0,
             health=health,
         )
-        out[name] = HostRender(processes=(process,))
+        # Rank 0 serves HTTP and hosts the rendezvous; the other ranks bind nothing of theirs.
+        listeners = (
+            (
+                listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port),
+                listener(process, "k2_dist_port", "the rendezvous", t.dist_port),
+            )
+            if rank == 0
+            else ()
+        )
+        out[name] = HostRender(processes=(process,), listeners=listeners)
     return out
 
 
@@ -286,6 +318,22 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
     )
 
 
+def _pd_listeners(process: Process, pool: PoolPlan, rank: int, t: Tunables) -> list[Listener]:
+    """What a PD server binds: on rank 0 its HTTP server, the prefill pool's KV bootstrap and
+    the rendezvous with the ports DP attention takes after it (sglang 0.5.23
+    srt/server_args.py PortArgs.init_new: port_base = dist_init_port + 1, detokenizer / rpc /
+    metrics / scheduler / load-collector at port_base + 1..5)."""
+    if rank != 0:
+        return []
+    found = [listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port)]
+    if pool.name == "prefill":
+        found.append(listener(process, "k2_bootstrap_port", "the KV bootstrap", t.bootstrap_port))
+    found.append(
+        listener(process, "k2_dist_port", "the rendezvous", t.dist_port, DIST_PORT_SPAN + 1)
+    )
+    return found
+
+
 def _router_host(deployment: Deployment) -> HostSpec:
     cluster = deployment.cluster
     return cluster.host(cluster.router or deployment.pool("prefill").master)
@@ -337,14 +385,24 @@ def router_image(deployment: Deployment) -> str:
 
 def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
     cluster = deployment.cluster
+    t = cluster.tunables
     processes: dict[str, list[Process]] = {}
+    listeners: dict[str, list[Listener]] = {}
     for pool_name in ("prefill", "decode"):
         pool = deployment.pool(pool_name)
         for rank, name in enumerate(pool.hosts):
             server = _pd_server(deployment, pool, cluster.host(name), rank)
             processes.setdefault(name, []).append(server)
-    processes.setdefault(_router_host(deployment).name, []).append(_router(deployment))
-    return {name: HostRender(processes=tuple(procs)) for name, procs in processes.items()}
+            listeners.setdefault(name, []).extend(_pd_listeners(server, pool, rank, t))
+    router_host, router = _router_host(deployment).name, _router(deployment)
+    processes.setdefault(router_host, []).append(router)
+    listeners.setdefault(router_host, []).append(
+        listener(router, "k2_api_port", "the PD router", t.api_port)
+    )
+    return {
+        name: HostRender(processes=tuple(procs), listeners=tuple(listeners[name]))
+        for name, procs in processes.items()
+    }
 
 
 # ---------------------------------------------------------------- interface
@@ -367,6 +425,7 @@ def endpoint(deployment: Deployment) -> str:
 
 # ---------------------------------------------------------------- what the plan asks
 
+DISPLAY_NAME = "SGLang"
 LAYOUTS: tuple[str, ...] = ("tp", "pd")
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
@@ -386,6 +445,34 @@ BENCH_CLIENT = BenchClient(
     "sglang",
     "result.jsonl",
     "sglang==0.5.23 (scripts/install-engine-parsers sglang builds .venv-sglang)",
+    # Appends one JSON line per run with median/p90/p95/p99, and a copy of the server's whole
+    # /server_info (server arguments included), which the run record leaves out.
+    ResultFormat(
+        json_lines=True,
+        median="median_{metric}_ms",
+        e2e_metric="e2e_latency",
+        counts_failed=False,
+        dropped=("server_info",),
+    ),
+    # `random-ids` draws ids from the tokenizer's vocabulary (`random` would download
+    # ShareGPT); range ratio 1.0 makes lengths exact; ignore_eos is its default. --model
+    # names the tokenizer so its chat-template probe stays local; requests carry the served
+    # name.
+    (
+        "--dataset-name", "random-ids",
+        "--random-range-ratio", "1.0",
+        "--model", "{tokenizer}",
+        "--served-model-name", "{served_model_name}",
+        "--output-file", "{out_dir}/{result_name}",
+    ),
+)
+PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = (
+    PublishedFigure("pd", "lmsys-2000-100", "input", 56_000,
+                    "seed 002 (LMSYS): 896k prefill tok/s on 16 nodes of 8 x H200 (4P12D), "
+                    "56k per node"),
+    PublishedFigure("pd", "lmsys-2000-100", "output", 24_000,
+                    "seed 002 (LMSYS): 384k decode tok/s on 16 nodes of 8 x H200 (4P12D, "
+                    "decode batch 480), 24k per node"),
 )
 NUMA_BINDING = (
     "SYS_NICE",
@@ -393,6 +480,21 @@ NUMA_BINDING = (
     "which Docker's default seccomp profile allows only with CAP_SYS_NICE",
 )
 CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
+# Tunables only SGLang reads, each with the layouts that read it.
+PD_TUNABLES = (
+    "k2_max_running_requests_prefill",
+    "k2_cuda_graph_max_bs_decode",
+    "k2_prefill_chunk_per_rank",
+    "k2_pd_transfer_backend",
+    "k2_pd_timeout_s",
+    "k2_decode_redundant_experts",
+    "k2_prefill_redundant_experts",
+    "k2_bootstrap_port",
+)
+OWN_TUNABLES: dict[str, tuple[str, ...]] = dict.fromkeys(PD_TUNABLES, ("pd",))
+# With DP attention it takes the dist port and the next 6 (see Tunables.dist_port).
+NO_IPV6: str | None = None
+DIST_PORT_SPAN = 6
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name
@@ -417,8 +519,56 @@ def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) ->
     )
 
 
-def health_port_setting(process: Process) -> str:
-    """SGLang's own servers listen on k2_sglang_port; the PD router on k2_api_port."""
-    return "k2_sglang_port" if any(a.endswith("sglang.launch_server") for a in process.argv) else (
-        "k2_api_port"
+
+# ---------------------------------------------------------------- memory accounting
+
+# SGLang 0.5.23 (mem_cache/kv_cache_configurator.py _profile_available_bytes): KV = free
+# memory after loading - (1 - mem_fraction_static) x free memory before loading; the rest
+# of the GPU must hold activations, graphs and buffers.
+KV_PAGE_TOKENS = 1
+
+
+def reserve(f: PoolFit) -> MemoryReserve:
+    """What SGLang needs outside its static pool (weights + KV), per GPU."""
+    t = f.tunables
+    p = f.parallel
+    spec = f.spec
+    if f.pool == "decode":
+        tokens = t.cuda_graph_max_bs_decode
+        graph_rows = t.cuda_graph_max_bs_decode
+        # DeepEP low-latency mode: its RDMA buffer, and inside the graphs, for every row a
+        # local expert can receive (tokens per rank from every rank), the grouped GEMM
+        # pipeline's tensors: the received row, gate/up output, activation, down output.
+        local_experts = (spec.n_routed_experts + p.redundant_experts) / p.ep
+        row = (2 * spec.hidden_size + 3 * spec.moe_intermediate_size) * 2
+        received = local_experts * p.ep * tokens * row / GIB
+        comm = deepep_low_latency_gib(spec, p, tokens)
+        graphs = graph_gib(tokens, graph_rows, spec, p) + received
+    elif f.pool == "prefill":
+        # The render gives SGLang per rank x DP, which 0.5.23 divides by the attention-DP size.
+        tokens = t.prefill_chunk_per_rank
+        comm = DEEPEP_NORMAL_GIB
+        graphs = 0.0  # --deepep-mode normal disables CUDA graphs
+    else:
+        tokens = 8192 if f.gpu.usable_gib >= 60 else 4096  # 0.5.23's chunk default
+        graph_rows = 512 if p.tp >= 4 else 256  # its decode max_bs default
+        graphs = graph_gib(graph_rows, graph_rows, spec, p)
+        comm = 0.0
+    comm += collective_buffers_gib(p.tp, f.gpus_per_node)
+    return MemoryReserve(
+        activations=round(activations_gib(tokens, spec, p), 2),
+        cuda_graphs=round(graphs, 2),
+        comm_buffers=round(comm, 2),
+        runtime=RUNTIME_GIB,
+        encoder=encoder_gib(f),
+        margin=t.reserve_gib,
     )
+
+
+def kv_budget(f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+    """SGLang measures free memory once its runtime is up, before loading weights; the
+    buffers and graphs allocated later must fit in (1 - fraction) of that."""
+    before_load = f.gpu.usable_gib - reserve.runtime
+    fraction = floor2(1 - (reserve.total - reserve.runtime) / before_load)
+    budget = fraction * before_load
+    return KvBudget(fraction, budget, budget - weights_gib)

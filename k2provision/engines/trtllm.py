@@ -23,6 +23,7 @@ k2_socket_ifname); Open MPI's own TCP traffic is pinned by subnet (`btl_tcp_if_i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
@@ -35,6 +36,7 @@ from k2provision.core.records import (
     HostSpec,
     KvDtype,
     LaunchValue,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
@@ -44,16 +46,31 @@ from k2provision.core.records import (
 )
 from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.core.templating import render_template
-from k2provision.engines.base import ContainerNeeds, Deployment, HostRender
+from k2provision.engines.base import (
+    ContainerNeeds,
+    Deployment,
+    HostRender,
+    PublishedFigure,
+    listener,
+)
 from k2provision.engines.common import (
     SUBNET,
-    api_port_setting,
     http_gate,
     http_url,
     multi_host,
+    own_tunables,
     parser_args,
     socket_env,
     socket_ifname,
+)
+from k2provision.engines.memory import (
+    RUNTIME_GIB,
+    KvBudget,
+    PoolFit,
+    activations_gib,
+    collective_buffers_gib,
+    floor2,
+    graph_gib,
 )
 from k2provision.engines.sglang import BENCH_CLIENT as SGLANG_BENCH_CLIENT
 from k2provision.engines.trtllm_schema import (
@@ -300,10 +317,13 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
+    serve_port = listener(serve, "k2_api_port", "trtllm-serve", t.api_port)
+    sshd_port = listener(sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port)
     return {
         h.name: HostRender(
             processes=(sshd, serve) if h.name == pool.master else (sshd,),
             files=dict(files),
+            listeners=(serve_port, sshd_port) if h.name == pool.master else (sshd_port,),
         )
         for h in hosts
     }
@@ -317,6 +337,7 @@ def endpoint(deployment: Deployment) -> str:
 
 # ---------------------------------------------------------------- what the plan asks
 
+DISPLAY_NAME = "TensorRT-LLM"
 LAYOUTS: tuple[str, ...] = ("tp_ep",)
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
@@ -327,6 +348,7 @@ HEALTH_PATH = "/health"
 METRICS_PATH: str | None = None
 # trtllm-serve is OpenAI-compatible: sglang's client on the OpenAI completions route.
 BENCH_CLIENT = replace(SGLANG_BENCH_CLIENT, backend="sglang-oai")
+PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds(
     cap_add=(
         (
@@ -342,7 +364,11 @@ CONTAINER_NEEDS = ContainerNeeds(
         ),
     ),
 )
-health_port_setting = api_port_setting
+# Tunables only TensorRT-LLM reads, each with the layouts that read it.
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_trtllm_", LAYOUTS)
+# mpirun takes its hosts as -H host:slots, where an IPv6 literal's colons break the list.
+NO_IPV6: str | None = "mpirun host list (-H host:slots) cannot carry an IPv6 literal"
+DIST_PORT_SPAN = 0
 
 
 def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
@@ -379,3 +405,38 @@ def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> 
         f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
         "build containers/trtllm from it and set k2_image to the result"
     ]
+
+
+# ---------------------------------------------------------------- memory accounting
+
+# TensorRT-LLM 1.2 (KvCacheConfig.free_gpu_memory_fraction): KV = fraction x the memory
+# free after weights and warm-up; graphs and buffers allocated later need the rest.
+KV_PAGE_TOKENS = 1
+
+
+def reserve(f: PoolFit) -> MemoryReserve:
+    """TensorRT-LLM: warm-up activations for max_num_tokens, graphs for the padded batch
+    sizes (powers of two up to 128), NCCL/MPI buffers."""
+    t = f.tunables
+    p = f.parallel
+    graph_max = min(t.trtllm_max_batch_size, 128)
+    graphs = int(math.log2(graph_max)) + 1
+    return MemoryReserve(
+        activations=round(activations_gib(t.trtllm_max_num_tokens, f.spec, p), 2),
+        cuda_graphs=round(graph_gib(graph_max, graphs, f.spec, p), 2),
+        comm_buffers=round(collective_buffers_gib(p.tp, f.gpus_per_node), 2),
+        runtime=RUNTIME_GIB,
+        margin=t.reserve_gib,
+    )
+
+
+def kv_budget(f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+    """The fraction of the memory free after weights and warm-up that leaves the graphs and
+    the margin, allocated later, outside."""
+    free = (
+        f.gpu.usable_gib - weights_gib - reserve.activations - reserve.comm_buffers
+        - reserve.runtime
+    )
+    later = reserve.cuda_graphs + reserve.margin
+    fraction = floor2(1 - later / free) if free > later else 0.0
+    return KvBudget(fraction, weights_gib + fraction * max(free, 0.0), fraction * max(free, 0.0))

@@ -42,22 +42,35 @@ load of about 1 TB of weights can take).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
+from k2provision.core import catalog
+from k2provision.core.catalog import GIB
 from k2provision.core.records import (
     Cluster,
+    GpuSpec,
     HealthGate,
     HostSpec,
     LaunchValue,
+    MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
     PoolPlan,
     Process,
+    Tunables,
 )
-from k2provision.engines.base import BenchClient, ContainerNeeds, Deployment, HostRender
+from k2provision.engines.base import (
+    BenchClient,
+    ContainerNeeds,
+    Deployment,
+    HostRender,
+    PublishedFigure,
+    ResultFormat,
+    listener,
+)
 from k2provision.engines.common import (
     any_address,
-    api_port_setting,
     fp8_kv_problems,
     host_port,
     http_gate,
@@ -65,9 +78,22 @@ from k2provision.engines.common import (
     inventory_served_name,
     kv_cache_dtype,
     no_warnings,
+    own_tunables,
     parser_args,
     socket_env,
     socket_ifname,
+)
+from k2provision.engines.memory import (
+    RUNTIME_GIB,
+    KvBudget,
+    PoolFit,
+    activations_gib,
+    collective_buffers_gib,
+    encoder_gib,
+    floor2,
+    graph_gib,
+    kv_bytes_per_token,
+    weights_per_gpu,
 )
 
 CONTAINER = "k2-vllm"
@@ -244,7 +270,13 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
-    out[head.name] = HostRender(processes=(head_ray, serve))
+    out[head.name] = HostRender(
+        processes=(head_ray, serve),
+        listeners=(
+            listener(head_ray, "k2_ray_port", "the Ray head", t.ray_port),
+            listener(serve, "k2_api_port", "the vLLM API server", t.api_port),
+        ),
+    )
     for host in hosts[1:]:
         env, values = _env(deployment, host)
         worker = Process(
@@ -331,12 +363,21 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
                 else None
             ),
         )
-        out[host.name] = HostRender(processes=(process,))
+        listeners = (
+            (
+                listener(process, "k2_api_port", "the vLLM API server", t.api_port),
+                listener(process, "k2_dp_rpc_port", "the DP RPC", t.dp_rpc_port),
+            )
+            if head
+            else ()
+        )
+        out[host.name] = HostRender(processes=(process,), listeners=listeners)
     return out
 
 
 # ---------------------------------------------------------------- what the plan asks
 
+DISPLAY_NAME = "vLLM"
 LAYOUTS: tuple[str, ...] = ("tp", "tp_pp", "dp_ep")
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
@@ -353,13 +394,33 @@ BENCH_CLIENT = BenchClient(
     "openai",
     "result.json",
     "vllm==0.33.0 (scripts/install-engine-parsers vllm builds .venv-vllm)",
+    # One JSON document with the percentiles it was asked for (p50/p90/p99) and `failed`.
+    ResultFormat(
+        json_lines=False, median="p50_{metric}_ms", e2e_metric="e2el", counts_failed=True
+    ),
+    (
+        "--endpoint", "/v1/completions",
+        "--dataset-name", "random",
+        "--random-range-ratio", "0",  # lengths in [L(1-r), L(1+r)]; 0 is exact
+        "--ignore-eos",
+        "--model", "{served_model_name}",
+        "--percentile-metrics", "ttft,itl,e2el",
+        "--metric-percentiles", "{percentiles}",
+        "--save-result",
+        "--result-dir", "{out_dir}",
+        "--result-filename", "{result_name}",
+    ),
 )
+PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 CONTAINER_NEEDS = ContainerNeeds()
+# Tunables only vLLM reads (every layout), each with the layouts that read it.
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_vllm_", LAYOUTS)
+NO_IPV6: str | None = None
+DIST_PORT_SPAN = 0
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name
 plan_warnings = no_warnings
-health_port_setting = api_port_setting
 
 
 def dcp_size(cluster: Cluster, spec: ModelSpec, parallel: Parallel) -> int:
@@ -397,3 +458,170 @@ def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) ->
             update={"redundant_experts": nodes * gpn if spare is None else spare}
         )
     return parallel
+
+
+# ---------------------------------------------------------------- memory accounting
+
+# vLLM 0.33.0 (vllm/v1/worker/gpu_worker.py determine_available_memory): KV = utilization x
+# total - weights - profiled peak activations - non-torch memory - CUDA graph memory (counted
+# since 0.21); blocks = KV // page; tokens = blocks x block size (x DCP size).
+
+# vLLM caps the utilization it is given at the value its recipes recommend to maximize the
+# KV cache ("Set --gpu-memory-utilization=0.95", vllm-project/recipes Kimi-K2-Instruct).
+MAX_UTILIZATION = 0.95
+# FlashMLA pages (vLLM's default MLA backend on Hopper and Blackwell).
+MLA_BLOCK_SIZE = 64
+KV_PAGE_TOKENS = MLA_BLOCK_SIZE
+# vLLM samples at most max_num_seqs rows: FP32 logits, their sorted copy and int64 indices
+# (the top-k/top-p path of v1/sample/ops/topk_topp_sampler.py) are four FP32-sized copies.
+SAMPLER_COPIES = 4
+
+
+@dataclass(frozen=True)
+class VllmRelease:
+    """The parts of vLLM's memory accounting that changed between releases."""
+
+    version: str
+    default_utilization: float
+    counts_cuda_graphs: bool
+
+
+PINNED = VllmRelease(version="0.33.0", default_utilization=0.92, counts_cuda_graphs=True)
+
+
+def batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM 0.33.0 picks for `vllm serve` on this GPU
+    (engine/arg_utils.py get_batch_defaults)."""
+    total = gpu.usable_gib
+    if total >= 160:
+        return 16384, 1024
+    if total >= 70 and gpu.key != "a100":
+        return 8192, 1024
+    return 2048, 256
+
+
+def capture_sizes(max_size: int) -> list[int]:
+    """vLLM's default capture sizes: 1, 2, 4, then every 8 up to 256 and every 16 above."""
+    sizes = [s for s in (1, 2, 4) if s <= max_size]
+    sizes += list(range(8, min(256, max_size) + 1, 8))
+    sizes += list(range(272, max_size + 1, 16))
+    return sizes
+
+
+def reserve(f: PoolFit, release: VllmRelease = PINNED) -> MemoryReserve:
+    """What vLLM's profile counts besides weights, per GPU."""
+    t = f.tunables
+    p = f.parallel
+    if f.layout == "dp_ep":
+        batched, seqs = t.vllm_max_num_batched_tokens, t.vllm_max_num_seqs
+    else:
+        batched, seqs = batch_defaults(f.gpu)
+    forward = activations_gib(batched, f.spec, p)
+    sampler = SAMPLER_COPIES * seqs * f.spec.vocab_size * 4 / GIB
+    graphs = 0.0
+    if release.counts_cuda_graphs:
+        sizes = capture_sizes(min(seqs * 2, 512))
+        # FULL decode graphs and PIECEWISE graphs: one set each (FULL_AND_PIECEWISE).
+        graphs = graph_gib(sizes[-1], 2 * len(sizes), f.spec, p)
+    group = p.tp if f.layout != "dp_ep" else p.ep
+    return MemoryReserve(
+        activations=round(max(forward, sampler), 2),
+        cuda_graphs=round(graphs, 2),
+        comm_buffers=round(collective_buffers_gib(group, f.gpus_per_node), 2),
+        runtime=RUNTIME_GIB,
+        encoder=encoder_gib(f),
+        margin=t.reserve_gib,
+    )
+
+
+def kv_budget(f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudget:
+    """The largest utilization that leaves the margin outside, capped at the recipes' value;
+    the KV cache is what the utilization leaves after weights and the profiled reserve."""
+    usable = f.gpu.usable_gib
+    fraction = min(MAX_UTILIZATION, floor2(1 - reserve.margin / usable))
+    budget = fraction * usable
+    return KvBudget(fraction, budget, budget - weights_gib - (reserve.total - reserve.margin))
+
+
+def kv_tokens(f: PoolFit, release: VllmRelease, utilization: float) -> int:
+    """vLLM's "GPU KV cache size" for a release and utilization (x DCP, as vLLM logs it):
+    the calibration entry point, following gpu_worker.determine_available_memory."""
+    weights_b, _ = weights_per_gpu(f, ROUTED_EXPERTS_ON_HOST)
+    counted = reserve(f, release)
+    kv = utilization * f.gpu.usable_gib - weights_b / GIB - (counted.total - counted.margin)
+    blocks = int(max(kv, 0.0) * GIB // (kv_bytes_per_token(f) * MLA_BLOCK_SIZE))
+    return blocks * MLA_BLOCK_SIZE * f.parallel.dcp
+
+
+# ---------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """A figure vLLM published, and the settings it was measured at."""
+
+    name: str
+    source: str
+    settings: str
+    published: int
+    unit: str
+    fit: PoolFit
+    release: VllmRelease
+    utilization: float
+
+    def predicted(self) -> int:
+        """What the fit predicts at the same settings."""
+        return kv_tokens(self.fit, self.release, self.utilization)
+
+
+def _k2_thinking_tp8(dcp: int) -> PoolFit:
+    return PoolFit(
+        engine="vllm",
+        layout="tp",
+        pool="nodes",
+        nodes=1,
+        gpus=8,
+        gpus_per_node=8,
+        parallel=Parallel(tp=8, dcp=dcp),
+        spec=catalog.model("moonshotai/Kimi-K2-Thinking"),
+        gpu=catalog.gpu("h200"),
+        context_length=262144,
+        kv_dtype="bf16",
+        vision_loaded=False,
+        tunables=Tunables(),
+    )
+
+
+# The vLLM nightly of 2025-11-06 (0.11.1rc) that the Kimi-K2-Thinking recipe was measured on:
+# --gpu-memory-utilization defaulted to 0.90, and CUDA graph memory was not yet deducted
+# from the KV budget (vLLM logs it as "default since v0.21.0").
+RELEASE_2025_11 = VllmRelease(
+    version="0.11.1rc", default_utilization=0.90, counts_cuda_graphs=False
+)
+_RECIPE = (
+    "vllm-project/recipes moonshotai/Kimi-K2-Think.md (PR #115 startup logs: "
+    '"Available KV cache memory: 46.80 GiB")'
+)
+CALIBRATION: tuple[CalibrationPoint, ...] = (
+    CalibrationPoint(
+        name="vllm-k2-thinking-tp8",
+        source=_RECIPE,
+        settings="Kimi-K2-Thinking, 8xH200, TP8, BF16 KV, default max-model-len (262144), "
+        "utilization 0.90, max-num-seqs 1024, max-num-batched-tokens 8192",
+        published=715072,
+        unit='tokens ("GPU KV cache size")',
+        fit=_k2_thinking_tp8(1),
+        release=RELEASE_2025_11,
+        utilization=0.90,
+    ),
+    CalibrationPoint(
+        name="vllm-k2-thinking-tp8-dcp8",
+        source=_RECIPE,
+        settings="as above with --decode-context-parallel-size 8",
+        published=5721088,
+        unit='tokens ("GPU KV cache size", x DCP)',
+        fit=_k2_thinking_tp8(8),
+        release=RELEASE_2025_11,
+        utilization=0.90,
+    ),
+)

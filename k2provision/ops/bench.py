@@ -21,11 +21,11 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from k2provision.core.records import Plan
 from k2provision.engines import REGISTRY
-from k2provision.engines.base import BenchClient
+from k2provision.engines.base import BenchClient, PublishedFigure, ResultFormat
 from k2provision.errors import K2Error
 
 SCHEMA_VERSION = 1
@@ -37,9 +37,6 @@ LAB_NOTICE = (
     "lab plan: a stand-in answers instead of a model, so these numbers measure the plumbing "
     "(client, router, streaming), not an engine; they are meaningless as performance figures"
 )
-
-ClientKind = Literal["sglang", "vllm"]
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -140,32 +137,14 @@ def client_argv(client: Client, python: str, spec: RunSpec) -> list[str]:
         "--seed", str(spec.seed),
         "--disable-tqdm",
     ]
-    if client.kind == "vllm":
-        return [
-            python, *client.command, *common,
-            "--endpoint", "/v1/completions",
-            "--dataset-name", "random",
-            "--random-range-ratio", "0",  # vLLM: lengths in [L(1-r), L(1+r)]; 0 is exact
-            "--ignore-eos",
-            "--model", spec.served_model_name,
-            "--percentile-metrics", "ttft,itl,e2el",
-            "--metric-percentiles", ",".join(map(str, PERCENTILES)),
-            "--save-result",
-            "--result-dir", str(spec.out_dir),
-            "--result-filename", client.result_name,
-        ]
-    # sglang: `random-ids` draws ids from the tokenizer's vocabulary (`random` would download
-    # ShareGPT); range ratio 1.0 makes lengths exact; ignore_eos is its default. --model
-    # names the tokenizer so its chat-template probe stays local; requests carry the served
-    # name.
-    return [
-        python, *client.command, *common,
-        "--dataset-name", "random-ids",
-        "--random-range-ratio", "1.0",
-        "--model", spec.tokenizer,
-        "--served-model-name", spec.served_model_name,
-        "--output-file", str(spec.out_dir / client.result_name),
-    ]
+    values = {
+        "served_model_name": spec.served_model_name,
+        "tokenizer": spec.tokenizer,
+        "out_dir": str(spec.out_dir),
+        "result_name": client.result_name,
+        "percentiles": ",".join(map(str, PERCENTILES)),
+    }
+    return [python, *client.command, *common, *(o.format(**values) for o in client.options)]
 
 
 def client_env() -> dict[str, str]:
@@ -226,25 +205,23 @@ def _percentiles(doc: dict[str, Any], metric: str, where: str, p50_key: str) -> 
     )
 
 
-def parse_result(kind: ClientKind, text: str, num_prompts: int, where: str) -> ClientResult:
-    """A client's result file -> ClientResult (K2Error naming `where` if it is not one).
-
-    sglang appends one JSON line per run and reports median/p90/p95/p99; vLLM writes one
-    JSON document with the percentiles it was asked for (p50/p90/p99) and `failed`."""
+def parse_result(fmt: ResultFormat, text: str, num_prompts: int, where: str) -> ClientResult:
+    """A client's result file, in the format its client declares -> ClientResult (K2Error
+    naming `where` if it is not one)."""
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise K2Error([f"{where}: empty; the client wrote no result"])
     try:
-        doc = json.loads(lines[-1] if kind == "sglang" else text)
+        doc = json.loads(lines[-1] if fmt.json_lines else text)
     except ValueError as error:
         raise K2Error([f"{where}: not JSON ({error})"]) from None
     if not isinstance(doc, dict):
         raise K2Error([f"{where}: expected a JSON object"])
     completed = int(_number(doc, "completed", where))
-    failed = (int(_number(doc, "failed", where)) if kind == "vllm"
+    failed = (int(_number(doc, "failed", where)) if fmt.counts_failed
               else max(0, num_prompts - completed))
-    e2e = "e2e_latency" if kind == "sglang" else "e2el"
-    p50 = "median_{metric}_ms" if kind == "sglang" else "p50_{metric}_ms"
+    e2e = fmt.e2e_metric
+    p50 = fmt.median
     return ClientResult(
         completed=completed,
         failed=failed,
@@ -257,10 +234,10 @@ def parse_result(kind: ClientKind, text: str, num_prompts: int, where: str) -> C
     )
 
 
-def sanitized(kind: ClientKind, text: str) -> str:
-    """The client's result file as the run record keeps it: without `server_info` (sglang
-    copies the server's whole /server_info there, server arguments included)."""
-    if kind != "sglang":
+def sanitized(fmt: ResultFormat, text: str) -> str:
+    """The client's result file as the run record keeps it: without the keys its format
+    drops (a copy of the server's settings)."""
+    if not fmt.dropped:
         return text
     out = []
     for line in text.splitlines():
@@ -269,7 +246,8 @@ def sanitized(kind: ClientKind, text: str) -> str:
         except ValueError:
             continue
         if isinstance(doc, dict):
-            doc.pop("server_info", None)
+            for key in fmt.dropped:
+                doc.pop(key, None)
             out.append(json.dumps(doc))
     return "\n".join(out) + "\n"
 
@@ -289,30 +267,11 @@ def scale_of(plan: Plan) -> Scale:
     return Scale(nodes=len(serving), gpus=sum(h.gpus for h in serving))
 
 
-@dataclass(frozen=True)
-class Published:
-    engine: str
-    layout: str
-    workload: str
-    metric: Literal["input", "output"]
-    per_node: float
-    source: str
-
-
-PUBLISHED: tuple[Published, ...] = (
-    Published("sglang", "pd", "lmsys-2000-100", "input", 56_000,
-              "seed 002 (LMSYS): 896k prefill tok/s on 16 nodes of 8 x H200 (4P12D), "
-              "56k per node"),
-    Published("sglang", "pd", "lmsys-2000-100", "output", 24_000,
-              "seed 002 (LMSYS): 384k decode tok/s on 16 nodes of 8 x H200 (4P12D, decode "
-              "batch 480), 24k per node"),
-)
-
-
-def published_for(plan: Plan, workload_name: str) -> list[Published]:
-    """The published figures measured with the plan's engine and layout on this workload."""
-    return [p for p in PUBLISHED
-            if (p.engine, p.layout, p.workload) == (plan.engine, plan.layout, workload_name)]
+def published_for(plan: Plan, workload_name: str) -> list[PublishedFigure]:
+    """The published figures measured with the plan's engine and layout on this workload
+    (the engine declares them)."""
+    return [p for p in REGISTRY[plan.engine].PUBLISHED_FIGURES
+            if (p.layout, p.workload) == (plan.layout, workload_name)]
 
 
 @dataclass(frozen=True)
@@ -348,7 +307,7 @@ def cost_per_million(gpus: int, gpu_hour_usd: float, tokens_per_s: float) -> flo
     return gpus * gpu_hour_usd / (tokens_per_s * 3600) * 1_000_000
 
 
-def _throughput(rate: float, scale: Scale, published: Published | None) -> Throughput:
+def _throughput(rate: float, scale: Scale, published: PublishedFigure | None) -> Throughput:
     per_node = rate / scale.nodes if scale.nodes else 0.0
     if published is None:
         return Throughput(rate, per_node, rate / scale.gpus if scale.gpus else 0.0)
@@ -365,7 +324,7 @@ def point(
     concurrency: int | None,
     scale: Scale,
     gpu_hour_usd: float,
-    published: list[Published],
+    published: list[PublishedFigure],
     argv: list[str] | None = None,
 ) -> Point:
     """A client result, per node and per GPU, priced, beside the published figures."""

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k2provision.core.records import Parallel, Plan, PoolPlan, Process
+from k2provision.core.records import Plan, PoolPlan, Process
 from k2provision.errors import K2Error
+from k2provision.plan.shapes import sizes_text
 
 NAMED = "named"
 
@@ -51,18 +52,6 @@ class RestartSet:
     def widened(self) -> tuple[RestartStep, ...]:
         """Steps on hosts nobody named: what the instance rule added."""
         return tuple(s for s in self.steps if s.reason != NAMED)
-
-
-def describe_parallel(parallel: Parallel) -> str:
-    """'TP 16, EP 8, DP-attention 16' (sizes above 1 only)."""
-    parts = [f"TP {parallel.tp}"]
-    if parallel.pp > 1:
-        parts.append(f"PP {parallel.pp}")
-    if parallel.ep > 1:
-        parts.append(f"EP {parallel.ep}")
-    if parallel.dp > 1:
-        parts.append(f"{'DP-attention' if parallel.dp_attention else 'DP'} {parallel.dp}")
-    return ", ".join(parts)
 
 
 def _joins_instance(process: Process) -> bool:
@@ -129,7 +118,7 @@ def restart_set(plan: Plan, names: Sequence[str] | None = None) -> RestartSet:
         if pool is None or len(pool.hosts) < 2 or not joins:
             continue
         why = (
-            f"same {pool.name} instance as {host.name} ({describe_parallel(pool.parallel)} over "
+            f"same {pool.name} instance as {host.name} ({sizes_text(pool.parallel)} over "
             f"{', '.join(pool.hosts)}): its ranks only work together"
         )
         for other in pool.hosts:

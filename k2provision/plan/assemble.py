@@ -26,17 +26,19 @@ from k2provision.core.templating import host_values_path, host_values_script, la
 from k2provision.engines import REGISTRY
 from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
-from k2provision.errors import PlanError
+from k2provision.errors import InventoryError, PlanError
 from k2provision.plan.fixes import fixes
-from k2provision.plan.ports import host_ports
+from k2provision.plan.ports import host_ports, port_clashes
 from k2provision.plan.shapes import choices, evaluate, nodes_text, pool_names
-from k2provision.plan.support import model_problems, resolve_model
+from k2provision.plan.support import engine_setting_problems, model_problems, resolve_model
 
 LAB_IMAGE = "localhost/k2-standin:lab"
 
 
 def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     """Decide everything about a deployment; raise PlanError when it cannot work."""
+    if settings := engine_setting_problems(cluster):
+        raise InventoryError(settings)
     if spec is None:
         spec = resolve_model(cluster)
     gpu = catalog.gpu(cluster.gpu)
@@ -107,6 +109,9 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         language_model_only=c.language_model_only,
     )
     rendered = engine.render(deployment)
+    listeners = {name: out.listeners for name, out in rendered.items()}
+    if clashes := port_clashes(cluster, listeners):
+        raise InventoryError(clashes)
     endpoint = engine.endpoint(deployment)
     host_plans = []
     for h in cluster.hosts:
@@ -133,7 +138,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
                 gpus=0 if pool is None else (1 if engine.SINGLE_GPU else cluster.gpus_per_node),
                 processes=processes,
                 files=files,
-                ports=host_ports(processes, files, config_dir, engine),
+                ports=host_ports(out.listeners if out else ()),
             )
         )
     return Plan(

@@ -159,14 +159,21 @@ def all_pools_fit(
     return not evaluate(cluster, counts, spec, gpu, context)[2]
 
 
-
 def sizes_text(p: Parallel) -> str:
-    return (
-        f"tp {p.tp}"
-        + (f", pp {p.pp}" if p.pp > 1 else "")
-        + (f", dp {p.dp}, ep {p.ep}" if p.ep > 1 else "")
-        + (f", dcp {p.dcp}" if p.dcp > 1 else "")
-    )
+    """The one description of a parallel layout, sizes above 1 only:
+    'tp 96, dp 96 (attn), ep 96, +96 spare experts' or 'tp 8, pp 2, dcp 8'."""
+    parts = [f"tp {p.tp}"]
+    if p.pp > 1:
+        parts.append(f"pp {p.pp}")
+    if p.dp > 1:
+        parts.append(f"dp {p.dp}" + (" (attn)" if p.dp_attention else ""))
+    if p.ep > 1:
+        parts.append(f"ep {p.ep}")
+    if p.redundant_experts:
+        parts.append(f"+{p.redundant_experts} spare experts")
+    if p.dcp > 1:
+        parts.append(f"dcp {p.dcp}")
+    return ", ".join(parts)
 
 
 def nodes_text(n: int) -> str:

@@ -1,13 +1,16 @@
 """Model and release checks: whether the pinned engine release serves the model, and what no
-layout can fix (hardware formats, KV dtype, multimodal serving, context). Pure but for reading
-a k2_model_config_json."""
+layout can fix (hardware formats, KV dtype, multimodal serving, context); and the inventory
+settings the chosen engine cannot honour or never reads. Pure but for reading a
+k2_model_config_json."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from k2provision.core import catalog
+from k2provision.core.network import ip_version
 from k2provision.core.records import Cluster, EngineName, EngineRelease, GpuSpec, ModelSpec
+from k2provision.core.variables import TUNABLE_VARS, shorten_hosts, show
 from k2provision.core.versions import version_at_least
 from k2provision.engines import REGISTRY
 
@@ -94,3 +97,67 @@ def model_problems(
             f"{spec.max_position_embeddings}; fix: lower k2_context_length"
         )
     return problems, warnings
+
+
+def dist_port_span_problems(cluster: Cluster) -> list[str]:
+    """The ports the engine takes after its dist port must all exist."""
+    engine = REGISTRY[cluster.engine]
+    port, span = cluster.tunables.dist_port, engine.DIST_PORT_SPAN
+    if not span or port + span <= 65535:
+        return []
+    return [
+        f"{cluster.inventory}: k2_dist_port={port}: {engine.DISPLAY_NAME} also takes the next "
+        f"{span} ports, past 65535; expected at most {65535 - span}; "
+        "fix: lower k2_dist_port (default 5757)"
+    ]
+
+
+def _readers(name: str) -> dict[str, tuple[str, ...]]:
+    """engine -> its layouts that read tunable `name`, where only some engines read it."""
+    return {e: engine.OWN_TUNABLES[name] for e, engine in REGISTRY.items()
+            if name in engine.OWN_TUNABLES}
+
+
+def foreign_tunables(cluster: Cluster) -> list[str]:
+    """Tunables set in the inventory that the chosen engine and layout never read."""
+    problems = []
+    t = cluster.tunables
+    for name in TUNABLE_VARS:
+        if name.removeprefix("k2_") not in t.model_fields_set:
+            continue
+        readers = _readers(name)
+        if not readers or cluster.layout in readers.get(cluster.engine, ()):
+            continue
+        owner = " or ".join(
+            e if layouts == REGISTRY[e].LAYOUTS else f"{e} layout {', '.join(layouts)}"
+            for e, layouts in readers.items()
+        )
+        problems.append(
+            f"{cluster.inventory}: {name}={show(getattr(t, name.removeprefix('k2_')))} is read "
+            f"only by {owner}, and this cluster runs {cluster.engine} {cluster.layout}, which "
+            f"ignores it; expected tunables of the engine in use; fix: remove {name}"
+        )
+    return problems
+
+
+def ipv6_problems(cluster: Cluster) -> list[str]:
+    """IPv6 literal addresses for an engine that cannot be wired with them."""
+    why = REGISTRY[cluster.engine].NO_IPV6
+    v6 = [
+        host.name
+        for host in cluster.hosts
+        for address in dict.fromkeys((host.address, host.local_ip))
+        if ip_version(address) == 6
+    ]
+    if why is None or not v6:
+        return []
+    return [
+        f"{shorten_hosts(v6)}: IPv6 address for {cluster.engine}, whose {why}; expected IPv4 "
+        "addresses or host names; fix: set ansible_host to an IPv4 address or a resolvable name"
+    ]
+
+
+def engine_setting_problems(cluster: Cluster) -> list[str]:
+    """Inventory settings that only the chosen engine makes wrong: addresses it cannot take,
+    ports it takes past the last one, tunables it never reads."""
+    return [*ipv6_problems(cluster), *dist_port_span_problems(cluster), *foreign_tunables(cluster)]

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from k2provision.core.records import Plan
 from k2provision.errors import K2Error
+from k2provision.plan.shapes import sizes_text
 from k2provision.run.events import Event, HostResult, PlayStarted, Tally, TaskStarted
 
 
@@ -69,18 +70,7 @@ def print_unexpected(error: BaseException, where: str) -> None:
 
 
 def _sizes(plan: Plan, pool_name: str) -> str:
-    pool = next(p for p in plan.pools if p.name == pool_name)
-    p = pool.parallel
-    parts = [f"tp {p.tp}"]
-    if p.pp > 1:
-        parts.append(f"pp {p.pp}")
-    if p.dp > 1:
-        parts.append(f"dp {p.dp}" + (" (attn)" if p.dp_attention else ""))
-    if p.ep > 1:
-        parts.append(f"ep {p.ep}")
-    if p.redundant_experts:
-        parts.append(f"+{p.redundant_experts} spare experts")
-    return ", ".join(parts)
+    return sizes_text(next(p for p in plan.pools if p.name == pool_name).parallel)
 
 
 def plan_table(plan: Plan) -> Table:

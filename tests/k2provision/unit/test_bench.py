@@ -15,6 +15,7 @@ import pytest
 
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
+from k2provision.engines import sglang, vllm
 from k2provision.errors import K2Error
 from k2provision.ops.bench import (
     LAB_NOTICE,
@@ -38,6 +39,8 @@ from k2provision.plan.assemble import build_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "bench"
+SGLANG_RESULT = sglang.BENCH_CLIENT.result_format
+VLLM_RESULT = vllm.BENCH_CLIENT.result_format
 sys.path.insert(0, str(ROOT / "k2lab" / "standin_image" / "python"))
 from k2standin import streaming  # noqa: E402  (the stand-in image's own package)
 
@@ -205,7 +208,7 @@ def test_the_real_vllm_client_reads_the_argv(tmp_path: Path) -> None:
 
 def test_parse_the_sglang_clients_result() -> None:
     text = (FIXTURES / "sglang-bench-serving.jsonl").read_text()
-    result = parse_result("sglang", text, 16, "fixture")
+    result = parse_result(SGLANG_RESULT, text, 16, "fixture")
     assert (result.completed, result.failed) == (16, 0)
     assert (result.input_tokens, result.output_tokens) == (16 * 2000, 16 * 100)
     raw = json.loads(text.splitlines()[-1])
@@ -215,14 +218,14 @@ def test_parse_the_sglang_clients_result() -> None:
     assert result.output_tps == pytest.approx(raw["output_throughput"])
     assert result.input_tps == pytest.approx(raw["input_throughput"])
     assert "server_info" in text
-    kept = sanitized("sglang", text)
+    kept = sanitized(SGLANG_RESULT, text)
     assert "server_info" not in kept
     assert json.loads(kept)["completed"] == 16
 
 
 def test_parse_the_vllm_clients_result() -> None:
     text = (FIXTURES / "vllm-bench-serve.json").read_text()
-    result = parse_result("vllm", text, 8, "fixture")
+    result = parse_result(VLLM_RESULT, text, 8, "fixture")
     raw = json.loads(text)
     assert (result.completed, result.failed) == (8, 0)
     assert (result.input_tokens, result.output_tokens) == (8 * 1000, 8 * 512)
@@ -238,7 +241,7 @@ def test_parse_the_vllm_clients_result() -> None:
 )
 def test_a_bad_result_file_is_named(text: str, named: str) -> None:
     with pytest.raises(K2Error) as caught:
-        parse_result("sglang", text, 4, "runs/x/result.jsonl")
+        parse_result(SGLANG_RESULT, text, 4, "runs/x/result.jsonl")
     assert "runs/x/result.jsonl" in str(caught.value)
     assert named in str(caught.value)
 

@@ -18,14 +18,6 @@ ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "k2provision"
 # The one list of engine names and layouts, and the catalog's releases and per-model support.
 DATA = {"core/records.py", "core/catalog.py"}
-# Modules that still name engines, each with what keeps it there. Remove a line when the
-# module stops naming them; adding one is a step back.
-NOT_YET = {
-    "core/network.py": "predicts each engine's listeners for the inventory's port check",
-    "plan/fit.py": "each engine's memory accounting (reserve and fraction rules)",
-    "ops/bench.py": "the client kinds' result formats and published figures per engine",
-    "core/address_rules.py": "which tunables each engine reads, SGLang's dist-port span",
-}
 
 
 def engine_names_in(path: Path) -> list[str]:
@@ -65,8 +57,4 @@ def test_the_finder_sees_a_literal_and_a_comparison(tmp_path: Path) -> None:
 
 
 def test_nothing_outside_engines_names_an_engine() -> None:
-    found = outside_engines()
-    unexpected = {m: names for m, names in found.items() if m not in NOT_YET}
-    assert unexpected == {}
-    # The list only shrinks: a module that stopped naming engines leaves it.
-    assert sorted(found) == sorted(NOT_YET)
+    assert outside_engines() == {}

@@ -11,17 +11,11 @@ from k2provision.core import catalog
 from k2provision.core.catalog import GIB
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Parallel, Tunables
+from k2provision.engines import vllm
+from k2provision.engines.memory import PoolFit, deepep_low_latency_gib
+from k2provision.engines.vllm import CALIBRATION, CalibrationPoint
 from k2provision.plan.assemble import build_plan
-from k2provision.plan.fit import (
-    CALIBRATION,
-    VLLM_PINNED,
-    CalibrationPoint,
-    PoolFit,
-    deepep_low_latency_gib,
-    fit_pool,
-    vllm_kv_tokens,
-    weights_per_gpu,
-)
+from k2provision.plan.fit import fit_pool, weights_per_gpu
 
 ROOT = Path(__file__).resolve().parents[3]
 FIT_DOC = ROOT / "docs" / "fit.md"
@@ -79,8 +73,8 @@ def test_dcp_multiplies_the_tokens_not_the_memory() -> None:
 
 def test_the_pinned_vllm_counts_cuda_graphs_the_old_one_did_not() -> None:
     f = pool_fit()
-    old = vllm_kv_tokens(f, CALIBRATION[0].release, 0.9)
-    new = vllm_kv_tokens(f, VLLM_PINNED, 0.9)
+    old = vllm.kv_tokens(f, CALIBRATION[0].release, 0.9)
+    new = vllm.kv_tokens(f, vllm.PINNED, 0.9)
     assert new < old
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from k2provision.core.inventory import load_cluster
 from k2provision.errors import InventoryError
+from k2provision.plan.assemble import build_plan
 
 HOSTS = "[nodes]\nn1 ansible_host=10.0.0.1\nn2 ansible_host=10.0.0.2\n"
 BASE = "[all:vars]\nk2_engine=sglang\nk2_layout=tp\n"
@@ -81,7 +82,7 @@ def test_refused_with_host_value_expectation_and_fix(
     inv = tmp_path / "inv.ini"
     inv.write_text(text)
     with pytest.raises(InventoryError) as refused:
-        load_cluster(inv)
+        build_plan(load_cluster(inv))  # the engine's own rules are the plan's
     lines = [line for line in refused.value.problems if all(f in line for f in fragments)]
     assert lines, refused.value.problems
     assert "fix:" in lines[0]

@@ -16,8 +16,9 @@ from k2provision.commands.restart import set_document
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.errors import K2Error
-from k2provision.ops.restart import NAMED, describe_parallel, restart_set
+from k2provision.ops.restart import NAMED, restart_set
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.shapes import sizes_text
 from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -118,11 +119,11 @@ def test_unknown_names_are_refused_each_named() -> None:
         restart_set(plan_of("sglang-pd-1p1d"), [" ", ""])
 
 
-def test_describe_parallel_names_sizes_above_one() -> None:
+def test_a_layout_is_described_by_its_sizes_above_one() -> None:
     pools = {p.name: p for p in plan_of("trtllm-tp16-ep8").pools}
-    assert describe_parallel(pools["nodes"].parallel) == "TP 16, EP 8, DP-attention 16"
+    assert sizes_text(pools["nodes"].parallel) == "tp 16, dp 16 (attn), ep 8"
     pools = {p.name: p for p in plan_of("vllm-tp8-pp2").pools}
-    assert describe_parallel(pools["nodes"].parallel) == "TP 8, PP 2"
+    assert sizes_text(pools["nodes"].parallel) == "tp 8, pp 2, dcp 8"
 
 
 def test_the_playbook_filter_reads_the_same_set_from_the_registered_plan() -> None:
