@@ -51,6 +51,12 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("unspecified-v6", HOSTS.replace("10.0.0.2", "::") + BASE, ("n2", "unspecified")),
     ("broadcast", HOSTS.replace("10.0.0.2", "255.255.255.255") + BASE, ("n2", "broadcast")),
     ("multicast", HOSTS.replace("10.0.0.2", "224.0.0.1") + BASE, ("n2", "multicast")),
+    ("loopback-multi-node", HOSTS.replace("10.0.0.2", "127.0.0.2") + BASE,
+     ("n2", "ansible_host=127.0.0.2", "loopback", "fix:")),
+    ("localhost-multi-node", HOSTS.replace("10.0.0.2", "localhost") + BASE,
+     ("n2", "ansible_host=localhost", "loopback")),
+    ("loopback-local-ip", HOSTS.replace("10.0.0.2", "10.0.0.2 k2_local_ip=::1") + BASE,
+     ("n2", "k2_local_ip=::1", "loopback")),
     ("dns-case", "[nodes]\nn1 ansible_host=gpu1.example\nn2 ansible_host=GPU1.example\n" + BASE,
      ("n2", "GPU1.example", "spelt another way")),
     ("dns-dot", "[nodes]\nn1 ansible_host=gpu1.example\nn2 ansible_host=gpu1.example.\n" + BASE,
@@ -127,3 +133,15 @@ def test_out_of_bounds_cli_argument_is_exit_2_with_the_range() -> None:
     result = CliRunner().invoke(build_app([]), ["models", "--context-length", "9" * 20])
     assert result.exit_code == 2
     assert "expected an integer from 1 to" in result.output
+
+
+def test_loopback_is_allowed_in_a_one_host_cluster(tmp_path: Path) -> None:
+    (tmp_path / "inv.ini").write_text("[nodes]\nn1 ansible_host=127.0.0.1\n" + BASE)
+    assert load_cluster(tmp_path / "inv.ini").hosts[0].address == "127.0.0.1"
+
+
+def test_a_host_reached_over_loopback_may_name_its_own_address(tmp_path: Path) -> None:
+    (tmp_path / "inv.ini").write_text(
+        HOSTS.replace("10.0.0.2", "127.0.0.1 ansible_port=2202 k2_local_ip=10.0.0.2") + BASE
+    )
+    assert load_cluster(tmp_path / "inv.ini").host("n2").local_ip == "10.0.0.2"
