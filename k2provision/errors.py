@@ -23,6 +23,10 @@ class K2Error(Exception):
         super().__init__("\n".join(self.problems))
 
 
+class ArgumentError(K2Error):
+    """A command-line argument out of range or of the wrong kind (shown with the usage)."""
+
+
 class InventoryError(K2Error):
     """The inventory is malformed or contradicts itself."""
 
