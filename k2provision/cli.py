@@ -38,7 +38,7 @@ from k2provision.commands import (
     weights,
 )
 from k2provision.commands.params import vault_options
-from k2provision.errors import K2Error
+from k2provision.errors import ArgumentError, K2Error
 from k2provision.run.cancel import Interrupted, exit_code
 from k2provision.run.display import print_errors, print_unexpected, print_warnings
 
@@ -95,7 +95,20 @@ class CommandGroup(TyperGroup):
             return super().invoke(ctx)
         except K2Error as error:
             print_errors(error)
+            if isinstance(error, ArgumentError):
+                _print_usage(self, ctx)
             raise typer.Exit(2) from None
+
+
+def _print_usage(group: TyperGroup, ctx: Context) -> None:
+    """The usage line of the command that refused an argument, and where its help is."""
+    name = ctx.invoked_subcommand or ""
+    command = group.get_command(ctx, name)
+    if command is None:
+        return
+    with command.make_context(name, [], parent=ctx, resilient_parsing=True) as sub:
+        typer.echo(sub.get_usage(), err=True)
+        typer.echo(f"Try '{sub.command_path} --help' for help.", err=True)
 
 
 def plugins() -> list[EntryPoint]:

@@ -27,7 +27,7 @@ from rich.text import Text
 from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import InventoryArg
 from k2provision.core.records import Plan
-from k2provision.errors import K2Error
+from k2provision.errors import ArgumentError, K2Error
 from k2provision.ops.bench import (
     DEFAULT_GPU_HOUR_USD,
     DEFAULT_NUM_PROMPTS,
@@ -54,6 +54,9 @@ from k2provision.run.runner import new_record_dir
 
 IMPORT_TIMEOUT_S = 300
 TAIL_LINES = 30
+# Bounds of the numeric options: far past any real run, short of overflow and NaN.
+MAX_NUM_PROMPTS = 1_000_000
+MAX_GPU_HOUR_USD = 10_000.0
 
 
 def check_client(python: str, client: Client) -> None:
@@ -212,10 +215,14 @@ def bench(
     per GPU, TTFT / ITL / E2E percentiles, cost per 1M tokens; JSON and a chart in the run
     record."""
     chosen = workload(workload_name, input_len, output_len)
-    if num_prompts < 1:
-        raise K2Error([f"--num-prompts {num_prompts}: expected a positive number"])
-    if gpu_hour_price < 0:
-        raise K2Error([f"--gpu-hour-price {gpu_hour_price:g}: expected USD >= 0"])
+    if not 1 <= num_prompts <= MAX_NUM_PROMPTS:
+        raise ArgumentError(
+            [f"--num-prompts {num_prompts}: expected a positive number, at most {MAX_NUM_PROMPTS}"]
+        )
+    if not 0 <= gpu_hour_price <= MAX_GPU_HOUR_USD:  # NaN and infinity fail too
+        raise ArgumentError(
+            [f"--gpu-hour-price {gpu_hour_price:g}: expected USD from 0 to {MAX_GPU_HOUR_USD:g}"]
+        )
     levels = concurrency_list(concurrency)
     loaded = load_plan(inventory)
     plan = loaded.plan

@@ -24,7 +24,7 @@ import typer
 
 from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import InventoryArg
-from k2provision.errors import K2Error
+from k2provision.errors import ArgumentError
 from k2provision.ops.host_probe import MARK, log_command, log_section, parse_sections
 from k2provision.ops.log_sources import LogSource, select_sources, since_problem
 from k2provision.ops.remote import (
@@ -40,6 +40,8 @@ from k2provision.run.cancel import SIGNALS, exit_code
 from k2provision.run.display import print_warnings
 
 SNAPSHOT_TIMEOUT_S = 60.0
+# The most lines --tail asks each process for.
+MAX_TAIL = 1_000_000
 _write_lock = threading.Lock()
 
 
@@ -164,8 +166,8 @@ def logs(
 ) -> None:
     """Read the planned processes' logs, every line behind `host/process | `."""
     problems = []
-    if tail is not None and tail < 0:
-        problems.append(f"--tail {tail}: expected 0 or more lines")
+    if tail is not None and not 0 <= tail <= MAX_TAIL:
+        problems.append(f"--tail {tail}: expected 0 to {MAX_TAIL} lines")
     if since is not None and (line := since_problem(since)):
         problems.append(line)
     pattern = None
@@ -175,7 +177,7 @@ def logs(
         except re.error as error:
             problems.append(f"--grep {grep}: not a regular expression ({error})")
     if problems:
-        raise K2Error(problems)
+        raise ArgumentError(problems)
     loaded = load_plan(inventory)
     groups, targets = ssh_inventory(inventory)
     sources = select_sources(loaded.plan, groups, target)

@@ -11,7 +11,7 @@ import typer
 
 from k2provision.commands.models_table import markdown, rows, tables
 from k2provision.core import catalog
-from k2provision.errors import K2Error
+from k2provision.errors import ArgumentError
 from k2provision.run.display import console
 
 
@@ -53,7 +53,7 @@ def models(
             f"{MAX_CONTEXT_LENGTH}; fix: pass the context in tokens (e.g. 131072)"
         )
     if problems:
-        raise K2Error(problems)
+        raise ArgumentError(problems)
     data = rows(tuple(g.lower() for g in gpu) if gpu else None, context_length)
     if output_format is ModelsFormat.json:
         typer.echo(json.dumps(data, indent=2))

@@ -11,7 +11,7 @@ import typer
 
 from k2provision.commands.flow import load_plan
 from k2provision.commands.params import InventoryArg
-from k2provision.errors import K2Error
+from k2provision.errors import ArgumentError
 from k2provision.run.display import console, print_warnings
 from k2provision.run.render_files import write_render
 
@@ -25,7 +25,7 @@ def render(
 ) -> None:
     """Write every host's files and launch scripts under OUT/<host>/, plus plan.json."""
     if not out.strip():
-        raise K2Error(
+        raise ArgumentError(
             ["--out '' names no directory; expected the directory to write into; fix: pass "
              "--out DIR (default render-out)"]
         )  # fmt: skip

@@ -28,7 +28,7 @@ from typer.core import TyperCommand
 from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
 from k2provision.core.records import Plan
-from k2provision.errors import K2Error
+from k2provision.errors import ArgumentError, K2Error
 from k2provision.ops.remote import SshTarget, ignored_options, run_all, ssh_inventory
 from k2provision.ops.status_probe import (
     EndpointStatus,
@@ -48,6 +48,8 @@ SCHEMA_VERSION = 1
 PROBE_TIMEOUT_S = 20.0
 HTTP_TIMEOUT_S = 5.0
 WATCH_DEFAULT_S = 5.0
+# The longest --watch interval: a day.
+WATCH_MAX_S = 86400.0
 
 
 def _is_number(word: str) -> bool:
@@ -262,8 +264,10 @@ def status(
     """Per host and planned process: state, uptime, drift, health gate, GPU memory, restarts,
     last error; then the endpoint. Exit 0 only when all runs as planned and the endpoint
     answers."""
-    if watch is not None and watch <= 0:
-        raise K2Error([f"--watch {watch:g}: expected a positive number of seconds"])
+    if watch is not None and not 0 < watch <= WATCH_MAX_S:  # NaN fails too
+        raise ArgumentError(
+            [f"--watch {watch:g}: expected a positive number of seconds, at most {WATCH_MAX_S:g}"]
+        )
     loaded = load_plan(inventory)
     _, targets = ssh_inventory(inventory)
     print_warnings([*loaded.notices, *ignored_options(targets)])

@@ -1,8 +1,9 @@
 """Rules over a whole Cluster that catch, at plan time, what would otherwise fail only on the
 hosts: listeners that collide with SSH or run past the last port, addresses that name no host
-(unspecified, broadcast, multicast), one host under two spellings, weights settings that cannot
-work, and image references Docker would refuse (the engine's own rules, tunables it never
-reads and ports it takes past the last, are the plan's: plan/support.py).
+(unspecified, broadcast, multicast) or that other hosts cannot reach (loopback in a cluster of
+several hosts), one host under two spellings, weights settings that cannot work, and image
+references Docker would refuse (the engine's own rules, tunables it never reads and ports it
+takes past the last, are the plan's: plan/support.py).
 
 Each rule returns problem lines (host or source, value, expectation, fix) and never raises;
 `cluster_rule_problems` runs them all.
@@ -56,10 +57,21 @@ def _unreachable(value: str) -> str | None:
     return None
 
 
+def _loopback(value: str) -> bool:
+    if value.rstrip(".").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(value).is_loopback
+    except ValueError:
+        return False
+
+
 def unreachable_addresses(cluster: Cluster) -> list[str]:
-    """Unspecified, broadcast or multicast addresses (loopback stays allowed: one host's
-    cluster, and test clusters whose hosts are traps on 127.0.0.N)."""
+    """Unspecified, broadcast or multicast addresses, and, in a cluster of several hosts, a
+    loopback address the other hosts would reach (a one-host cluster may use loopback; a host
+    reached over loopback, e.g. through an SSH tunnel, names its k2_local_ip instead)."""
     problems = []
+    several = len(cluster.hosts) > 1
     for host in cluster.hosts:
         for variable, value in (("ansible_host", host.address), ("k2_local_ip", host.local_ip)):
             if why := _unreachable(value):
@@ -68,6 +80,15 @@ def unreachable_addresses(cluster: Cluster) -> list[str]:
                     f"of the cluster reaches; fix: set {variable} to the host's own address"
                 )
                 break
+        else:
+            if several and _loopback(host.local_ip):
+                variable = "ansible_host" if host.local_ip == host.address else "k2_local_ip"
+                problems.append(
+                    f"{host.name}: {variable}={host.local_ip} is a loopback address, which the "
+                    f"other {len(cluster.hosts) - 1} host(s) of the cluster cannot reach; "
+                    "expected an address every host reaches (loopback only in a one-host "
+                    "cluster); fix: set k2_local_ip (or ansible_host) to the host's own address"
+                )
     return problems
 
 

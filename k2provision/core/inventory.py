@@ -94,6 +94,7 @@ def read_inventory(
                 "inventory, or a directory of them (see inventory/prod.ini)"
             ]
         )
+    _load_collections()
     leaves = _leaf_sources(path)
     problems = [line for leaf in _read_files(path, leaves) if (line := _bounds_problem(leaf))]
     if problems:
@@ -130,6 +131,17 @@ def read_inventory(
     if problems:
         raise InventoryError(problems)
     return groups, host_vars
+
+
+def _load_collections() -> None:
+    """Let Ansible import plugins by their collection name (`plugin: ansible.builtin.generator`
+    in a YAML inventory), as its own commands do at start; without it such a source parses to
+    no hosts. Once per process."""
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+    if AnsibleCollectionConfig.collection_finder is None:
+        init_plugin_loader()
 
 
 def _ansible_problem(where: str, exc: Exception) -> str:
@@ -217,21 +229,40 @@ def _bounds_problem(leaf: Path) -> str:
     )
 
 
+def _plugin_name(leaf: Path) -> str | None:
+    """The `plugin:` a YAML inventory source names (a plugin configuration), if any."""
+    if leaf.suffix not in _YAML_SUFFIXES:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(leaf.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return str(data["plugin"]) if isinstance(data, dict) and "plugin" in data else None
+
+
 def _claimed_by_other_plugin(leaf: Path) -> bool:
     """A dynamic source (an executable script, a YAML plugin config): Ansible's to judge."""
     from ansible.plugins.loader import inventory_loader
 
     if inventory_loader.get("script").verify_file(str(leaf)):
         return True
-    if leaf.suffix in _YAML_SUFFIXES:
-        import yaml
+    return _plugin_name(leaf) is not None
 
-        try:
-            data = yaml.safe_load(leaf.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            return False
-        return isinstance(data, dict) and "plugin" in data
-    return False
+
+def _plugin_problem(leaf: Path) -> str:
+    """One line when a YAML source names an inventory plugin Ansible cannot load."""
+    from ansible.plugins.loader import inventory_loader
+
+    name = _plugin_name(leaf)
+    if name is None or inventory_loader.get(name) is not None:
+        return ""
+    return (
+        f"{leaf}: plugin: {show(name)} is no inventory plugin Ansible can load; expected a "
+        "plugin's name, short or by collection (ansible.builtin.constructed); fix: correct the "
+        "name or install its collection (ansible-doc -t inventory -l lists them)"
+    )
 
 
 def _source_problem(leaf: Path) -> str:
@@ -244,7 +275,7 @@ def _source_problem(leaf: Path) -> str:
     from ansible.plugins.loader import inventory_loader
 
     if _claimed_by_other_plugin(leaf):
-        return ""
+        return _plugin_problem(leaf)
     reasons: dict[str, str] = {}
     full = str(leaf.resolve())
     for name in _FILE_PLUGINS:

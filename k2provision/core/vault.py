@@ -10,6 +10,7 @@ and ANSIBLE_VAULT_IDENTITY_LIST apply as they do to ansible-playbook (Ansible's 
 from __future__ import annotations
 
 import getpass
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,6 +21,8 @@ from k2provision.errors import InventoryError
 VAULTED = "(vaulted)"
 # ansible-playbook's prompt for --ask-vault-pass, which a run answers with the password given.
 ASK_PROMPT = r"^Vault password:\s*?$"
+# --vault-id LABEL@prompt: asked for by this wording, here and by ansible-playbook.
+PROMPT_SOURCE = "prompt"
 VAULT_FIX = (
     "fix: pass --vault-password-file FILE, --vault-id ID@FILE or --ask-vault-pass (or set "
     "ANSIBLE_VAULT_PASSWORD_FILE), the password the value was encrypted with"
@@ -35,6 +38,16 @@ class VaultOptions:
     ask: bool = False
     password: str | None = field(default=None, repr=False)
     """The password typed for --ask-vault-pass (asked once, for the inventory and the run)."""
+    prompted: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """(label, password) typed for each --vault-id LABEL@prompt, asked once likewise."""
+
+    def prompted_labels(self) -> tuple[str, ...]:
+        """The labels of the --vault-id LABEL@prompt options."""
+        return tuple(
+            label
+            for label, _, source in (v.rpartition("@") for v in self.vault_ids)
+            if source == PROMPT_SOURCE and label
+        )
 
 
 _current: ContextVar[VaultOptions | None] = ContextVar("k2_vault_options", default=None)
@@ -52,6 +65,13 @@ def current() -> VaultOptions:
     if options.ask and options.password is None:
         options = replace(options, password=getpass.getpass("Vault password: "))
         _current.set(options)
+    if len(options.prompted) < len(options.prompted_labels()):
+        typed = tuple(
+            (label, getpass.getpass(f"Vault password ({label}): "))
+            for label in options.prompted_labels()
+        )
+        options = replace(options, prompted=typed)
+        _current.set(options)
     return options
 
 
@@ -64,7 +84,8 @@ def open_vault(loader: Any) -> None:
     from ansible.parsing.vault import VaultSecret, VaultSecretsContext
 
     options = current()
-    vault_ids = [*C.DEFAULT_VAULT_IDENTITY_LIST, *options.vault_ids]
+    asked = {f"{label}@{PROMPT_SOURCE}" for label, _ in options.prompted}
+    vault_ids = [*C.DEFAULT_VAULT_IDENTITY_LIST, *(v for v in options.vault_ids if v not in asked)]
     try:
         secrets: list[tuple[str, Any]] = CLI.setup_vault_secrets(
             loader,
@@ -81,6 +102,7 @@ def open_vault(loader: Any) -> None:
         ) from None
     if options.password is not None:
         secrets.append((C.DEFAULT_VAULT_IDENTITY, VaultSecret(options.password.encode())))
+    secrets += [(label, VaultSecret(password.encode())) for label, password in options.prompted]
     loader.set_vault_secrets(secrets)
     # One process may read several inventories (tests, a command that reads twice): the context
     # holds the secrets of the latest read, as one ansible-playbook run holds its own.
@@ -109,6 +131,16 @@ def decrypted(value: Any) -> str:
         )
     except Exception as exc:  # Ansible's reason: no secrets, or none that matches
         raise ValueError((str(exc).strip().splitlines() or [type(exc).__name__])[0]) from None
+
+
+def prompt_answers(options: VaultOptions) -> dict[str, str]:
+    """ansible-playbook's vault prompts (as patterns) and the passwords typed for them."""
+    answers = {ASK_PROMPT: options.password} if options.password is not None else {}
+    answers |= {
+        rf"^Vault password \({re.escape(label)}\):\s*?$": password
+        for label, password in options.prompted
+    }
+    return answers
 
 
 def playbook_args(options: VaultOptions) -> list[str]:

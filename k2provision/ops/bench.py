@@ -26,7 +26,7 @@ from typing import Any
 from k2provision.core.records import Plan
 from k2provision.engines import REGISTRY
 from k2provision.engines.base import BenchClient, PublishedFigure, ResultFormat
-from k2provision.errors import K2Error
+from k2provision.errors import ArgumentError, K2Error
 
 SCHEMA_VERSION = 1
 DEFAULT_GPU_HOUR_USD = 2.3
@@ -58,6 +58,8 @@ PRESETS: dict[str, Workload] = {
     )
 }
 CUSTOM = "custom"
+# The longest prompt or output a custom workload asks for: the contract's longest context.
+MAX_TOKENS = 2097152
 WORKLOAD_NAMES = (*PRESETS, CUSTOM)
 
 
@@ -67,16 +69,19 @@ def workload(name: str, input_len: int | None, output_len: int | None) -> Worklo
         if input_len is None or output_len is None:
             missing = [o for o, v in (("--input-len", input_len), ("--output-len", output_len))
                        if v is None]
-            raise K2Error([f"--workload custom needs {' and '.join(missing)} (tokens per request)"])
-        bad = [f"{o} {v}: expected a positive number of tokens"
-               for o, v in (("--input-len", input_len), ("--output-len", output_len)) if v < 1]
+            raise ArgumentError(
+                [f"--workload custom needs {' and '.join(missing)} (tokens per request)"]
+            )
+        bad = [f"{o} {v}: expected a positive number of tokens, at most {MAX_TOKENS}"
+               for o, v in (("--input-len", input_len), ("--output-len", output_len))
+               if not 1 <= v <= MAX_TOKENS]
         if bad:
-            raise K2Error(bad)
+            raise ArgumentError(bad)
         return Workload(CUSTOM, input_len, output_len, "custom lengths")
     if name not in PRESETS:
-        raise K2Error([f"--workload {name!r}: expected one of {', '.join(WORKLOAD_NAMES)}"])
+        raise ArgumentError([f"--workload {name!r}: expected one of {', '.join(WORKLOAD_NAMES)}"])
     if input_len is not None or output_len is not None:
-        raise K2Error([f"--input-len/--output-len go with --workload custom; {name} fixes "
+        raise ArgumentError([f"--input-len/--output-len go with --workload custom; {name} fixes "
                        f"{PRESETS[name].input_len} in / {PRESETS[name].output_len} out"])
     return PRESETS[name]
 
@@ -88,11 +93,11 @@ def concurrency_list(text: str | None) -> tuple[int | None, ...]:
     values = []
     for word in (w.strip() for w in text.split(",")):
         if not word.isdigit() or int(word) < 1:
-            raise K2Error([f"--concurrency {text!r}: expected positive whole numbers, "
+            raise ArgumentError([f"--concurrency {text!r}: expected positive whole numbers, "
                            "comma-separated (e.g. 1,8,64)"])
         values.append(int(word))
     if len(set(values)) != len(values):
-        raise K2Error([f"--concurrency {text!r}: a value is repeated"])
+        raise ArgumentError([f"--concurrency {text!r}: a value is repeated"])
     return tuple(values)
 
 

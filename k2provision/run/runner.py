@@ -200,9 +200,9 @@ def runner_kwargs(run: PlaybookRun, environ: Mapping[str, str], token_path: Path
         "quiet": True,
         "suppress_env_files": True,
         "json_mode": False,
-        # --ask-vault-pass: ansible-playbook's prompt answered with the password asked once
-        # (suppress_env_files keeps it out of the record).
-        **({"passwords": {vault.ASK_PROMPT: run.vault.password}} if run.vault.password else {}),
+        # --ask-vault-pass and --vault-id LABEL@prompt: ansible-playbook's prompts answered with
+        # the passwords asked once (suppress_env_files keeps them out of the record).
+        **({"passwords": answers} if (answers := vault.prompt_answers(run.vault)) else {}),
     }
 
 

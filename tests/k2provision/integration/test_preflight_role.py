@@ -66,8 +66,8 @@ def run_preflight(
     inventory = tmp_path / "h200.ini"
     inventory.write_text(
         "[nodes]\n"
-        "gpu-01 ansible_host=127.0.0.1 ansible_connection=local\n"
-        "gpu-02 ansible_host=127.0.0.2 ansible_connection=local\n"
+        "gpu-01 ansible_host=192.0.2.1 ansible_connection=local\n"
+        "gpu-02 ansible_host=192.0.2.2 ansible_connection=local\n"
         "[all:vars]\n"
         f"ansible_python_interpreter={sys.executable}\n"
         "k2_engine=sglang\nk2_layout=tp\nk2_gpu=h200\nk2_context_length=32768\n"

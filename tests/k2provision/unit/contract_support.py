@@ -1,8 +1,10 @@
 """Running the real CLI on an inventory while proving that no host is contacted.
 
-Hosts of the test inventories point at 127.0.0.N on a port where a listener records any
-connection, and PATH starts with `ssh`/`scp`/`sftp` stand-ins that record being run and fail:
-a command that reaches for a host leaves a trace either way.
+Hosts of the test inventories point at documentation addresses (192.0.2.N, 10.9.N.N; a
+cluster of several hosts may not use loopback) with ansible_port at a local listener that
+records any connection, and PATH starts with `ssh`/`scp`/`sftp` stand-ins that record being run
+and fail: a command that reaches for a host through Ansible leaves a trace, and one that
+connects by itself finds no host and fails the test's exit-code check.
 """
 
 from __future__ import annotations

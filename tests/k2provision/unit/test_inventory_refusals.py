@@ -14,7 +14,7 @@ import pytest
 
 from tests.k2provision.unit.contract_support import HostTrap
 
-TWO = ("n1 ansible_host=127.0.0.11", "n2 ansible_host=127.0.0.12")
+TWO = ("n1 ansible_host=192.0.2.11", "n2 ansible_host=192.0.2.12")
 
 
 def nodes(
@@ -35,8 +35,8 @@ def nodes(
 def pd(extra: str = "", *, groups: str = "", prefill: str = "", decode: str = "") -> str:
     """SGLang PD, 2 prefill + 2 decode hosts, plus `extra` [all:vars] lines."""
     return (
-        f"[prefill]\np1 ansible_host=127.0.0.21 {prefill}\np2 ansible_host=127.0.0.22\n"
-        f"[decode]\nd1 ansible_host=127.0.0.31 {decode}\nd2 ansible_host=127.0.0.32\n"
+        f"[prefill]\np1 ansible_host=192.0.2.21 {prefill}\np2 ansible_host=192.0.2.22\n"
+        f"[decode]\nd1 ansible_host=192.0.2.31 {decode}\nd2 ansible_host=192.0.2.32\n"
         + groups + "[all:vars]\nk2_engine=sglang\nk2_layout=pd\n" + extra
     )
 
@@ -96,24 +96,24 @@ CASES = [
     case("router-two", pd(groups="[router]\np1\nd1\n"), "[router] has 2 hosts", "p1, d1"),
     case("router-without-pd", nodes(groups="[router]\nn1\n"), "[router]", "only for layout pd"),
     case("override-first-host", nodes(hosts=(
-        f"{TWO[0]} k2_context_length=4096", TWO[1], "n3 ansible_host=127.0.0.13")),
+        f"{TWO[0]} k2_context_length=4096", TWO[1], "n3 ansible_host=192.0.2.13")),
          "n1: k2_context_length=4096 differs from the other 2 hosts'"),
     # --- groups
     case("engine-unknown", nodes(engine="tgi"), "k2_engine=tgi"),
-    case("engine-unset", "[nodes]\nn1 ansible_host=127.0.0.11\n[all:vars]\nk2_layout=tp\n",
+    case("engine-unset", "[nodes]\nn1 ansible_host=192.0.2.11\n[all:vars]\nk2_layout=tp\n",
          "k2_engine=(unset)"),
     case("layout-wrong", nodes(engine="sglang", layout="tp_pp"), "k2_layout=tp_pp"),
     case("pd-without-decode",
-         "[prefill]\np1 ansible_host=127.0.0.21\n[all:vars]\nk2_engine=sglang\nk2_layout=pd\n",
+         "[prefill]\np1 ansible_host=192.0.2.21\n[all:vars]\nk2_engine=sglang\nk2_layout=pd\n",
          "[decode]"),
-    case("pd-with-nodes", pd(groups="[nodes]\nn9 ansible_host=127.0.0.99\n"), "[nodes]"),
-    case("prefill-on-tp", nodes(groups="[prefill]\nx ansible_host=127.0.0.50\n"), "[prefill]"),
+    case("pd-with-nodes", pd(groups="[nodes]\nn9 ansible_host=192.0.2.99\n"), "[nodes]"),
+    case("prefill-on-tp", nodes(groups="[prefill]\nx ansible_host=192.0.2.50\n"), "[prefill]"),
     case("host-in-two-pools", pd().replace(
-        "d2 ansible_host=127.0.0.32", "d2 ansible_host=127.0.0.32\np1"), "host p1"),
-    case("no-pools", "[web]\nw1 ansible_host=127.0.0.5\n", "[nodes]"),
+        "d2 ansible_host=192.0.2.32", "d2 ansible_host=192.0.2.32\np1"), "host p1"),
+    case("no-pools", "[web]\nw1 ansible_host=192.0.2.5\n", "[nodes]"),
     case("ktransformers-two", nodes(engine="ktransformers", layout="single"), "exactly one host"),
-    case("address-twice", nodes(hosts=("n1 ansible_host=127.0.0.11", "n2 ansible_host=127.0.0.11")),
-         "n2", "address 127.0.0.11"),
+    case("address-twice", nodes(hosts=("n1 ansible_host=192.0.2.11", "n2 ansible_host=192.0.2.11")),
+         "n2", "address 192.0.2.11"),
     case("name-as-bad-address", nodes(hosts=("bad_host!",)), "bad_host!", "ansible_host"),
     case("escape-name-as-address", nodes(hosts=("../../escape",)), "../../escape"),
     case("ansible-port-range", nodes(hosts=(f"{TWO[0]} ansible_port=70000", TWO[1])),
@@ -192,7 +192,7 @@ CASES = [
         "inv/hosts.ini": nodes(), "inv/group_vars/all.yml": "k2_api_port: 99999\n"},
          ("k2_api_port=99999",)),
     Case("host-vars-override", {
-        "inv/hosts.ini": nodes(hosts=(*TWO, "n3 ansible_host=127.0.0.13")),
+        "inv/hosts.ini": nodes(hosts=(*TWO, "n3 ansible_host=192.0.2.13")),
         "inv/host_vars/n2.yml": "k2_gpu: b200\n"}, ("n2: k2_gpu=b200 differs",)),
 ]
 

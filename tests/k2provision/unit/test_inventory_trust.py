@@ -52,6 +52,12 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("unspecified-v6", HOSTS.replace("10.0.0.2", "::") + BASE, ("n2", "unspecified")),
     ("broadcast", HOSTS.replace("10.0.0.2", "255.255.255.255") + BASE, ("n2", "broadcast")),
     ("multicast", HOSTS.replace("10.0.0.2", "224.0.0.1") + BASE, ("n2", "multicast")),
+    ("loopback-multi-node", HOSTS.replace("10.0.0.2", "127.0.0.2") + BASE,
+     ("n2", "ansible_host=127.0.0.2", "loopback", "fix:")),
+    ("localhost-multi-node", HOSTS.replace("10.0.0.2", "localhost") + BASE,
+     ("n2", "ansible_host=localhost", "loopback")),
+    ("loopback-local-ip", HOSTS.replace("10.0.0.2", "10.0.0.2 k2_local_ip=::1") + BASE,
+     ("n2", "k2_local_ip=::1", "loopback")),
     ("dns-case", "[nodes]\nn1 ansible_host=gpu1.example\nn2 ansible_host=GPU1.example\n" + BASE,
      ("n2", "GPU1.example", "spelt another way")),
     ("dns-dot", "[nodes]\nn1 ansible_host=gpu1.example\nn2 ansible_host=gpu1.example.\n" + BASE,
@@ -128,3 +134,54 @@ def test_out_of_bounds_cli_argument_is_exit_2_with_the_range() -> None:
     result = CliRunner().invoke(build_app([]), ["models", "--context-length", "9" * 20])
     assert result.exit_code == 2
     assert "expected an integer from 1 to" in result.output
+
+
+def test_loopback_is_allowed_in_a_one_host_cluster(tmp_path: Path) -> None:
+    (tmp_path / "inv.ini").write_text("[nodes]\nn1 ansible_host=127.0.0.1\n" + BASE)
+    assert load_cluster(tmp_path / "inv.ini").hosts[0].address == "127.0.0.1"
+
+
+def test_a_host_reached_over_loopback_may_name_its_own_address(tmp_path: Path) -> None:
+    (tmp_path / "inv.ini").write_text(
+        HOSTS.replace("10.0.0.2", "127.0.0.1 ansible_port=2202 k2_local_ip=10.0.0.2") + BASE
+    )
+    assert load_cluster(tmp_path / "inv.ini").host("n2").local_ip == "10.0.0.2"
+
+
+CONSTRUCTED = (
+    "plugin: {name}\nstrict: true\ngroups:\n  nodes: gpu_pool == 'serve'\n"
+    "compose:\n  k2_local_ip: fabric_ip\n"
+)
+
+
+@pytest.mark.parametrize("name", ["ansible.builtin.constructed", "constructed"])
+def test_a_constructed_plugin_file_over_an_ini_source(tmp_path: Path, name: str) -> None:
+    """The plugin, named by its collection or not, builds [nodes] and composes k2_local_ip."""
+    (tmp_path / "inv").mkdir()
+    (tmp_path / "inv" / "01-hosts.ini").write_text(
+        "[gpus]\nn1 ansible_host=10.0.0.1 fabric_ip=10.1.0.1 gpu_pool=serve\n"
+        "n2 ansible_host=10.0.0.2 fabric_ip=10.1.0.2 gpu_pool=serve\n"
+        "spare ansible_host=10.0.0.3 gpu_pool=none\n" + BASE
+    )
+    (tmp_path / "inv" / "02-constructed.yml").write_text(CONSTRUCTED.format(name=name))
+    cluster = load_cluster(tmp_path / "inv")
+    assert [(h.name, h.local_ip) for h in cluster.hosts] == [("n1", "10.1.0.1"), ("n2", "10.1.0.2")]
+
+
+@pytest.mark.parametrize("name", ["ansible.builtin.generator", "generator"])
+def test_a_generator_plugin_file_alone(tmp_path: Path, name: str) -> None:
+    (tmp_path / "gen.yml").write_text(
+        f"plugin: {name}\nhosts:\n  name: 'gpu-{{{{ n }}}}'\n  parents:\n    - name: nodes\n"
+        "layers:\n  n: ['01', '02']\n"
+    )
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text("k2_engine: sglang\nk2_layout: tp\n")
+    assert [h.name for h in load_cluster(tmp_path / "gen.yml").hosts] == ["gpu-01", "gpu-02"]
+
+
+def test_a_plugin_ansible_cannot_load_is_named(tmp_path: Path) -> None:
+    (tmp_path / "inv.yml").write_text("plugin: nosuch.collection.thing\n")
+    with pytest.raises(InventoryError) as refused:
+        load_cluster(tmp_path / "inv.yml")
+    assert "nosuch.collection.thing" in refused.value.problems[0]
+    assert "fix:" in refused.value.problems[0]

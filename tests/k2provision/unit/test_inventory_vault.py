@@ -4,7 +4,9 @@ it is exit 2 naming the variable, and its plain text is in no plan, render or er
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+from contextvars import ContextVar
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,25 @@ def test_playbook_gets_the_same_vault_options(tmp_path: Path) -> None:
     ]
     assert kwargs["passwords"] == {vault.ASK_PROMPT: "pw"}
     assert "pw" not in repr(options)
+
+
+def test_a_prompted_vault_id_is_asked_once_for_the_inventory_and_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from k2provision.core.inventory import read_inventory
+
+    asked: list[str] = []
+    monkeypatch.setattr(vault.getpass, "getpass", lambda prompt: asked.append(prompt) or PASSWORD)
+    monkeypatch.setattr(vault, "_current", ContextVar("k2_vault_options_test", default=None))
+    vault.use(vault_ids=("default@prompt",))
+    _, host_vars = read_inventory(inventory(tmp_path))
+    options = vault.current()
+    assert asked == ["Vault password (default): "]
+    assert all(v["k2_weights_hf_token"] for v in host_vars.values())
+    run = PlaybookRun("site.yml", tmp_path / "inv", tmp_path, vault=options)
+    kwargs = runner_kwargs(run, {}, None)
+    assert kwargs["cmdline"] == "--vault-id=default@prompt"
+    ((prompt, answer),) = kwargs["passwords"].items()
+    assert re.match(prompt, "Vault password (default): ")
+    assert answer == PASSWORD
+    assert PASSWORD not in repr(options)

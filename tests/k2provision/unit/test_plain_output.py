@@ -35,7 +35,7 @@ def unreachable_cluster(tmp_path: Path) -> Path:
     proxy.chmod(0o755)
     inventory = tmp_path / "inv.ini"
     inventory.write_text(
-        "[nodes]\nh1 ansible_host=127.0.0.1\nh2 ansible_host=127.0.0.2\n[all:vars]\n"
+        "[nodes]\nh1 ansible_host=192.0.2.1\nh2 ansible_host=192.0.2.2\n[all:vars]\n"
         "k2_engine=sglang\nk2_layout=tp\nk2_lab=true\n"
         f"ansible_ssh_args=-o ControlMaster=no -o ProxyCommand={proxy}\n"
     )

@@ -112,9 +112,12 @@ def test_render_prints_the_plan_warnings(tmp_path: Path, host_trap: HostTrap, te
 
 
 def test_empty_out_is_refused(tmp_path: Path, host_trap: HostTrap) -> None:
-    line = refused(host_trap, str(inventory(tmp_path)), "--out", "")
+    code, _, err, _ = host_trap.run("render", str(inventory(tmp_path)), "--out", "")
+    line, usage, _ = err.splitlines()  # a bad argument: the error, then the usage
+    assert code == 2
     assert "--out '' names no directory" in line
     assert "fix:" in line
+    assert usage.startswith("Usage: ")
 
 
 def test_out_that_is_a_link_is_refused(tmp_path: Path, host_trap: HostTrap) -> None:
