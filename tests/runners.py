@@ -52,6 +52,37 @@ def k2(
     )
 
 
+def start(*args: str, runs: Path, **env: str) -> subprocess.Popen[str]:
+    """The installed CLI started in a child process, its output merged and piped, for tests
+    that signal it while it runs; ``runs`` is its K2_RUNS_DIR."""
+    return subprocess.Popen(
+        [str(BIN / "k2provision"), *args],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "K2_RUNS_DIR": str(runs), **env},
+    )
+
+
+def newest_record(runs: Path) -> Path:
+    """The run record written last under ``runs``."""
+    return max((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+
+
+def controller_leftovers(run: Path) -> list[str]:
+    """Processes on this machine that belong to the run recorded in ``run``: its
+    ansible-playbook (named by its record directory) and SSH masters (by their control path)."""
+    from k2provision.run.runner import control_dir
+
+    found: list[str] = []
+    for marker in (str(run), str(control_dir(run))):
+        out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True)
+        found += [line for line in out.stdout.splitlines() if "pgrep" not in line]
+    return found
+
+
 def on_host(
     state: Any, host: str, command: str, *, timeout: float = 120, check: bool = True
 ) -> str:

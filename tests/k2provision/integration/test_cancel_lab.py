@@ -7,10 +7,7 @@ checkpoint."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +16,7 @@ from typing import Any
 import pytest
 
 import k2lab as lab_api
-from k2provision.run.runner import control_dir
-from tests.runners import on_host
+from tests.runners import controller_leftovers, k2, newest_record, on_host, start
 
 pytestmark = pytest.mark.lab
 
@@ -56,21 +52,6 @@ def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         on_host(state, host.name, f"rm -rf {MODEL_DIR}")
 
 
-def command(*args: str, runs: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "k2provision.cli", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "200"},
-    )
-
-
-def record(runs: Path) -> Path:
-    return max((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-
-
 def wait_for_bytes(state: Any, host: str, at_least: int, timeout: float = 300) -> None:
     """Until a file being received on ``host`` holds ``at_least`` bytes."""
     partial = f"stat -c %s {MODEL_DIR}/.*.partial 2>/dev/null | sort -n | tail -1"
@@ -81,15 +62,6 @@ def wait_for_bytes(state: Any, host: str, at_least: int, timeout: float = 300) -
             return
         time.sleep(0.3)
     raise AssertionError(f"{host} never got past {at_least} bytes")
-
-
-def controller_leftovers(run: Path) -> list[str]:
-    """ansible-playbook and ssh processes of the run `run` on this machine."""
-    found: list[str] = []
-    for marker in (str(run), str(control_dir(run))):
-        out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True)
-        found += [line for line in out.stdout.splitlines() if "pgrep" not in line]
-    return found
 
 
 def host_leftovers(state: Any) -> dict[str, str]:
@@ -108,7 +80,7 @@ def stop_during_weights(state: Any, args: tuple[str, ...], runs: Path) -> tuple[
         on_host(state, host, f"rm -rf {MODEL_DIR}")
     lab_api.shape(8)  # about 1 MB/s per link: a 32 MiB shard outlasts the stop by far
     try:
-        proc = command(*args, runs=runs)
+        proc = start(*args, runs=runs, COLUMNS="200")
         try:
             wait_for_bytes(state, "lab3", 2 << 20)
             stopped = time.monotonic()
@@ -122,7 +94,7 @@ def stop_during_weights(state: Any, args: tuple[str, ...], runs: Path) -> tuple[
         lab_api.shape(None)
     assert proc.returncode == 143, output[-4000:]
     print(f"stopped in {time.monotonic() - stopped:.1f} s:\n{output[-3000:]}")
-    run = record(runs)
+    run = newest_record(runs)
     deadline = stopped + WITHIN_S
     while time.monotonic() < deadline:
         if not controller_leftovers(run) and not host_leftovers(state):
@@ -142,16 +114,9 @@ def stop_during_weights(state: Any, args: tuple[str, ...], runs: Path) -> tuple[
 
 def rerun_resumes(inventory: Path, runs: Path) -> None:
     """A plain `weights` completes, lab3 continuing from its resume point."""
-    done = subprocess.run(
-        [sys.executable, "-m", "k2provision.cli", "weights", str(inventory)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "K2_RUNS_DIR": str(runs), "COLUMNS": "200"},
-    )
+    done = k2("weights", str(inventory), runs=runs, timeout=600, COLUMNS="200")
     assert done.returncode == 0, done.stdout[-4000:]
-    weights = json.loads((record(runs) / "weights.json").read_text())
+    weights = json.loads((newest_record(runs) / "weights.json").read_text())
     lab3 = next(h for h in weights["hosts"] if h["host"] == "lab3")
     assert lab3["status"] == "ok"
     assert lab3["resumed"], lab3

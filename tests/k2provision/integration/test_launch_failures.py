@@ -5,13 +5,16 @@ behind the real pinned router, one cluster for the whole file. Each case sets a 
 
 Cases, in order: the model directory absent on one host (preflight stops the run before any
 container starts); a decode rank that exits at start (stage stopped; with --keep-failed left
-running); a health gate that never passes (named, after a short cap); an endpoint answering
+running); a health gate that never passes (named, after a short cap); SIGTERM while a stage
+waits on its gates (stopped as a failed stage is, then a plain re-run); an endpoint answering
 a wrong chat completion (verify shows it); a rank that dies after a good apply (status 1)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +24,12 @@ import pytest
 import yaml
 
 from tests.pd_lab import (
+    LAB_HF_TOKEN,
     MODEL_DIR,
     k2,
     remove_engine_containers,
 )
-from tests.runners import on_host
+from tests.runners import controller_leftovers, newest_record, on_host, start
 
 pytestmark = pytest.mark.lab
 
@@ -72,6 +76,15 @@ class Cluster:
             self.state, host, f"docker ps {flag} --filter name=k2- --format '{{{{.Names}}}}'"
         )
         return sorted(listed.split())
+
+    def container_state_or_none(self, host: str, name: str) -> str | None:
+        """The container's state, or None while it does not exist."""
+        state = on_host(
+            self.state,
+            host,
+            f"docker container inspect -f '{{{{.State.Status}}}}' {name} 2>/dev/null || true",
+        ).strip()
+        return state or None
 
     def container_state(self, host: str, name: str) -> str:
         return on_host(
@@ -160,6 +173,45 @@ def test_a_gate_that_never_passes_is_named(cluster: Cluster) -> None:
     assert f"answering 200, timeout {GATE_CAP_S} s" in out
     for name in cluster.names:
         assert cluster.containers(name, running_only=True) == [], name
+
+
+def test_sigterm_during_a_launch_stops_the_stage_as_a_failure_would(cluster: Cluster) -> None:
+    """SIGTERM to `apply` while a stage waits on its gates: exit 143, the record says
+    cancelled, the stage's containers are stopped as a failed stage's are, no playbook or SSH
+    master of the run is left, and a plain re-run launches."""
+    host = cluster.decode0
+    cluster.host_vars(host, k2_lab_fault="never_healthy")
+    try:
+        proc = start("apply", str(cluster.inventory), "--tags", "launch", runs=cluster.runs,
+                     COLUMNS="250", HF_TOKEN=LAB_HF_TOKEN)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            while cluster.container_state_or_none(host, "k2-sglang") != "running":
+                assert proc.poll() is None, proc.communicate()[0][-4000:]
+                assert time.monotonic() < deadline, "the decode stage never started"
+                time.sleep(1)
+            stopped = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        cluster.host_vars(host)
+    assert proc.returncode == 143, out[-4000:]
+    assert "cancelled (SIGTERM)" in out, out[-4000:]
+    run = newest_record(cluster.runs)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "cancelled"
+    assert summary["cancelled"] == "SIGTERM"
+    while controller_leftovers(run) and time.monotonic() < stopped + 30:
+        time.sleep(1)
+    assert controller_leftovers(run) == []
+    for name in cluster.names:  # stage 0 holds every server: none is left running
+        assert cluster.containers(name, running_only=True) == [], name
+    rc, again = cluster.apply("--tags", "launch")
+    assert rc == 0, again[-4000:]
 
 
 def test_a_wrong_answer_fails_verify_showing_it(cluster: Cluster) -> None:
