@@ -326,6 +326,45 @@ def test_file_cut_mid_way_resumes_from_its_verified_prefix(
     assert list(dead.glob(".k2-resume.*")) == []
 
 
+def leave_partial(dest: Path, source: Path, meta: Any, offset: int) -> None:
+    """A partial copy of ``meta`` holding its first ``offset`` bytes, with the resume point a
+    stopped relay leaves (a little more on disk than the resume point says, as after a stop)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    data = (source / meta.name).read_bytes()
+    Path(kernel.names.partial_path(str(dest), meta.name)).write_bytes(data[: offset + 4096])
+    prefix = kernel.hashing.Sha256()
+    prefix.update(data[:offset])
+    kernel.store.save_resume_point(str(dest), meta, offset, prefix.state())
+
+
+def test_hosts_resuming_one_file_from_different_offsets_finish_without_a_stall(
+    source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """After a stop, consecutive hosts hold the same file cut at different offsets (a host
+    behind its downstream, one ahead of it). The stream starts at the lowest of them; a host
+    whose own bytes begin inside a data frame forwards the frame from memory and writes its
+    part, and must not then wait on its forwarder for bytes it never sends from disk: that
+    stalled the chain for the whole I/O timeout, and the host below gave up on it."""
+    src, manifest = source
+    ts = targets(tmp_path, 3)
+    meta = manifest.files[1]
+    kib = 1 << 10
+    offsets = {"h1": 128 * kib, "h2": 64 * kib, "h3": 640 * kib}  # frames of 256 KiB from 64
+    for t in ts:
+        leave_partial(Path(t.dest), src, meta, offsets[t.name])
+    resume = {**OPTIONS, "extra_args": ["--checkpoint", str(64 * kib)]}
+    rerun = broadcast(manifest, src, ts, **resume)
+    assert rerun.ok, rerun
+    assert rerun.seconds < OPTIONS["io_timeout"], rerun  # no host waited out a timeout
+    assert rerun.bytes_sent == sum(f.size for f in manifest.files) - offsets["h2"]
+    for t in ts:
+        host = rerun.host(t.name)
+        assert host.resumed == ({"name": meta.name, "offset": offsets[t.name]},)
+        assert host.bytes_written == sum(f.size for f in manifest.files) - offsets[t.name]
+        assert tree(Path(t.dest)) == expected(manifest)
+        assert list(Path(t.dest).glob(".k2-resume.*")) == []
+
+
 def test_verify_re_reads_a_resumed_prefix_and_catches_its_corruption(
     source: tuple[Path, Manifest], tmp_path: Path
 ) -> None:

@@ -313,7 +313,11 @@ class Writer:
                 except OSError as exc:
                     job.error = f"write failed: {describe_error(exc)}"
                 if not fwd:
+                    # bytes whose frame went on from memory (it began below this host's resume
+                    # point): the forwarder never sends them from disk, so the back-pressure
+                    # must not wait for it to (it would stall the chain for the I/O timeout)
                     chunk.release()
+                    job.gate.advance(offset + b - a)
                 elif fd >= 0 and not job.error:
                     chunk.release()
                     if header is not None:
