@@ -49,6 +49,7 @@ from k2provision.ops.bench import (
     scale_of,
     workload,
 )
+from k2provision.run.cancel import Interrupted, end_child, exit_code, signal_name, stopping
 from k2provision.run.display import console, err_console, print_warnings
 from k2provision.run.runner import new_record_dir
 
@@ -105,14 +106,19 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
 
 
 def run_client(argv: list[str], log: Path, label: str) -> int:
-    """The client, its output to `log`, a spinner meanwhile; its exit status."""
+    """The client, its output to `log`, a spinner meanwhile; its exit status. A stop signal
+    ends the client and what it started (its own process group), then stops the command."""
     started = time.monotonic()
-    with log.open("wb") as sink, console.status(f"{label}: running the client"):
-        proc = subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, env=_env(),
-                              check=False)
-    console.print(f"{label}: client exited {proc.returncode} after "
-                  f"{time.monotonic() - started:.0f} s")
-    return proc.returncode
+    with log.open("wb") as sink, console.status(f"{label}: running the client"), stopping():
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=_env(),
+                                start_new_session=True)
+        try:
+            rc = proc.wait()
+        except Interrupted:
+            end_child(proc)
+            raise
+    console.print(f"{label}: client exited {rc} after {time.monotonic() - started:.0f} s")
+    return rc
 
 
 def _published(t: Throughput) -> tuple[str, str]:
@@ -252,7 +258,16 @@ def bench(
         argv = client_argv(client, python, spec)
         label = f"concurrency {tag} ({i}/{len(levels)})"
         log = out_dir / "client.log"
-        rc = run_client(argv, log, label)
+        try:
+            rc = run_client(argv, log, label)
+        except Interrupted as stop:
+            summary = {"status": "cancelled", "cancelled": signal_name(stop.signum),
+                       "rc": exit_code(stop.signum), "done": [_concurrency(p) for p in points],
+                       "started_at": started_at}
+            (record / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            err_console.print(f"bench cancelled ({signal_name(stop.signum)}) during {label}; "
+                              f"the client was stopped; record: {record}", soft_wrap=True)
+            raise
         result_file = out_dir / client.result_name
         if rc != 0 or not result_file.exists():
             problems.append(f"{label}: the client exited {rc}"

@@ -19,6 +19,7 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -149,6 +150,17 @@ def _handler(
         _say(f"{signal_name(signum)}: finishing the cleanup; a second signal stops at once")
 
     return handle
+
+
+def end_child(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """End a child started in its own session (``start_new_session=True``) and everything it
+    started: SIGTERM to its process group, SIGKILL after ``grace_s``."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @contextlib.contextmanager

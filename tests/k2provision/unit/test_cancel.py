@@ -18,6 +18,7 @@ import pytest
 from k2provision.commands.flow import record_cancelled
 from k2provision.run import cancel, runner
 from k2provision.run.events import HostResult, TaskStarted
+from tests.runners import newest_record, start
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -233,3 +234,52 @@ def test_the_cleanup_playbook_names_what_it_includes() -> None:
     assert "tasks_from: stop_stage.yml" in playbook
     assert "include_tasks: stop_stage.yml" in (ROOT / "roles/k2_launch/tasks/stage.yml").read_text()
     assert textwrap.dedent(playbook).startswith("---")
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting for its parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_bench_ends_its_client_and_what_the_client_started(tmp_path: Path) -> None:
+    """SIGTERM to `bench` while its client runs: the client and its own child are ended, the
+    record says cancelled, exit 143. The client here is a script that only starts a child and
+    waits (the engines' real clients run against the lab's endpoint elsewhere)."""
+    pids = tmp_path / "pids"
+    client = tmp_path / "python"
+    client.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -c ]; then exit 0; fi\n'  # the import check passes
+        f"sleep 300 & echo $! >> {pids}\n"
+        f"echo $$ >> {pids}\n"
+        "wait\n"
+    )
+    client.chmod(0o755)
+    runs = tmp_path / "runs"
+    proc = start("bench", "inventory/prod.ini", "--tokenizer", "/tok",
+                 "--client-python", str(client), runs=runs)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not pids.exists() or len(pids.read_text().split()) < 2:
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the client never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, out
+    assert "bench cancelled (SIGTERM)" in out
+    started = [int(p) for p in pids.read_text().split()]
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in started):
+        assert time.monotonic() < deadline, f"still running: {started}"
+        time.sleep(0.1)
+    summary = json.loads((newest_record(runs) / "summary.json").read_text())
+    assert summary["status"] == "cancelled"
+    assert summary["cancelled"] == "SIGTERM"
