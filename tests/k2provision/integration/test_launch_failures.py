@@ -212,6 +212,7 @@ def test_sigterm_during_a_launch_stops_the_stage_as_a_failure_would(cluster: Clu
         assert cluster.containers(name, running_only=True) == [], name
     rc, again = cluster.apply("--tags", "launch")
     assert rc == 0, again[-4000:]
+    remove_engine_containers(cluster.state)  # the next case starts from no engine, as before
 
 
 def test_a_wrong_answer_fails_verify_showing_it(cluster: Cluster) -> None:
