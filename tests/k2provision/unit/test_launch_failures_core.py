@@ -4,6 +4,7 @@ health-gate probe's command, answer and failure wording."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -57,6 +58,22 @@ def test_config_missing_or_unparseable(tmp_path: Path) -> None:
     (directory / "config.json").write_text("{not json")
     [problem] = checkpoint.checkpoint_problems(str(directory))
     assert problem.startswith("config.json is not valid JSON")
+
+
+def test_an_index_that_is_no_regular_file_or_too_large_is_refused_unread(tmp_path: Path) -> None:
+    """A FIFO would block the read and a huge file exhaust memory: neither is read."""
+    directory = model_dir(tmp_path)
+    index = directory / "model.safetensors.index.json"
+    index.unlink()
+    os.mkfifo(index)
+    assert checkpoint.checkpoint_problems(str(directory)) == [
+        "model.safetensors.index.json is not a regular file"
+    ]
+    index.unlink()
+    with index.open("wb") as f:  # sparse: no disk spent
+        f.truncate(checkpoint.JSON_LIMIT + 1)
+    [problem] = checkpoint.checkpoint_problems(str(directory))
+    assert problem.startswith("model.safetensors.index.json holds 67108865 bytes, more than")
 
 
 def test_a_missing_shard_is_named(tmp_path: Path) -> None:

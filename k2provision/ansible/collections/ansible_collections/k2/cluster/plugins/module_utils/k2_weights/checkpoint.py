@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any
 
 from .safetensors import check_safetensors_file
@@ -18,6 +19,9 @@ CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 NAMES_SHOWN = 5
+# config.json and the index are read whole: only regular files, and none larger than this (a
+# Kimi-K2 index, about 140k weight_map entries, is near 12 MB).
+JSON_LIMIT = 64 << 20
 
 
 def _names(names: list[str]) -> str:
@@ -27,8 +31,13 @@ def _names(names: list[str]) -> str:
 
 def _json_object(path: str, what: str) -> tuple[dict[str, Any] | None, str | None]:
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{what} is not a regular file"
+        if st.st_size > JSON_LIMIT:
+            return None, f"{what} holds {st.st_size} bytes, more than the {JSON_LIMIT} read"
         with open(path, "rb") as f:
-            doc = json.loads(f.read().decode("utf-8"))
+            doc = json.loads(f.read(JSON_LIMIT + 1).decode("utf-8"))
     except OSError as exc:
         return None, f"{what} cannot be read ({exc.strerror or exc})"
     except (UnicodeDecodeError, ValueError) as exc:
