@@ -12,6 +12,7 @@ from k2provision.core.records import ENGINES, LAYOUTS, Cluster, EngineName, Mode
 from k2provision.core.versions import version_at_least
 from k2provision.engines import REGISTRY
 from k2provision.plan.fixes import MAX_SEARCH_NODES, smallest_for_layout
+from k2provision.plan.shapes import pool_names
 from k2provision.plan.support import model_problems
 
 GPUS_PER_NODE = 8
@@ -51,7 +52,8 @@ UNSERVED = "unsupported"
 def smallest_nodes(spec: ModelSpec, gpu: str, context: int | None = None) -> dict[str, int | str]:
     """engine/layout -> the fewest nodes of `gpu` that serve one request of the context (the
     model's maximum unless given); UNSERVED where the pinned release cannot serve the model
-    on this GPU, "over N" where no layout of up to N nodes fits."""
+    on this GPU or has no MoE kernel path for its weights in the layout, "over N" where no
+    layout of up to N nodes fits."""
     gpu_spec = catalog.gpu(gpu)
     out: dict[str, int | str] = {}
     for engine in ENGINES:
@@ -60,6 +62,11 @@ def smallest_nodes(spec: ModelSpec, gpu: str, context: int | None = None) -> dic
             cluster = _cluster(spec, engine, layout, gpu, context)
             ctx = context or spec.max_position_embeddings
             problems, _ = model_problems(cluster, spec, gpu_spec, ctx)
+            problems += [
+                p
+                for pool in pool_names(layout)
+                for p in REGISTRY[engine].kernel_path_problems(cluster, pool, spec)
+            ]
             if problems:
                 out[key] = UNSERVED
                 continue
@@ -132,7 +139,8 @@ def tables(data: list[dict[str, Any]]) -> list[Table]:
     for gpu in data[0]["smallest_nodes"] if data else ():
         table = Table(
             title=f"fewest nodes of {GPUS_PER_NODE} x {gpu} for one request of the full "
-            "context (-: the pinned release cannot serve it)",
+            "context (-: the pinned release cannot serve it, or has no MoE kernel path for its "
+            "weights in the layout)",
             title_justify="left",
         )
         table.add_column("model", no_wrap=True)
@@ -166,7 +174,8 @@ def markdown(data: list[dict[str, Any]]) -> str:
         lines += [
             "",
             f"Fewest nodes of {GPUS_PER_NODE} x {gpu} for one request of the full context "
-            "(`-`: the pinned release cannot serve it; `over N`: no layout of up to N nodes "
+            "(`-`: the pinned release cannot serve it, or has no MoE kernel path for its weights "
+            "in the layout; `over N`: no layout of up to N nodes "
             "fits):",
             "",
             "| model | " + " | ".join(layouts) + " |",

@@ -170,7 +170,8 @@ class Tunables(Record):
         default=None,
         ge=0,
         le=1024,
-        description="vLLM dp_ep: spare expert slots for EPLB (default: one per GPU)",
+        description="vLLM dp_ep: spare expert slots for EPLB (default: one per GPU; none for "
+        "INT4 experts, whose Marlin MoE method has no EPLB in vLLM 0.33.0)",
     )
     trtllm_max_batch_size: int = Field(
         default=128, ge=1, le=4096, description="TensorRT-LLM: requests per batch"

@@ -155,6 +155,20 @@ class BenchClient:
         return "python " + " ".join(self.command)
 
 
+@dataclass(frozen=True)
+class WeightSlices:
+    """Over how many ranks a pool cuts each MLP weight's intermediate dimension (1: every
+    rank that holds the weight holds all of it). The plan checks each slice against the
+    weight's stored format (plan/shapes.py split_problems)."""
+
+    expert: int
+    """Each routed expert's moe_intermediate_size."""
+    shared: int
+    """The shared experts' intermediate size."""
+    dense: int
+    """The dense MLP's intermediate_size (the first_k_dense_replace layers)."""
+
+
 class Engine(Protocol):
     """The interface every engine module implements: all that is engine-specific.
 
@@ -201,6 +215,15 @@ class Engine(Protocol):
 
     def pool_shape(self, cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
         """The parallel sizes of one pool of `nodes` hosts in the cluster's layout."""
+        ...
+
+    def weight_slices(self, cluster: Cluster, pool: PoolName, parallel: Parallel) -> WeightSlices:
+        """How the pinned release splits the MLP weights of a pool of this shape."""
+        ...
+
+    def kernel_path_problems(self, cluster: Cluster, pool: PoolName, spec: ModelSpec) -> list[str]:
+        """Why the pinned release has no MoE kernel and all-to-all path for the model's weight
+        format in this layout and pool (empty: the path the render takes exists)."""
         ...
 
     def kv_dtype(self, tunables: Tunables, gpu: GpuSpec) -> KvDtype:

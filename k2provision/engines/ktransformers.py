@@ -41,6 +41,7 @@ from k2provision.engines.base import (
     Deployment,
     HostRender,
     PublishedFigure,
+    WeightSlices,
     listener,
 )
 from k2provision.engines.common import (
@@ -144,6 +145,16 @@ served_name = inventory_served_name
 def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:
     """One GPU."""
     return Parallel(tp=1)
+
+
+def weight_slices(cluster: Cluster, pool: PoolName, parallel: Parallel) -> WeightSlices:
+    """One GPU: nothing is split."""
+    return WeightSlices(expert=1, shared=1, dense=1)
+
+
+def kernel_path_problems(cluster: Cluster, pool: PoolName, spec: ModelSpec) -> list[str]:
+    """Routed experts run in kt-kernel on the host (its --kt-method per format)."""
+    return []
 
 
 def kv_dtype_problems(tunables: Tunables, gpu: GpuSpec) -> list[str]:

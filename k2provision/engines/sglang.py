@@ -43,6 +43,7 @@ from k2provision.engines.base import (
     Listener,
     PublishedFigure,
     ResultFormat,
+    WeightSlices,
     listener,
 )
 from k2provision.engines.common import (
@@ -518,6 +519,35 @@ def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) ->
         redundant_experts=gpus if spare is None else spare,
     )
 
+
+def weight_slices(cluster: Cluster, pool: PoolName, parallel: Parallel) -> WeightSlices:
+    """tp: every MLP weight over the TP group (each expert's intermediate too: FusedMoE
+    without expert parallelism). pd: whole experts per EP rank; the shared experts replicated
+    under DeepEP (0.5.23 models/deepseek_v2.py:874 `_shared_expert_use_tp1`) and the dense
+    MLP replicated by --moe-dense-tp-size 1 (models/deepseek_v2.py:2665,
+    layers/layer_boundary/layout.py:83 `is_dense_ffn_fully_dp`)."""
+    if cluster.layout == "pd":
+        return WeightSlices(expert=parallel.tp // parallel.ep, shared=1, dense=1)
+    return WeightSlices(expert=parallel.tp, shared=parallel.tp, dense=parallel.tp)
+
+
+def kernel_path_problems(cluster: Cluster, pool: PoolName, spec: ModelSpec) -> list[str]:
+    """pd runs the experts through DeepEP (--moe-a2a-backend deepep). In 0.5.23 DeepEPMoE
+    runs only FP8 (DeepGEMM) and W4AFP8 experts: for any other quantized experts
+    `run_moe_core` ends in `assert False, "forward_deepgemm_contiguous is deprecated"`
+    (normal mode) or "forward_deepgemm_masked is deprecated" (low latency)
+    (layers/moe/ep_moe/layer.py:296, :301), and the compressed-tensors INT4 method runs
+    Marlin on the standard dispatcher only (layers/quantization/compressed_tensors/schemes/
+    compressed_tensors_wNa16_moe.py:444; layers/moe/moe_runner/marlin.py registers no
+    DeepEP permute). tp uses the standard dispatcher, where both formats have kernels."""
+    experts = spec.quantization.routed_experts
+    if cluster.layout == "pd" and experts.scheme not in ("fp8_block", "bf16"):
+        return [
+            f"SGLang 0.5.23's DeepEP MoE layer (the pd layout's --moe-a2a-backend deepep) has "
+            f"no kernel for {spec.id}'s {experts.label} experts (compressed-tensors INT4 runs "
+            "Marlin on the standard dispatcher only)"
+        ]
+    return []
 
 
 # ---------------------------------------------------------------- memory accounting

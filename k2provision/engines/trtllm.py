@@ -51,6 +51,7 @@ from k2provision.engines.base import (
     Deployment,
     HostRender,
     PublishedFigure,
+    WeightSlices,
     listener,
 )
 from k2provision.engines.common import (
@@ -375,6 +376,21 @@ def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) ->
     """Attention DP over all GPUs, MoE EP within a node."""
     gpn = cluster.gpus_per_node
     return Parallel(tp=nodes * gpn, dp=nodes * gpn, ep=gpn, dp_attention=True)
+
+
+def weight_slices(cluster: Cluster, pool: PoolName, parallel: Parallel) -> WeightSlices:
+    """Each expert's intermediate over the MoE TP size tp / ep, i.e. the node count
+    (tensorrt_llm/_torch/modules/fused_moe/interface.py MoE: intermediate_size_per_partition
+    = intermediate_size // moe_tp_size); with attention DP the dense MLP and the shared
+    experts are not split (_torch/models/modeling_deepseekv3.py `_compute_mlp_tp_size`,
+    `_compute_shared_expert_tp_size`: TP 1 under enable_attention_dp)."""
+    return WeightSlices(expert=parallel.tp // parallel.ep, shared=1, dense=1)
+
+
+def kernel_path_problems(cluster: Cluster, pool: PoolName, spec: ModelSpec) -> list[str]:
+    """FP8 block-scale experts run on the default CUTLASS MoE backend (DeepSeek FP8 block
+    scales); the catalog serves no other format on this engine."""
+    return []
 
 
 def kv_dtype(tunables: Tunables, gpu: GpuSpec) -> KvDtype:

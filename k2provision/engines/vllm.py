@@ -67,6 +67,7 @@ from k2provision.engines.base import (
     HostRender,
     PublishedFigure,
     ResultFormat,
+    WeightSlices,
     listener,
 )
 from k2provision.engines.common import (
@@ -454,10 +455,42 @@ def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) ->
         parallel = parallel.model_copy(update={"dcp": dcp})
     if cluster.layout == "dp_ep":
         spare = cluster.tunables.vllm_redundant_experts
+        default = nodes * gpn if eplb_experts(spec) else 0
         parallel = parallel.model_copy(
-            update={"redundant_experts": nodes * gpn if spare is None else spare}
+            update={"redundant_experts": default if spare is None else spare}
         )
     return parallel
+
+def weight_slices(cluster: Cluster, pool: PoolName, parallel: Parallel) -> WeightSlices:
+    """tp and tp_pp: every MLP weight over the TP group (FusedMoE without expert parallelism
+    cuts each expert's intermediate by TP); dp_ep: TP 1, whole experts per EP rank."""
+    expert = 1 if parallel.ep > 1 else parallel.tp
+    return WeightSlices(expert=expert, shared=parallel.tp, dense=parallel.tp)
+
+
+def eplb_experts(spec: ModelSpec) -> bool:
+    """Whether vLLM 0.33.0's MoE method for the model's experts supports EPLB (spare expert
+    slots): FP8 does (model_executor/layers/quantization/fp8.py:802 `supports_eplb`), the
+    compressed-tensors INT4 method only on its Triton backend
+    (compressed_tensors_moe_wna16.py:562), which the backend oracle ranks after Marlin
+    (fused_moe/oracle/int_wna16.py:126 `_get_priority_backends`); with EPLB on, the layer
+    raises "EPLB is not supported" (fused_moe/routed_experts.py:197)."""
+    return spec.quantization.routed_experts.scheme in ("fp8_block", "bf16")
+
+
+def kernel_path_problems(cluster: Cluster, pool: PoolName, spec: ModelSpec) -> list[str]:
+    """dp_ep with spare expert slots renders --enable-eplb, which the INT4 experts' Marlin
+    method refuses (see eplb_experts); without spare slots (their default for INT4) the
+    DeepEP all-to-all feeds Marlin (batched Marlin for low latency)."""
+    spare = cluster.tunables.vllm_redundant_experts
+    if cluster.layout == "dp_ep" and spare and not eplb_experts(spec):
+        experts = spec.quantization.routed_experts.label
+        return [
+            f"k2_vllm_redundant_experts={spare}: spare expert slots need EPLB, which vLLM "
+            f"0.33.0 does not support for {spec.id}'s {experts} experts (its Marlin MoE "
+            "method raises 'EPLB is not supported'); fix: set k2_vllm_redundant_experts=0"
+        ]
+    return []
 
 
 # ---------------------------------------------------------------- memory accounting

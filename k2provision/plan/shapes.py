@@ -13,8 +13,10 @@ from k2provision.core.records import (
     ModelSpec,
     Parallel,
     PoolName,
+    WeightFormat,
 )
 from k2provision.engines import REGISTRY
+from k2provision.engines.base import WeightSlices
 from k2provision.plan.fit import PoolFit, fit_pool
 
 
@@ -82,6 +84,70 @@ def divisibility_problems(shape: PoolShape, spec: ModelSpec) -> list[str]:
     return problems
 
 
+# The smallest slice each stored format allows, per rank, of a dimension split by TP.
+# FP8 128x128 blocks: the gate/up output and the down input of every slice hold whole blocks
+# (SGLang 0.5.23 layers/quantization/fp8.py:1588 Fp8MoEMethod.create_weights and :570
+# validate_block_quant_shapes; vLLM 0.33.0 model_executor/layers/quantization/utils/
+# fp8_utils.py:1296 validate_fp8_block_shape and :1347 validate_fp8_block_shape_moe:
+# "... is not divisible by weight quantization block_n = 128").
+FP8_BLOCK_SLICE = 128
+# INT4 groups of 32 through the Marlin MoE kernels (what both releases run compressed-tensors
+# INT4 experts with): the down projection's input holds whole groups and a Marlin thread
+# tile of 64 (vLLM 0.33.0 model_executor/layers/quantization/utils/marlin_utils.py:356
+# check_moe_marlin_supports_config, `intermediate % max(64, group_size)`; SGLang 0.5.23
+# compressed_tensors_wNa16_moe.py creates `intermediate_size_per_partition // group_size`
+# scales and repacks for the same Marlin kernel).
+MARLIN_MIN_SLICE = 64
+
+
+def slice_quantum(fmt: WeightFormat) -> int:
+    """What a per-rank slice of a weight stored in `fmt` must be a multiple of."""
+    if fmt.scheme == "fp8_block":
+        return FP8_BLOCK_SLICE
+    if fmt.scheme == "int4_group":
+        return max(MARLIN_MIN_SLICE, fmt.group_size)
+    return 1
+
+
+def split_problems(slices: WeightSlices, spec: ModelSpec) -> list[str]:
+    """Per-rank slices of the MLP weights that their stored format cannot be cut into."""
+    q = spec.quantization
+    weights = (
+        ("each routed expert's", spec.moe_intermediate_size, slices.expert, q.routed_experts),
+        (
+            "the shared experts'",
+            spec.moe_intermediate_size * spec.n_shared_experts,
+            slices.shared,
+            q.shared_experts,
+        ),
+        ("the dense MLP's", spec.intermediate_size, slices.dense, q.dense_mlp),
+    )
+    problems = []
+    for what, size, ranks, fmt in weights:
+        quantum = slice_quantum(fmt)
+        if ranks <= 1 or not size:
+            continue
+        if size % ranks or (size // ranks) % quantum:
+            per_rank = f"{size // ranks}" if size % ranks == 0 else f"{size}/{ranks}"
+            need = f"a multiple of {quantum} ({fmt.label})" if quantum > 1 else "whole"
+            problems.append(
+                f"{what} intermediate size {size} split over {ranks} ranks gives {per_rank} "
+                f"per rank, which must be {need}: the loader refuses the split"
+            )
+    return problems
+
+
+def load_problems(cluster: Cluster, shape: PoolShape, spec: ModelSpec) -> list[str]:
+    """Why the pinned release would fail to load or run the model in this pool: weight slices
+    its loader cannot cut, or no MoE kernel path for the weight format."""
+    engine = REGISTRY[cluster.engine]
+    slices = engine.weight_slices(cluster, shape.name, shape.parallel)
+    return [
+        *engine.kernel_path_problems(cluster, shape.name, spec),
+        *split_problems(slices, spec),
+    ]
+
+
 def choices(cluster: Cluster, spec: ModelSpec, gpu: GpuSpec) -> Choices:
     """KV dtype and multimodal serving as they will be rendered."""
     t = cluster.tunables
@@ -145,7 +211,7 @@ def evaluate(
     for shape in shapes:
         report = _fit(cluster, shape, spec, gpu, context)
         reports.append(report)
-        found = divisibility_problems(shape, spec)
+        found = divisibility_problems(shape, spec) + load_problems(cluster, shape, spec)
         if not report.fits:
             found.append(fit_problem(report))
         if found:
