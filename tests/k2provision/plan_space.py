@@ -217,14 +217,19 @@ def built() -> tuple[tuple[Admitted, Plan], ...]:
 
 
 def refused_sample() -> Iterator[Cluster]:
-    """Candidates the gates refuse, one per (engine, layout, model, GPU type) at the model's
-    own context: the smallest node count not admitted (build_plan must refuse each)."""
+    """Candidates the gates refuse, per (engine, layout, model, GPU type) of one pool at the
+    model's own context: the smallest node count not admitted, and the smallest above the
+    fewest admitted (build_plan must refuse each)."""
     for engine, layout, model, gpu, context in combinations():
         if context is not None or layout in ("single", "pd"):
             continue
         if not served(engine, layout, model, gpu, context):
             continue
-        fine = set(_pool_counts(engine, layout, model, gpu, context)["nodes"])
-        refused = next((n for n in range(1, MAX_NODES + 1) if n not in fine), None)
-        if refused is not None:
-            yield cluster(engine, layout, model, gpu, {"nodes": refused}, context)
+        fine = _pool_counts(engine, layout, model, gpu, context)["nodes"]
+        above = fine[0] if fine else 0
+        picks = {
+            next((n for n in range(1, MAX_NODES + 1) if n not in fine), None),
+            next((n for n in range(above + 1, MAX_NODES + 1) if n not in fine), None),
+        }
+        for n in sorted(p for p in picks if p is not None):
+            yield cluster(engine, layout, model, gpu, {"nodes": n}, context)
