@@ -436,6 +436,9 @@ class GpuSpec(Record):
     driver_reserved_mib: int
     fp8: bool
     fp4: bool = False
+    sm: int
+    """CUDA compute capability x 10 (80 Ampere, 90 Hopper, 100 datacenter Blackwell): which
+    kernels an engine's release has for it."""
     nvswitch: bool
     min_driver: str
 

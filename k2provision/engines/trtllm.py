@@ -29,6 +29,7 @@ from pathlib import PurePosixPath
 
 import yaml
 
+from k2provision.core import catalog
 from k2provision.core.records import (
     Cluster,
     EngineRelease,
@@ -79,6 +80,8 @@ from k2provision.engines.trtllm_schema import (
     CudaGraphConfig,
     ExtraLlmApiOptions,
     KvCacheConfig,
+    MoeBackend,
+    MoeConfig,
     validate_extra_llm_api_options,
 )
 
@@ -160,13 +163,29 @@ def cuda_graph_batch_sizes(max_batch_size: int) -> list[int]:
     return sizes
 
 
+def moe_backend(spec: ModelSpec, gpu: GpuSpec) -> MoeBackend | None:
+    """The MoE backend to name for the model's experts on this GPU; None: the release's own
+    choice. 1.2's AUTO resolves to CUTLASS for DeepseekV3ForCausalLM
+    (tensorrt_llm/_torch/model_config.py `resolve_moe_backend`), whose FP8 block-scale grouped
+    GEMM is built for Hopper only: on Blackwell it throws "fp8 blockscale gemm only support
+    Hopper" (cpp/tensorrt_llm/kernels/cutlass_kernels/fp8_blockscale_gemm/
+    fp8_blockscale_gemm.cu), and TensorRT-LLM's own troubleshooting names DEEPGEMM for FP8
+    weights there (examples/layer_wise_benchmarks/README.md)."""
+    if spec.quantization.routed_experts.scheme == "fp8_block" and gpu.sm >= 100:
+        return "DEEPGEMM"
+    return None
+
+
 def extra_llm_api_options(deployment: Deployment) -> ExtraLlmApiOptions:
     """The typed options every rank reads; only the keys set here are written out."""
     pool = deployment.pool("nodes")
     t = deployment.cluster.tunables
     # The plan decided it (k2_trtllm_kv_cache_dtype on an FP8-capable GPU) and counted it.
     kv_dtype = "fp8" if deployment.kv_cache_dtype == "fp8" else "auto"
+    backend = moe_backend(deployment.model, catalog.gpu(deployment.cluster.gpu))
+    moe = {"moe_config": MoeConfig(backend=backend)} if backend else {}
     return ExtraLlmApiOptions(
+        **moe,
         # Padding rounds a decode batch up to the next captured size instead of running it
         # without a graph (the seed's `padding_enabled`, renamed enable_padding in 1.x).
         cuda_graph_config=CudaGraphConfig(
@@ -388,8 +407,14 @@ def weight_slices(cluster: Cluster, pool: PoolName, parallel: Parallel) -> Weigh
 
 
 def kernel_path_problems(cluster: Cluster, pool: PoolName, spec: ModelSpec) -> list[str]:
-    """FP8 block-scale experts run on the default CUTLASS MoE backend (DeepSeek FP8 block
-    scales); the catalog serves no other format on this engine."""
+    """FP8 block-scale experts run on CUTLASS on Hopper and on DeepGEMM on Blackwell (see
+    moe_backend); the render names no path for other expert formats (the catalog serves none
+    on this engine)."""
+    experts = spec.quantization.routed_experts
+    if experts.scheme != "fp8_block":
+        return [
+            f"the TensorRT-LLM render has no MoE backend for {spec.id}'s {experts.label} experts"
+        ]
     return []
 
 

@@ -91,6 +91,15 @@ def test_yaml_values() -> None:
     assert "padding_enabled" not in yaml.safe_dump(data)
 
 
+def test_fp8_experts_name_deepgemm_on_blackwell_and_the_default_on_hopper() -> None:
+    # The CUTLASS FP8 block-scale MoE GEMM (1.2's default for DeepSeek-V3) is Hopper-only.
+    assert "moe_config" not in rendered_options(plan())
+    b200 = build_plan(cluster(2).model_copy(update={"gpu": "b200"}))
+    data = rendered_options(b200)
+    assert data["moe_config"] == {"backend": "DEEPGEMM"}
+    validate_extra_llm_api_options(data)
+
+
 def test_yaml_and_command_line_agree_on_the_kv_fraction() -> None:
     p = plan()
     _, proc = serve_process(p)

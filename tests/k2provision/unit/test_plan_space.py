@@ -13,7 +13,9 @@ plan/shapes.py and the engines' weight_slices:
   check_moe_marlin_supports_config).
 - BF16: a whole number.
 - SGLang's DeepEP MoE runs FP8 experts only (ep_moe/layer.py DeepEPMoE.run_moe_core); vLLM's
-  EPLB runs only with methods that support it (FP8 here; INT4 Marlin does not).
+  EPLB runs only with methods that support it (FP8 here; INT4 Marlin does not); TensorRT-LLM's
+  CUTLASS FP8 block-scale MoE GEMM is built for Hopper only ("fp8 blockscale gemm only support
+  Hopper"), so Blackwell needs the DEEPGEMM (or TRTLLM) backend named.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import yaml
 
 from k2provision.commands.models_table import UNSERVED, rows
 from k2provision.core import catalog
-from k2provision.core.records import LAYOUTS, ModelSpec, Plan, WeightFormat
+from k2provision.core.records import LAYOUTS, GpuSpec, ModelSpec, Plan, WeightFormat
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
 from tests.k2provision import plan_space
@@ -137,9 +139,12 @@ def slice_faults(r: Rendered, spec: ModelSpec) -> list[str]:
     return faults
 
 
-def path_faults(engine: str, r: Rendered, spec: ModelSpec) -> list[str]:
+def path_faults(engine: str, r: Rendered, spec: ModelSpec, gpu: GpuSpec) -> list[str]:
     experts = spec.quantization.routed_experts.scheme
     faults = []
+    hopper_only = r.moe_backend in (None, "AUTO", "CUTLASS")
+    if engine == "trtllm" and experts == "fp8_block" and gpu.sm >= 100 and hopper_only:
+        faults.append(f"TensorRT-LLM FP8 block-scale CUTLASS MoE on sm {gpu.sm}")
     if engine == "sglang" and r.deepep and experts != "fp8_block" and r.moe_backend is None:
         faults.append(f"SGLang DeepEP MoE with {experts} experts")
     if engine == "vllm" and r.eplb and experts != "fp8_block":
@@ -151,8 +156,8 @@ def path_faults(engine: str, r: Rendered, spec: ModelSpec) -> list[str]:
     return faults
 
 
-def faults_of(engine: str, r: Rendered, spec: ModelSpec) -> list[str]:
-    return [*slice_faults(r, spec), *path_faults(engine, r, spec)]
+def faults_of(engine: str, r: Rendered, spec: ModelSpec, gpu: GpuSpec) -> list[str]:
+    return [*slice_faults(r, spec), *path_faults(engine, r, spec, gpu)]
 
 
 def test_the_plan_space_is_covered() -> None:
@@ -169,7 +174,8 @@ def test_every_admitted_plan_renders_splits_that_load_and_kernel_paths_that_exis
         spec = catalog.model(a.model)
         rendered = servers(plan)
         assert rendered, a.label
-        found = [f for r in rendered for f in faults_of(a.engine, r, spec)]
+        gpu = catalog.gpu(plan.gpu)
+        found = [f for r in rendered for f in faults_of(a.engine, r, spec, gpu)]
         faults += [f"{a.label}: {f}" for f in dict.fromkeys(found)]
     assert not faults, "\n".join(faults[:20])
 
