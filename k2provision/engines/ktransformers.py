@@ -153,7 +153,12 @@ def weight_slices(cluster: Cluster, pool: PoolName, parallel: Parallel) -> Weigh
 
 
 def kernel_path_problems(cluster: Cluster, pool: PoolName, spec: ModelSpec) -> list[str]:
-    """Routed experts run in kt-kernel on the host (its --kt-method per format)."""
+    """Routed experts run in kt-kernel on the host, with the --kt-method of their format
+    (KT_METHODS: FP8 and RAWINT4, both inference methods of sglang-kt 0.7.2's
+    layers/moe/kt_ep_wrapper.py, which maps them at :212 and :216); any other format has none."""
+    experts = spec.quantization.routed_experts
+    if experts.scheme not in KT_METHODS:
+        return [f"kt-kernel has no --kt-method for {spec.id}'s {experts.label} experts"]
     return []
 
 

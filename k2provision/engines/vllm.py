@@ -488,7 +488,8 @@ def kernel_path_problems(cluster: Cluster, pool: PoolName, spec: ModelSpec) -> l
         return [
             f"k2_vllm_redundant_experts={spare}: spare expert slots need EPLB, which vLLM "
             f"0.33.0 does not support for {spec.id}'s {experts} experts (its Marlin MoE "
-            "method raises 'EPLB is not supported'); fix: set k2_vllm_redundant_experts=0"
+            "method raises 'EPLB is not supported'), so k2_vllm_redundant_experts must be 0 "
+            "or unset"
         ]
     return []
 

@@ -9,6 +9,7 @@ import pytest
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Cluster, HostSpec, Plan, PoolName, Process, Tunables
 from k2provision.engines import sglang
+from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
@@ -462,3 +463,17 @@ def test_module_constants_are_sane() -> None:
     assert sglang.DECODE_LOG_INTERVAL > 1
     assert sglang.PD_HEARTBEAT_INTERVAL_S == 5
     assert sglang.PD_HEARTBEAT_MAX_FAILURE == 2
+
+
+def test_pd_refuses_int4_experts_that_deepep_cannot_run() -> None:
+    # 0.5.23's DeepEPMoE runs FP8 and W4AFP8 experts only; tp runs INT4 on Marlin.
+    thinking = {"model": "moonshotai/Kimi-K2-Thinking"}
+    with pytest.raises(PlanError, match=r"DeepEP MoE layer .* has no kernel") as info:
+        build_plan(pd_cluster(1, 1).model_copy(update=thinking))
+    assert "k2_layout=tp on 1 node (tp 8)" in str(info.value)
+    assert build_plan(tp_cluster(1).model_copy(update=thinking)).pools[0].parallel.tp == 8
+
+
+def test_tp_refuses_tp32_which_cuts_fp8_blocks() -> None:
+    with pytest.raises(PlanError, match="2048 split over 32 ranks gives 64 per rank"):
+        build_plan(tp_cluster(4))

@@ -13,6 +13,7 @@ from k2provision.core import catalog
 from k2provision.core.records import Cluster, HealthGate, HostSpec, Plan, Process, Tunables
 from k2provision.engines import vllm
 from k2provision.engines.base import Deployment
+from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
 
 ADDRESSES = ("10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4")
@@ -186,6 +187,17 @@ def test_dp_ep_spare_experts_and_all2all_follow_tunables() -> None:
     assert "--eplb-config" not in none.argv
     ht = plan("dp_ep", vllm_all2all_backend="deepep_high_throughput").hosts[1].processes[0]
     assert opt(ht.argv, "--all2all-backend") == "deepep_high_throughput"
+
+
+def test_dp_ep_int4_experts_run_without_eplb_and_refuse_spare_slots() -> None:
+    # The compressed-tensors INT4 Marlin MoE method has no EPLB in 0.33.0.
+    thinking = {"model": "moonshotai/Kimi-K2-Thinking"}
+    head = build_plan(cluster("dp_ep", 2).model_copy(update=thinking)).hosts[0].processes[0]
+    assert "--enable-expert-parallel" in head.argv
+    assert "--enable-eplb" not in head.argv
+    spare = cluster("dp_ep", 2, vllm_redundant_experts=16).model_copy(update=thinking)
+    with pytest.raises(PlanError, match="k2_vllm_redundant_experts=16: spare expert slots need"):
+        build_plan(spare)
 
 
 def test_every_process_waits_for_its_engines_as_long_as_the_gate() -> None:
