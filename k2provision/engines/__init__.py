@@ -1,7 +1,8 @@
 """Engines: one module per engine, each all that is engine-specific.
 
 Each engine module implements the `Engine` protocol of engines/base.py (where the shared
-types live): its layouts and pool shapes, KV dtypes, text-only serving, memory accounting
+types live): its layouts and pool shapes, how they split the MLP weights and which MoE kernel
+paths they take per weight format, KV dtypes, text-only serving, memory accounting
 (`reserve`, `kv_budget`, on engines/memory.py's shared arithmetic), the tunables only it reads,
 the ports it takes and the addresses it cannot, container needs, bench client and published
 figures, served name, warnings, and `render(deployment) -> dict[host, HostRender]` (processes,

@@ -1,5 +1,6 @@
 """Pool shapes and their evaluation: the parallel layout of each pool, the sizes the model's
-dimensions allow, the KV dtype and multimodal serving as rendered, and the memory fit. Pure."""
+dimensions and weight formats allow (and the MoE kernel paths the engine has for them), the
+KV dtype and multimodal serving as rendered, and the memory fit. Pure."""
 
 from __future__ import annotations
 

@@ -81,7 +81,8 @@ def test_foreign_directory_needs_force(tmp_path: Path, host_trap: HostTrap) -> N
 def test_rerender_replaces_its_own_previous_render(tmp_path: Path, host_trap: HostTrap) -> None:
     out = tmp_path / "out"
     more = "n3 ansible_host=10.0.0.3\nn4 ansible_host=10.0.0.4\n[all:vars]"
-    four = VLLM.replace("[all:vars]", more)
+    # Four nodes in pipeline stages (TP 32 would cut the FP8 experts' 128-wide blocks).
+    four = VLLM.replace("[all:vars]", more).replace("k2_layout=tp", "k2_layout=tp_pp")
     code, _, err, _ = host_trap.run("render", str(inventory(tmp_path, four)), "--out", str(out))
     assert code == 0, err
     assert (out / "n4").is_dir()
