@@ -29,7 +29,8 @@ from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
 from k2provision.core.records import Plan
 from k2provision.errors import ArgumentError, K2Error
-from k2provision.ops.remote import SshTarget, ignored_options, run_all, ssh_inventory
+from k2provision.ops.connect import SshTarget
+from k2provision.ops.remote import run_all, ssh_inventory
 from k2provision.ops.status_probe import (
     EndpointStatus,
     HostStatus,
@@ -270,7 +271,7 @@ def status(
         )
     loaded = load_plan(inventory)
     _, targets = ssh_inventory(inventory)
-    print_warnings([*loaded.notices, *ignored_options(targets)])
+    print_warnings(loaded.notices)
     record = new_record_dir("status")
     as_json = output_format is OutputFormat.json
     code = check_once(inventory, loaded.plan, targets, record, as_json)
