@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import re
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ SSH_VARS = (
     "ansible_control_path",
     "ansible_control_path_dir",
 )
+# Ansible's plugin loader is not thread-safe; hosts are asked from many threads at once.
+_ANSIBLE_LOCK = threading.Lock()
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "ansible.cfg"
 """The project's Ansible configuration: the one its playbook runs use (ANSIBLE_CONFIG)."""
 
@@ -90,16 +93,18 @@ def ssh_command(target: SshTarget, command: str | None = None, *, tty: bool = Fa
     from ansible.plugins.loader import connection_loader, init_plugin_loader
     from ansible.utils.collection_loader import AnsibleCollectionConfig
 
-    if AnsibleCollectionConfig.collection_finder is None:
-        init_plugin_loader()
-    _use_project_config()
-    context = PlayContext()
-    context.remote_addr = target.name
-    plugin: Any = connection_loader.get("ssh", context, io.StringIO())
-    plugin.set_options(var_options={**dict(target.variables), "inventory_hostname": target.name})
-    host = plugin.get_option("host") or target.name
-    extra = [*(["-tt"] if tty else []), host, *([command] if command is not None else [])]
-    argv = plugin._build_command(plugin.get_option("ssh_executable"), "ssh", *extra)
+    with _ANSIBLE_LOCK:
+        if AnsibleCollectionConfig.collection_finder is None:
+            init_plugin_loader()
+        _use_project_config()
+        context = PlayContext()
+        context.remote_addr = target.name
+        plugin: Any = connection_loader.get("ssh", context, io.StringIO())
+        variables = {**dict(target.variables), "inventory_hostname": target.name}
+        plugin.set_options(var_options=variables)
+        host = plugin.get_option("host") or target.name
+        extra = [*(["-tt"] if tty else []), host, *([command] if command is not None else [])]
+        argv = plugin._build_command(plugin.get_option("ssh_executable"), "ssh", *extra)
     return [a.decode() if isinstance(a, bytes) else str(a) for a in argv]
 
 
