@@ -6,9 +6,9 @@ and verify, each reaching the hosts through the bastion as Ansible does. The end
 the TLS private key is in any run record. A host that cannot be reached is named with the
 setting that failed.
 
-Stream `lab` (scripts/test). Its own lab instance (the stream's name with a `j`, the stream's
-subnet with 1 as the third octet), so the stream's other modules keep their hosts; about three
-minutes, most of it the apply.
+Stream `lab` (scripts/test). Its own lab instance (`side_instance`: the stream's name with a
+`j`, its subnet's second octet moved by 120), so the stream's other modules keep their hosts;
+about four minutes, most of it the apply.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pytest
 
 import k2lab as lab_api
 from k2lab.standin import build_standin
+from tests.lab_support import side_instance
 from tests.pd_lab import k2
 from tests.runners import on_host
 
@@ -44,17 +45,6 @@ LAB_VARS: dict[str, lab_api.VarValue] = {
     "k2_context_length": 32768,
     "k2_weights_source": "synthetic",
 }
-
-
-def instance() -> lab_api.LabConfig:
-    """The bastion lab's instance, beside the stream's own."""
-    base = lab_api.LabConfig.default()
-    octets = ipaddress.ip_network(base.subnet).network_address.packed
-    return lab_api.LabConfig(
-        lab_dir=base.lab_dir,
-        name=f"{base.name[:7]}j",
-        subnet=f"{octets[0]}.{octets[1]}.{(octets[2] + 1) % 256}.0/24",
-    )
 
 
 def lab_ca_and_certificate(work: Path, address: str) -> dict[str, str]:
@@ -120,7 +110,7 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Any, Path, Path]]:
     """Two hosts (prefill, decode) behind a bastion, applied once: (state, inventory, work)."""
-    cfg = instance()
+    cfg = side_instance("j", 120)
     work = tmp_path_factory.mktemp("bastion")
     inventory = work / "lab.ini"
     (work / "api_key").write_text(API_KEY + "\n")
