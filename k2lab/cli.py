@@ -79,6 +79,14 @@ def up_cmd(
         list[str] | None,
         typer.Option(help="KEY=VALUE for \\[all:vars], repeatable (k2_engine=sglang)."),
     ] = None,
+    bastion: Annotated[
+        bool,
+        typer.Option(
+            "--bastion",
+            help="Add a host `bastion`; the others accept SSH only from it and the inventory "
+            "reaches them through it (ProxyJump).",
+        ),
+    ] = False,
 ) -> None:
     """Start N hosts (idempotent: running hosts are kept, dead ones restarted).
 
@@ -103,6 +111,7 @@ def up_cmd(
             groups=counts,
             children=kids or None,
             all_vars=all_vars or None,
+            bastion=bastion,
         )
         if chosen is not None:
             build_standin(log=stderr_log)

@@ -24,6 +24,10 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 # Characters that would break an overlayfs mount option string or a shell word.
 _UNSAFE_PATH_RE = re.compile(r"[^A-Za-z0-9_./+-]")
 MAX_HOSTS = 200
+# `lab up N --bastion`: the jump host, on the subnet's last lab address; the other hosts
+# accept SSH only from it.
+BASTION_INDEX = MAX_HOSTS
+BASTION_NAME = "bastion"
 PROXY_PORT = 3142
 PROXY_NAME = "k2lab-proxy"
 """The name every host (and image build) resolves to its instance's proxy address."""
@@ -99,8 +103,8 @@ class LabConfig:
         return str(ipaddress.ip_network(self.subnet).network_address + 1)
 
     def host_name(self, index: int) -> str:
-        """lab1, lab2, ... (1-based)."""
-        return f"lab{index}"
+        """lab1, lab2, ... (1-based); the bastion (index BASTION_INDEX) is `bastion`."""
+        return BASTION_NAME if index == BASTION_INDEX else f"lab{index}"
 
     def host_ip(self, index: int) -> str:
         if not 1 <= index <= MAX_HOSTS:
@@ -163,6 +167,11 @@ class LabConfig:
     @property
     def state_file(self) -> Path:
         return self.instance_dir / "state.json"
+
+    @property
+    def ssh_config(self) -> Path:
+        """The OpenSSH config naming the bastion (`-F` in the inventory's SSH arguments)."""
+        return self.instance_dir / "ssh_config"
 
     @property
     def known_hosts(self) -> Path:

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import k2lab.hosts as hostmod
-from k2lab.config import MAX_HOSTS, PROXY_PORT, LabConfig, default_inventory_path
+from k2lab.config import (
+    BASTION_INDEX,
+    BASTION_NAME,
+    MAX_HOSTS,
+    PROXY_PORT,
+    LabConfig,
+    default_inventory_path,
+)
 from k2lab.errors import LabError
 from k2lab.fs import fs_type, mounts_under, safe_rmtree, unmount_under, write_file
 from k2lab.images import ensure_base_image
@@ -23,6 +30,7 @@ from k2lab.inventory import (
     INVENTORY_HEADER,
     InventoryHost,
     VarValue,
+    bastion_ssh_config,
     known_hosts_text,
     layout_groups,
     render_inventory,
@@ -130,8 +138,15 @@ def _prepare_locked(cfg: LabConfig, log: Log) -> None:
     ensure_lab_key(cfg)
 
 
-def _host_entries(cfg: LabConfig, n: int) -> list[tuple[str, str]]:
-    return [(cfg.host_name(i), cfg.host_ip(i)) for i in range(1, n + 1)]
+def _wait_ready(cfg: LabConfig, state: LabState, hosts: list[HostState]) -> None:
+    """Wait for the hosts' sshd: the bastion first, the hosts behind it asked from its
+    network namespace (they refuse the controller)."""
+    if state.bastion is None:
+        hostmod.wait_ready(cfg, hosts)
+        return
+    hostmod.wait_ready(cfg, [h for h in hosts if h.name == state.bastion])
+    behind = [h for h in hosts if h.name != state.bastion]
+    hostmod.wait_ready(cfg, behind, via_netns=cfg.netns(BASTION_INDEX))
 
 
 def _remove_host(cfg: LabConfig, host: HostState, problems: list[str]) -> None:
@@ -159,7 +174,9 @@ def _start_host(
     if is_alive(host.outer) or is_alive(host.init):
         hostmod.stop(host)  # a half-dead host (one of its processes or its namespace is gone)
     hostmod.write_host_files(cfg, host.name, entries, pub)
-    outer, init = hostmod.launch(cfg, host.name, host.netns)
+    behind = state.bastion is not None and host.name != state.bastion
+    ssh_from = cfg.host_ip(BASTION_INDEX) if behind else None
+    outer, init = hostmod.launch(cfg, host.name, host.netns, ssh_from)
     host = host.model_copy(
         update={"outer": outer, "init": init, "mounts": hostmod.mount_points(cfg, host.name)}
     )
@@ -179,16 +196,28 @@ def _write_access_files(
     """known_hosts and the inventory; True when the inventory text changed."""
     triples = [(h.name, h.address, h.host_key) for h in state.hosts]
     write_file(cfg.known_hosts, known_hosts_text(triples, cfg.ssh_port))
+    jump = None
+    if state.bastion is not None:
+        address = state.host(state.bastion).address
+        write_file(
+            cfg.ssh_config,
+            bastion_ssh_config(
+                state.bastion, address, cfg.ssh_port, str(cfg.private_key), str(cfg.known_hosts)
+            ),
+        )
+        jump = (str(cfg.ssh_config), state.bastion)
+    members = [h for h in state.hosts if h.name != state.bastion]
     text = render_inventory(
-        [InventoryHost(h.name, h.address) for h in state.hosts],
+        [InventoryHost(h.name, h.address) for h in members],
         instance=cfg.name,
         ssh_port=cfg.ssh_port,
         private_key=str(cfg.private_key),
         known_hosts=str(cfg.known_hosts),
-        groups=layout_groups(state.host_names, groups),
+        groups=layout_groups(tuple(h.name for h in members), groups),
         children=children,
         all_vars=all_vars,
         proxy_url=cfg.proxy_url,
+        jump=jump,
     )
     if inventory.exists() and inventory.read_text() == text:
         return False
@@ -206,9 +235,13 @@ def up(
     all_vars: Mapping[str, VarValue] | None = None,
     cfg: LabConfig | None = None,
     log: Log = stderr_log,
+    bastion: bool = False,
 ) -> LabState:
     """Bring the lab to exactly `n` running hosts and write their inventory.
 
+    bastion: one more host, `bastion`, that the others accept SSH from alone (a firewall rule
+    in each one's namespace); the inventory reaches them through it (ProxyJump). Switching a
+    running lab to or from a bastion restarts its hosts.
     groups: host counts per inventory group, assigned in order (default: all in [nodes]);
     children: `[parent:children]` sections; all_vars: extra `[all:vars]` (k2_lab=true is
     always set). Hosts already running are left alone, dead ones restarted, extra ones
@@ -216,8 +249,9 @@ def up(
     """
     cfg = _cfg(cfg)
     require_root()
-    if not 1 <= n <= MAX_HOSTS:
-        raise LabError(f"lab up {n}: expected 1..{MAX_HOSTS} hosts")
+    top = BASTION_INDEX - 1 if bastion else MAX_HOSTS
+    if not 1 <= n <= top:
+        raise LabError(f"lab up {n}: expected 1..{top} hosts")
     require_tools()
     started_at = time.monotonic()
     inventory = (inventory or default_inventory_path()).resolve()
@@ -245,10 +279,16 @@ def up(
             save_state(cfg.state_file, state)
             changes.append(f"proxy {cfg.proxy_url}")
 
-        entries = _host_entries(cfg, n)
+        jump_host = BASTION_NAME if bastion else None
+        indices = [*([BASTION_INDEX] if bastion else []), *range(1, n + 1)]
+        entries = [(cfg.host_name(i), cfg.host_ip(i)) for i in indices]
         hosts_changed = {h.name for h in state.hosts} != {name for name, _ in entries}
         problems: list[str] = []
-        for extra in [h for h in state.hosts if h.index > n]:
+        switched = state.bastion != jump_host
+        if switched:
+            state = state.model_copy(update={"bastion": jump_host})
+            save_state(cfg.state_file, state)
+        for extra in [h for h in state.hosts if switched or h.index not in indices]:
             _remove_host(cfg, extra, problems)
             state = state.without_host(extra.name)
             save_state(cfg.state_file, state)
@@ -257,7 +297,7 @@ def up(
             raise LabError("; ".join(problems))
 
         started: list[HostState] = []
-        for index in range(1, n + 1):
+        for index in indices:
             name = cfg.host_name(index)
             known = {h.name: h for h in state.hosts}
             host = known.get(name) or HostState(
@@ -282,7 +322,7 @@ def up(
             state = _start_host(cfg, state, host, entries, pub)
             started.append(state.host(name))
             changes.append(f"started {name}")
-        hostmod.wait_ready(cfg, started)
+        _wait_ready(cfg, state, started)
 
         if shape_mbit != state.shape_mbit or (shape_mbit is not None and started):
             for host in state.hosts:
@@ -298,7 +338,8 @@ def up(
     if not changes:
         log(f"lab {cfg.name} is already up with {n} hosts; nothing changed")
     else:
-        log(f"lab {cfg.name}: {n} hosts up in {took:.1f} s ({'; '.join(changes)})")
+        more = " and a bastion" if bastion else ""
+        log(f"lab {cfg.name}: {n} hosts{more} up in {took:.1f} s ({'; '.join(changes)})")
         log(f"inventory: {inventory}")
     return state
 
@@ -334,6 +375,7 @@ def down(cfg: LabConfig | None = None, log: Log = stderr_log) -> None:
             if path.exists() and path.read_text().startswith(INVENTORY_HEADER):
                 path.unlink()  # only a file the lab wrote and nobody rewrote since
         Path(state.known_hosts).unlink(missing_ok=True)
+        state.ssh_config.unlink(missing_ok=True)
         if problems:
             save_state(cfg.state_file, state)
             raise LabError("lab down left something behind: " + "; ".join(problems))
@@ -369,7 +411,7 @@ def start_host(name: str, cfg: LabConfig | None = None, log: Log = stderr_log) -
             return state
         entries = [(h.name, h.address) for h in state.hosts]
         state = _start_host(cfg, state, host, entries, ensure_lab_key(cfg))
-        hostmod.wait_ready(cfg, [state.host(name)])
+        _wait_ready(cfg, state, [state.host(name)])
         if state.shape_mbit is not None:
             shape_host(cfg, host.index, state.shape_mbit)
     log(f"{name} started")
@@ -401,7 +443,7 @@ def heal(cfg: LabConfig | None = None, log: Log = stderr_log) -> LabState:
                 state = _start_host(cfg, state, host, entries, pub)
                 started.append(state.host(host.name))
                 log(f"{host.name} restarted")
-        hostmod.wait_ready(cfg, started)
+        _wait_ready(cfg, state, started)
         if state.shape_mbit is not None:
             for host in state.hosts:
                 shape_host(cfg, host.index, state.shape_mbit)
@@ -479,8 +521,11 @@ def current_state(cfg: LabConfig | None = None) -> LabState | None:
 def ssh_command(state: LabState, name: str, command: str) -> list[str]:
     """argv that runs `command` on a lab host over SSH with the lab key and pinned host keys."""
     host = state.host(name)
+    behind = state.bastion is not None and name != state.bastion
+    jump = ["-F", str(state.ssh_config), "-o", f"ProxyJump={state.bastion}"] if behind else []
     return [
         "ssh",
+        *jump,
         "-i",
         state.private_key,
         "-p",

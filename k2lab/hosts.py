@@ -166,8 +166,19 @@ def mount_points(cfg: LabConfig, name: str) -> tuple[str, ...]:
     return tuple(str(root / s) if s else str(root) for s in subs)
 
 
-def init_script(cfg: LabConfig, name: str) -> str:
-    """What PID 1 of the host's namespaces runs: mount its world, pivot into it, exec sshd."""
+def ssh_only_from(address: str, port: int) -> str:
+    """The host's firewall rule (in its own network namespace) that refuses SSH from anywhere
+    but `address` (the bastion) with a TCP reset, so a direct attempt fails at once."""
+    return (
+        f"iptables -A INPUT -p tcp --dport {port} ! -s {address} "
+        "-j REJECT --reject-with tcp-reset"
+    )
+
+
+def init_script(cfg: LabConfig, name: str, ssh_from: str | None = None) -> str:
+    """What PID 1 of the host's namespaces runs: mount its world, pivot into it, exec sshd
+    (reachable only from `ssh_from` when given)."""
+    firewall = f"{ssh_only_from(ssh_from, cfg.ssh_port)} && " if ssh_from else ""
     hdir = cfg.host_dir(name)
     q = {
         k: shlex.quote(str(v))
@@ -205,19 +216,21 @@ def init_script(cfg: LabConfig, name: str) -> str:
             "pivot_root . .oldroot",
             "exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
             "LANG=C.UTF-8 /usr/sbin/chroot . /bin/sh -c "
-            "'umount -l /.oldroot && rmdir /.oldroot && "
+            f"'umount -l /.oldroot && rmdir /.oldroot && {firewall}"
             "exec /usr/bin/tini -- /usr/sbin/sshd -D -e'",
         ]
     )
 
 
-def launch(cfg: LabConfig, name: str, netns: str) -> tuple[ProcRef, ProcRef]:
+def launch(
+    cfg: LabConfig, name: str, netns: str, ssh_from: str | None = None
+) -> tuple[ProcRef, ProcRef]:
     """Start the host's process tree; returns (outer unshare process, the host's PID 1)."""
     hdir = cfg.host_dir(name)
     for sub in ("upper", "work", "root", "containers"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     cfg.image_store.mkdir(parents=True, exist_ok=True)
-    inner = init_script(cfg, name)
+    inner = init_script(cfg, name, ssh_from)
     script = (
         'echo $$ > "$K2_PIDFILE"; exec nsenter --net=/run/netns/'
         + shlex.quote(netns)
@@ -265,10 +278,13 @@ def port_open(address: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def scan_host_key(address: str, port: int) -> str | None:
-    """The ed25519 key the host's sshd serves ("ssh-ed25519 BASE64"), or None."""
+def scan_host_key(address: str, port: int, from_netns: str | None = None) -> str | None:
+    """The ed25519 key the host's sshd serves ("ssh-ed25519 BASE64"), or None; asked from
+    the network namespace `from_netns` (the bastion's) when given."""
+    inside = ["ip", "netns", "exec", from_netns] if from_netns else []
     out = run(
-        ["ssh-keyscan", "-T", "3", "-t", "ed25519", "-p", str(port), address], check=False
+        [*inside, "ssh-keyscan", "-T", "3", "-t", "ed25519", "-p", str(port), address],
+        check=False,
     ).stdout
     for line in out.splitlines():
         fields = line.split()
@@ -277,8 +293,11 @@ def scan_host_key(address: str, port: int) -> str | None:
     return None
 
 
-def wait_ready(cfg: LabConfig, hosts: list[HostState], timeout: float = 30.0) -> None:
-    """Wait until every host's sshd answers and serves exactly the host key the lab made."""
+def wait_ready(
+    cfg: LabConfig, hosts: list[HostState], timeout: float = 30.0, via_netns: str | None = None
+) -> None:
+    """Wait until every host's sshd answers and serves exactly the host key the lab made
+    (asked from the bastion's network namespace `via_netns` when hosts sit behind it)."""
     pending = {h.name: h for h in hosts}
     deadline = time.monotonic() + timeout
     while pending:
@@ -286,9 +305,9 @@ def wait_ready(cfg: LabConfig, hosts: list[HostState], timeout: float = 30.0) ->
             if not is_alive(host.init):
                 log_file = cfg.host_dir(name) / "console.log"
                 raise LabError(f"{name}: exited at start; see {log_file}: {console_tail(log_file)}")
-            if not port_open(host.address, cfg.ssh_port):
+            if via_netns is None and not port_open(host.address, cfg.ssh_port):
                 continue
-            served = scan_host_key(host.address, cfg.ssh_port)
+            served = scan_host_key(host.address, cfg.ssh_port, via_netns)
             if served is None:
                 continue
             if served != host.host_key:

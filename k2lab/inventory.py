@@ -96,6 +96,27 @@ def ssh_common_args(known_hosts: str) -> str:
     )
 
 
+def bastion_ssh_config(
+    name: str, address: str, ssh_port: int, private_key: str, known_hosts: str
+) -> str:
+    """The OpenSSH config the lab's inventory names with `-F`: the bastion as a host alias
+    with its address, key and pinned host key. ssh passes `-F` on to the jump connection,
+    which does not see the inventory's other options."""
+    return (
+        "# k2provision lab: the bastion, for ProxyJump (written by `lab up --bastion`).\n"
+        f"Host {name}\n"
+        f"  HostName {address}\n"
+        f"  Port {ssh_port}\n"
+        "  User root\n"
+        f"  IdentityFile {private_key}\n"
+        "  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {known_hosts}\n"
+        "  GlobalKnownHostsFile /dev/null\n"
+        "  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n"
+    )
+
+
 def render_inventory(
     hosts: Sequence[InventoryHost],
     *,
@@ -107,8 +128,12 @@ def render_inventory(
     children: Mapping[str, Sequence[str]] | None = None,
     all_vars: Mapping[str, VarValue] | None = None,
     proxy_url: str | None = None,
+    jump: tuple[str, str] | None = None,
 ) -> str:
     """The INI inventory for the lab: every host once, with its address and port.
+
+    `jump` (the ssh_config path and the bastion's name in it) puts every host behind the
+    bastion: `-F CONFIG -o ProxyJump=NAME` before the lab's SSH options.
 
     `lab_http_proxy` (when given) is the proxy hosts reach the outside through; plays
     pass it as http_proxy/https_proxy in their environment.
@@ -150,7 +175,8 @@ def render_inventory(
     merged_vars: dict[str, VarValue] = {
         "ansible_user": "root",
         "ansible_ssh_private_key_file": private_key,
-        "ansible_ssh_common_args": ssh_common_args(known_hosts),
+        "ansible_ssh_common_args": (f"-F {jump[0]} -o ProxyJump={jump[1]} " if jump else "")
+        + ssh_common_args(known_hosts),
         "ansible_python_interpreter": "/usr/bin/python3",
         "k2_lab": True,
     }

@@ -71,6 +71,13 @@ class LabState(_Record):
     proxy: ProxyState | None = None
     shape_mbit: float | None = None
     hosts: tuple[HostState, ...] = ()
+    bastion: str | None = None
+    """The jump host's name when the lab was brought up with --bastion."""
+
+    @property
+    def ssh_config(self) -> Path:
+        """The OpenSSH config naming the bastion (next to known_hosts)."""
+        return Path(self.known_hosts).with_name("ssh_config")
 
     def host(self, name: str) -> HostState:
         for host in self.hosts:

@@ -25,13 +25,12 @@ import typer
 from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import InventoryArg
 from k2provision.errors import ArgumentError
+from k2provision.ops.connect import SshTarget
 from k2provision.ops.host_probe import MARK, log_command, log_section, parse_sections
 from k2provision.ops.log_sources import LogSource, select_sources, since_problem
 from k2provision.ops.remote import (
-    SshTarget,
     Stream,
     follow_all,
-    ignored_options,
     run_all,
     ssh_inventory,
 )
@@ -181,7 +180,7 @@ def logs(
     loaded = load_plan(inventory)
     groups, targets = ssh_inventory(inventory)
     sources = select_sources(loaded.plan, groups, target)
-    print_warnings([*loaded.notices, *ignored_options(targets)])
+    print_warnings(loaded.notices)
     if since and any(s.process.exec_in for s in sources):
         print_warnings(["--since does not apply to exec'd processes' log files (no timestamps)"])
     read = follow if follow_ else snapshot

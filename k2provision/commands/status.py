@@ -29,7 +29,9 @@ from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
 from k2provision.core.records import Plan
 from k2provision.errors import ArgumentError, K2Error
-from k2provision.ops.remote import SshTarget, ignored_options, run_all, ssh_inventory
+from k2provision.ops.connect import SshTarget
+from k2provision.ops.endpoint_access import EndpointAccess, endpoint_access
+from k2provision.ops.remote import run_all, ssh_inventory
 from k2provision.ops.status_probe import (
     EndpointStatus,
     HostStatus,
@@ -81,10 +83,13 @@ class StatusCommand(TyperCommand):
         return list(super().parse_args(ctx, watch_args(args)))
 
 
-def _get_json(url: str) -> tuple[int | None, Any, str]:
-    """GET `url` -> (status, JSON body or None, error)."""
+def _get_json(url: str, access: EndpointAccess) -> tuple[int | None, Any, str]:
+    """GET `url` with the endpoint's key and CA -> (status, JSON body or None, error)."""
+    request = urllib.request.Request(url, headers=access.headers)
     try:
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as reply:
+        with urllib.request.urlopen(
+            request, timeout=HTTP_TIMEOUT_S, context=access.context
+        ) as reply:
             status, raw = int(reply.status), reply.read()
     except urllib.error.HTTPError as error:
         status, raw = int(error.code), error.read()
@@ -97,10 +102,10 @@ def _get_json(url: str) -> tuple[int | None, Any, str]:
         return status, None, ""
 
 
-def endpoint_status(plan: Plan) -> EndpointStatus:
-    """The plan's endpoint now, asked from here."""
+def endpoint_status(plan: Plan, access: EndpointAccess) -> EndpointStatus:
+    """The plan's endpoint now, asked from here (with its key, checking its certificate)."""
     base = plan.endpoint.rstrip("/")
-    status, body, error = _get_json(f"{base}/v1/models")
+    status, body, error = _get_json(f"{base}/v1/models", access)
     models = model_ids(body)
     if not error and status != 200:
         error = f"/v1/models answered HTTP {status}"
@@ -108,8 +113,8 @@ def endpoint_status(plan: Plan) -> EndpointStatus:
         error = "/v1/models answered without a model"
     if plan.layout != "pd":
         return EndpointStatus(base, models, error)
-    ready_status, ready_body, ready_error = _get_json(f"{base}/readiness")
-    _, workers_body, _ = _get_json(f"{base}/workers")
+    ready_status, ready_body, ready_error = _get_json(f"{base}/readiness", access)
+    _, workers_body, _ = _get_json(f"{base}/workers", access)
     return EndpointStatus(
         base,
         models,
@@ -120,14 +125,16 @@ def endpoint_status(plan: Plan) -> EndpointStatus:
     )
 
 
-def gather(plan: Plan, targets: dict[str, SshTarget]) -> tuple[list[HostStatus], EndpointStatus]:
+def gather(
+    plan: Plan, targets: dict[str, SshTarget], access: EndpointAccess | None = None
+) -> tuple[list[HostStatus], EndpointStatus]:
     """Every host's probe and the endpoint, all at once."""
     missing = [h.name for h in plan.hosts if h.name not in targets]
     if missing:
         raise K2Error([f"{name}: in the plan but not in the inventory's hosts" for name in missing])
     commands = {h.name: (targets[h.name], probe_script(h)) for h in plan.hosts}
     with ThreadPoolExecutor(max_workers=1) as pool:
-        endpoint = pool.submit(endpoint_status, plan)
+        endpoint = pool.submit(endpoint_status, plan, access or EndpointAccess())
         replies = run_all(commands, timeout=PROBE_TIMEOUT_S)
         hosts = []
         for h in plan.hosts:
@@ -231,10 +238,15 @@ def print_human(hosts: list[HostStatus], endpoint: EndpointStatus, record: Path)
 
 
 def check_once(
-    inventory: Path, plan: Plan, targets: dict[str, SshTarget], record: Path, as_json: bool
+    inventory: Path,
+    plan: Plan,
+    targets: dict[str, SshTarget],
+    record: Path,
+    as_json: bool,
+    access: EndpointAccess,
 ) -> int:
     """One status round: gather, show, record; the exit code."""
-    hosts, endpoint = gather(plan, targets)
+    hosts, endpoint = gather(plan, targets, access)
     doc = document(inventory, plan, hosts, endpoint, record)
     (record / "status.json").write_text(json.dumps(doc, indent=2) + "\n")
     code = EXIT_OK if doc["ok"] else EXIT_FAILED
@@ -270,10 +282,11 @@ def status(
         )
     loaded = load_plan(inventory)
     _, targets = ssh_inventory(inventory)
-    print_warnings([*loaded.notices, *ignored_options(targets)])
+    access = endpoint_access(loaded.tunables)
+    print_warnings(loaded.notices)
     record = new_record_dir("status")
     as_json = output_format is OutputFormat.json
-    code = check_once(inventory, loaded.plan, targets, record, as_json)
+    code = check_once(inventory, loaded.plan, targets, record, as_json, access)
     if watch is None:
         raise typer.Exit(code)
     try:
@@ -282,7 +295,7 @@ def status(
                 time.sleep(watch)
                 if not as_json and sys.stdout.isatty():
                     console.clear()
-                code = check_once(inventory, loaded.plan, targets, record, as_json)
+                code = check_once(inventory, loaded.plan, targets, record, as_json, access)
     except Interrupted as stop:
         raise typer.Exit(exit_code(stop.signum)) from None
 

@@ -41,6 +41,10 @@ def answer_lines(report: dict[str, Any]) -> list[Text]:
     mark = ("ok", "green") if tool.get("ok") else ("wrong", "red")
     seen = call["text"] if isinstance(call, dict) else "none"
     lines.append(Text.assemble("tool call: ", mark, f" {seen}"))
+    keyless = report.get("keyless")
+    if keyless is not None:
+        mark = ("ok", "green") if str(keyless) == "401" else ("wrong", "red")
+        lines.append(Text.assemble("without the API key: ", mark, f" HTTP {keyless}"))
     for part in (chat, tool):
         if part.get("message"):
             lines.append(Text(str(part["message"]), "red"))

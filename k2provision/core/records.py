@@ -252,11 +252,57 @@ class Tunables(Record):
     router_image: Word | None = Field(
         default=None, description="the image the PD router runs in (default: the engine image)"
     )
+    api_key_file: AbsolutePath | None = Field(
+        default=None,
+        description="a file on the controller holding the endpoint's API key (it may be "
+        "ansible-vault encrypted); the PD router then refuses requests without "
+        "`Authorization: Bearer KEY`",
+    )
+    tls_cert_file: AbsolutePath | None = Field(
+        default=None,
+        description="a PEM certificate (chain) on the controller the PD router serves TLS with",
+    )
+    tls_key_file: AbsolutePath | None = Field(
+        default=None,
+        description="the private key of k2_tls_cert_file, a file on the controller (it may be "
+        "ansible-vault encrypted)",
+    )
+    tls_ca_file: AbsolutePath | None = Field(
+        default=None,
+        description="the CA certificate on the controller that signed k2_tls_cert_file: verify "
+        "checks the endpoint's certificate against it (default: the hosts' trust store)",
+    )
+    router_max_concurrent_requests: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="requests the PD router lets through at once (default: the decode pool's "
+        "running-request capacity)",
+    )
+    router_queue_size: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="requests the PD router holds waiting beyond those, answering 429 past "
+        "it (default: as many again)",
+    )
+    router_queue_timeout_s: int = Field(
+        default=60, ge=1, le=3600, description="seconds a request may wait in the router's queue"
+    )
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         return reject_bool_number(value, info, cls.model_fields)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Tunables:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                "k2_tls_cert_file and k2_tls_key_file go together: set both (the router "
+                "serves TLS with them) or neither"
+            )
+        return self
 
 
 class Cluster(Record):
@@ -584,11 +630,13 @@ class LaunchValue(Record):
     `argv` and `env` of the process refer to it as `${name}`. Kinds: `ifname-of IP` (the
     network interface that holds IP), `cidr-of IP` (that interface's subnet),
     `physical-cores-minus N` (physical CPU cores this process may use, minus N) and
-    `numa-nodes` (NUMA nodes of the host).
+    `numa-nodes` (NUMA nodes of the host) and `secret-file PATH` (the contents of a file the
+    launch phase wrote there, never echoed: an API key for an engine that takes it only on its
+    command line).
     """
 
     name: str
-    kind: Literal["ifname-of", "cidr-of", "physical-cores-minus", "numa-nodes"]
+    kind: Literal["ifname-of", "cidr-of", "physical-cores-minus", "numa-nodes", "secret-file"]
     arg: str = ""
 
     @property

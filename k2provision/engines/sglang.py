@@ -23,8 +23,10 @@ from __future__ import annotations
 
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
+from k2provision.core.endpoint_guard import API_KEY, TLS_CERT, TLS_KEY, guard_path
 from k2provision.core.records import (
     Cluster,
+    HealthGate,
     HostSpec,
     LaunchValue,
     MemoryReserve,
@@ -346,9 +348,57 @@ def _pool_url(deployment: Deployment, name: PoolName) -> str:
     return http_url(master.local_ip, deployment.cluster.tunables.sglang_port)
 
 
+API_KEY_VALUE = "K2_API_KEY"
+
+
+def _decode_capacity(deployment: Deployment) -> int:
+    """Requests the decode pool runs at once (its --max-running-requests)."""
+    dp = deployment.pool("decode").parallel.dp
+    return dp * deployment.cluster.tunables.cuda_graph_max_bs_decode
+
+
+def _router_guard(deployment: Deployment) -> tuple[tuple[str, ...], tuple[LaunchValue, ...]]:
+    """The router's limits, API key and TLS arguments, and the host value the key is (read
+    from its file at launch: sglang-router 0.3.2 takes the key on its command line only)."""
+    t = deployment.cluster.tunables
+    limit = t.router_max_concurrent_requests or _decode_capacity(deployment)
+    queue = limit if t.router_queue_size is None else t.router_queue_size
+    argv: tuple[str, ...] = (
+        "--max-concurrent-requests",
+        str(limit),
+        "--queue-size",
+        str(queue),
+        "--queue-timeout-secs",
+        str(t.router_queue_timeout_s),
+    )
+    resolve: tuple[LaunchValue, ...] = ()
+    if t.api_key_file:
+        key = LaunchValue(
+            name=API_KEY_VALUE, kind="secret-file", arg=guard_path(t.config_dir, API_KEY)
+        )
+        argv += ("--api-key", key.ref)
+        resolve = (key,)
+    if t.tls_cert_file:
+        argv += (
+            "--tls-cert-path",
+            guard_path(t.config_dir, TLS_CERT),
+            "--tls-key-path",
+            guard_path(t.config_dir, TLS_KEY),
+        )
+    return argv, resolve
+
+
+def _router_url(deployment: Deployment, address: str, path: str = "") -> str:
+    """The router's URL: https when it serves TLS."""
+    t = deployment.cluster.tunables
+    url = http_url(address, t.api_port, path)
+    return "https" + url.removeprefix("http") if t.tls_cert_file else url
+
+
 def _router(deployment: Deployment) -> Process:
     t = deployment.cluster.tunables
     router = _router_host(deployment)
+    guard, resolve = _router_guard(deployment)
     argv = (
         *LAUNCH_ROUTER,
         "--pd-disaggregation",
@@ -366,6 +416,11 @@ def _router(deployment: Deployment) -> Process:
         any_address(deployment.cluster),
         "--port",
         str(t.api_port),
+        *guard,
+    )
+    health = HealthGate(
+        url=_router_url(deployment, router.address, ROUTER_HEALTH_PATH),
+        timeout_s=t.health_timeout_s,
     )
     return Process(
         name="sglang-router",
@@ -375,7 +430,8 @@ def _router(deployment: Deployment) -> Process:
         env={"PYTHONUNBUFFERED": "1"},
         stage=1,
         gpus=False,  # the router only routes HTTP; a dedicated router host may have no GPUs
-        health=http_gate(router.address, t.api_port, ROUTER_HEALTH_PATH, t.health_timeout_s),
+        health=health,
+        resolve=resolve,
     )
 
 
@@ -420,7 +476,7 @@ def endpoint(deployment: Deployment) -> str:
     """The OpenAI-compatible base URL: the router (pd) or rank 0's server (tp)."""
     t = deployment.cluster.tunables
     if deployment.cluster.layout == "pd":
-        return http_url(_router_host(deployment).address, t.api_port)
+        return _router_url(deployment, _router_host(deployment).address)
     return http_url(deployment.pool("nodes").master_address, t.sglang_port)
 
 

@@ -1,191 +1,42 @@
 """Quick questions to many hosts over SSH, in parallel: the transport of `status` and `logs`.
 
-A playbook run per question is too slow for a 16-host status; here each host gets one SSH
-session (fabric over paramiko) running one shell command, all hosts at once, each with its own
-timeout. A host that cannot be reached is a result (`unreachable: <reason>`), never a
-traceback.
-
-Connection parameters come from the inventory exactly as Ansible reads them (`ssh_inventory`):
-`ansible_host`, `ansible_port`, `ansible_user`, `ansible_ssh_private_key_file` and the
-`-o Key=Value` options of `ansible_ssh_common_args` / `ansible_ssh_extra_args`
-(UserKnownHostsFile, StrictHostKeyChecking, ConnectTimeout, IdentityFile, IdentitiesOnly,
-Port, User; others are listed in `SshTarget.ignored`). Host keys are checked as OpenSSH
-would: against the named known_hosts files (else ~/.ssh/known_hosts), unknown keys refused
-unless StrictHostKeyChecking is `no`/`accept-new` or Ansible's host key checking is off. The
-private key's contents are read by paramiko only; nothing here prints or records them.
+A playbook run per question is too slow for a 16-host status; here each host gets one `ssh`
+running one shell command, all hosts at once, each with its own timeout. The ssh argv is the
+one Ansible would use for the host (connect.py), so bastions, ~/.ssh/config, the agent and
+host key checking apply as they do for `apply`. A host that cannot be reached is a result
+(`unreachable: <reason naming the setting that failed>`), never a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
-import shlex
-import socket
+import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-SSH_VARS = (
-    "ansible_host",
-    "ansible_ssh_host",
-    "ansible_port",
-    "ansible_ssh_port",
-    "ansible_user",
-    "ansible_ssh_user",
-    "ansible_ssh_private_key_file",
-    "ansible_private_key_file",
-    "ansible_ssh_common_args",
-    "ansible_ssh_extra_args",
+from k2provision.ops.connect import (
+    SSH_VARS,
+    SshTarget,
+    ssh_command,
+    ssh_target,
+    unreachable_reason,
 )
-# OpenSSH options this layer honours; any other -o option is reported as ignored.
-_HONOURED = {
-    "userknownhostsfile",
-    "globalknownhostsfile",
-    "stricthostkeychecking",
-    "connecttimeout",
-    "identityfile",
-    "identitiesonly",
-    "port",
-    "user",
-    "batchmode",
-    "serveraliveinterval",
-    "serveralivecountmax",
-    "controlmaster",
-    "controlpersist",
-    "controlpath",
-}
-DEFAULT_CONNECT_TIMEOUT = 10.0
 
-# paramiko logs a failed handshake with its traceback from its transport thread; here such a
-# host is a result with its reason, so its log stays out of the user's terminal.
-_paramiko_log = logging.getLogger("paramiko")
-_paramiko_log.addHandler(logging.NullHandler())
-_paramiko_log.propagate = False
-
-
-@dataclass(frozen=True)
-class SshTarget:
-    """How to reach one inventory host, as Ansible's ssh connection would."""
-
-    name: str
-    host: str
-    port: int = 22
-    user: str | None = None
-    key_files: tuple[str, ...] = ()
-    known_hosts: tuple[str, ...] = ()
-    """known_hosts files to trust; empty: ~/.ssh/known_hosts."""
-    strict: str = "ask"
-    """StrictHostKeyChecking: yes / ask (refuse unknown, nobody to ask) / accept-new / no."""
-    identities_only: bool = False
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    ignored: tuple[str, ...] = field(default=())
-    """SSH options in the inventory this layer does not apply (shown as a warning)."""
-
-
-def _ssh_options(text: str) -> tuple[dict[str, list[str]], list[str]]:
-    """`-o K=V -o K V -i F -p P -l U` -> ({lowercased key: [values]}, unparsed words)."""
-    flags = {"-i": "identityfile", "-p": "port", "-l": "user"}
-    options: dict[str, list[str]] = {}
-    other: list[str] = []
-    words = shlex.split(text)
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word in ("-o", *flags) and i + 1 < len(words):
-            value = words[i + 1]
-            i += 2
-            if word != "-o":
-                options.setdefault(flags[word], []).append(value)
-                continue
-            key, sep, rest = value.partition("=")
-            if not sep:
-                key, _, rest = value.partition(" ")
-            options.setdefault(key.strip().lower(), []).append(rest.strip())
-            continue
-        if word.startswith("-o") and len(word) > 2:
-            key, _, rest = word[2:].partition("=")
-            options.setdefault(key.strip().lower(), []).append(rest.strip())
-        else:
-            other.append(word)
-        i += 1
-    return options, other
-
-
-def _first(values: Mapping[str, Any], *names: str) -> Any:
-    return next((values[n] for n in names if values.get(n) not in (None, "")), None)
-
-
-def ssh_target(
-    name: str, host_vars: Mapping[str, Any], *, host_key_checking: bool = True
-) -> SshTarget:
-    """The SSH parameters of one host from its inventory variables. Pure."""
-    args = " ".join(
-        str(host_vars[k])
-        for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args")
-        if host_vars.get(k)
-    )
-    options, other = _ssh_options(args)
-
-    def last(key: str) -> str | None:
-        return options[key][-1] if options.get(key) else None
-
-    key_files = [str(k) for k in [_first(host_vars, "ansible_ssh_private_key_file",
-                                         "ansible_private_key_file")] if k]  # fmt: skip
-    key_files += options.get("identityfile", [])
-    port = _first(host_vars, "ansible_port", "ansible_ssh_port") or last("port") or 22
-    strict = (last("stricthostkeychecking") or ("ask" if host_key_checking else "no")).lower()
-    timeout = last("connecttimeout")
-    return SshTarget(
-        name=name,
-        host=str(_first(host_vars, "ansible_host", "ansible_ssh_host") or name),
-        port=int(port),
-        user=str(_first(host_vars, "ansible_user", "ansible_ssh_user") or last("user") or "")
-        or None,
-        key_files=tuple(os.path.expanduser(k) for k in key_files),
-        known_hosts=tuple(
-            os.path.expanduser(f)
-            for v in options.get("userknownhostsfile", [])
-            for f in v.split()
-            if f != "/dev/null"
-        ),
-        strict={"yes": "yes", "true": "yes", "no": "no", "false": "no", "off": "no"}.get(
-            strict, strict
-        ),
-        identities_only=(last("identitiesonly") or "no").lower() in ("yes", "true"),
-        connect_timeout=float(timeout) if timeout else DEFAULT_CONNECT_TIMEOUT,
-        ignored=tuple(sorted(k for k in options if k not in _HONOURED)) + tuple(other),
-    )
-
-
-def host_key_checking(environ: Mapping[str, str]) -> bool:
-    """Ansible's host_key_checking as the environment sets it (the project's ansible.cfg
-    keeps it on)."""
-    value = environ.get("ANSIBLE_HOST_KEY_CHECKING", "true").strip().lower()
-    return value not in ("false", "no", "0", "off")
+SSH_UNREACHABLE = 255
+"""ssh's own exit status when it could not run the command (any other is the command's)."""
 
 
 def ssh_inventory(inventory: Path) -> tuple[dict[str, list[str]], dict[str, SshTarget]]:
-    """The inventory's groups (group -> hosts) and every host's SSH parameters, read with
-    Ansible's own loader."""
+    """The inventory's groups (group -> hosts) and every host's connection settings, read
+    with Ansible's own loader."""
     from k2provision.core.inventory import read_inventory
 
     groups, host_vars = read_inventory(inventory, extra_keys=SSH_VARS)
-    checking = host_key_checking(os.environ)
-    targets = {
-        name: ssh_target(name, values, host_key_checking=checking)
-        for name, values in host_vars.items()
-    }
-    return groups, targets
-
-
-def ignored_options(targets: Mapping[str, SshTarget]) -> list[str]:
-    """A warning naming the inventory's SSH options this layer does not apply (none: [])."""
-    ignored = sorted({o for t in targets.values() for o in t.ignored})
-    return [f"SSH options not applied here: {', '.join(ignored)}"] if ignored else []
+    return groups, {name: ssh_target(name, values) for name, values in host_vars.items()}
 
 
 @dataclass(frozen=True)
@@ -205,82 +56,39 @@ class Reply:
         return not self.unreachable
 
 
-def _reason(error: BaseException) -> str:
-    """A one-line reason for a failed connection, without anything secret."""
-    import paramiko
-
-    if isinstance(error, paramiko.BadHostKeyException):
-        return f"host key mismatch for {error.hostname}"
-    if isinstance(error, paramiko.SSHException) and "not found in known_hosts" in str(error):
-        return f"{error}; fix: add the host key to the known_hosts file the inventory names"
-    if isinstance(error, paramiko.AuthenticationException):
-        return "authentication failed (check ansible_user and ansible_ssh_private_key_file)"
-    if isinstance(error, socket.timeout | TimeoutError):
-        return "timed out"
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+def _unreachable(target: SshTarget, argv: list[str], stderr: str) -> Reply:
+    """The host as unreachable, with the setting that failed (argv ends with the command)."""
+    return Reply(target.name, unreachable=unreachable_reason(target, argv, stderr))
 
 
-def host_key_policy(strict: str) -> Any:
-    """OpenSSH's StrictHostKeyChecking as a paramiko policy for unknown host keys: refused,
-    unless `no`/`accept-new`, where the key is trusted for this connection only (known_hosts
-    files are never written: many hosts at once would race on them)."""
-    import paramiko
-
-    if strict not in ("no", "accept-new"):
-        return paramiko.RejectPolicy()
-
-    class AcceptUnsaved(paramiko.MissingHostKeyPolicy):
-        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
-            del client, hostname, key
-
-    return AcceptUnsaved()
-
-
-def connection(target: SshTarget) -> Any:
-    """A fabric Connection for `target` (not yet open), with OpenSSH's host key rules."""
-    import paramiko
-    from fabric import Config, Connection
-
-    config = Config(overrides={"load_ssh_configs": False})
-    connect_kwargs: dict[str, Any] = {
-        "key_filename": list(target.key_files),
-        "look_for_keys": not target.identities_only,
-        "allow_agent": not target.identities_only,
-        "banner_timeout": target.connect_timeout,
-        "auth_timeout": target.connect_timeout,
-    }
-    conn = Connection(
-        target.host,
-        user=target.user,
-        port=target.port,
-        config=config,
-        connect_timeout=max(1, round(target.connect_timeout)),
-        connect_kwargs=connect_kwargs,
-    )
-    client: paramiko.SSHClient = conn.client
-    known = target.known_hosts or (os.path.expanduser("~/.ssh/known_hosts"),)
-    for path in known:
-        if os.path.exists(path):
-            client.load_host_keys(path)
-    client.set_missing_host_key_policy(host_key_policy(target.strict))
-    return conn
+def _started(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+    """ssh in a session of its own: no terminal to prompt on, and Ctrl-C reaches it only
+    through us."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)  # type: ignore[call-overload, no-any-return]
 
 
 def run_one(target: SshTarget, command: str, timeout: float) -> Reply:
     """`command` on one host; any failure to reach it or to finish in time is a Reply."""
-    conn = connection(target)
-    try:
-        result = conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
-        return Reply(target.name, result.stdout, result.stderr, int(result.exited))
-    except Exception as error:  # every failure of one host is that host's result
-        from invoke.exceptions import CommandTimedOut
-
-        if isinstance(error, CommandTimedOut):
+    argv = ssh_command(target, command)
+    # Files, not pipes: a control master that ssh leaves behind may hold a pipe open.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            process = _started(argv, stdout=out, stderr=err)
+        except OSError as error:
+            return Reply(target.name, unreachable=f"cannot run {argv[0]}: {error.strerror}")
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
             return Reply(target.name, unreachable=f"no answer within {timeout:g} s")
-        return Reply(target.name, unreachable=_reason(error))
-    finally:
-        conn.close()
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode(errors="replace")
+        stderr = err.read().decode(errors="replace")
+    if code == SSH_UNREACHABLE:
+        return _unreachable(target, argv, stderr)
+    return Reply(target.name, stdout, stderr, code)
 
 
 def run_all(
@@ -299,50 +107,44 @@ def run_all(
 
 class Stream:
     """A long-running command on one host whose output arrives line by line (`logs
-    --follow`). It runs under a pseudo-terminal, so closing the stream ends the remote command
-    (the host's sshd hangs it up)."""
+    --follow`). It runs under a pseudo-terminal (`ssh -tt`), so closing the stream ends the
+    remote command (the host's sshd hangs it up)."""
 
     def __init__(self, target: SshTarget, command: str) -> None:
         self.target = target
         self.command = command
-        self._conn: Any = None
-        self._channel: Any = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._closed = threading.Event()
 
     def lines(self) -> Iterator[str]:
         """The command's output lines until it ends or the stream is closed; raises
         ConnectionError (with a reason) when the host cannot be reached."""
-        try:
-            self._conn = connection(self.target)
-            self._conn.open()
-            self._channel = self._conn.client.get_transport().open_session()
-            self._channel.get_pty(width=500)
-            self._channel.exec_command(self.command)
-        except Exception as error:  # the host's reason, as one line
-            self.close()
-            raise ConnectionError(_reason(error)) from None
-        pending = b""
-        while not self._closed.is_set():
+        argv = ssh_command(self.target, self.command, tty=True)
+        with tempfile.TemporaryFile() as err:
             try:
-                chunk = self._channel.recv(65536)
-            except (OSError, EOFError):
-                break
-            if not chunk:
-                break
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            for raw in complete:
-                yield raw.decode(errors="replace").rstrip("\r")
-        if pending and not self._closed.is_set():
-            yield pending.decode(errors="replace").rstrip("\r")
+                self._process = _started(argv, stdout=subprocess.PIPE, stderr=err)
+            except OSError as error:
+                raise ConnectionError(f"cannot run {argv[0]}: {error.strerror}") from None
+            assert self._process.stdout is not None
+            seen = False
+            for raw in iter(self._process.stdout.readline, b""):
+                seen = True
+                if self._closed.is_set():
+                    break
+                yield raw.decode(errors="replace").rstrip("\r\n")
+            code = self._process.wait()
+            if code == SSH_UNREACHABLE and not seen and not self._closed.is_set():
+                err.seek(0)
+                stderr = err.read().decode(errors="replace")
+                raise ConnectionError(_unreachable(self.target, argv, stderr).unreachable)
 
     def close(self) -> None:
         """End the remote command and the connection (safe to call twice, from any thread)."""
         self._closed.set()
-        for closing in (self._channel, self._conn):
-            if closing is not None:
-                with contextlib.suppress(Exception):  # closing what is already gone is fine
-                    closing.close()
+        process = self._process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                process.terminate()
 
 
 def follow_all(

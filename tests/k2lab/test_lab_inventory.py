@@ -13,6 +13,7 @@ from k2lab.inventory import (
     HOSTS_END,
     INVENTORY_HEADER,
     InventoryHost,
+    bastion_ssh_config,
     hosts_block,
     ini_value,
     known_hosts_text,
@@ -184,3 +185,35 @@ def test_command_line_pairs_and_values() -> None:
     assert parse_var_value("True") is True
     assert parse_var_value("8") == 8
     assert parse_var_value("pd") == "pd"
+
+
+def test_a_bastion_inventory_reaches_every_host_through_the_jump_host(tmp_path: Path) -> None:
+    text = render(jump=("/lab/instances/k2lab/ssh_config", "bastion"))
+    _, host_vars = load(text, tmp_path)
+    args = str(host_vars["lab1"]["ansible_ssh_common_args"])
+    assert args.startswith("-F /lab/instances/k2lab/ssh_config -o ProxyJump=bastion -o ")
+    assert "UserKnownHostsFile=/lab/instances/k2lab/known_hosts" in args
+    assert "ProxyJump" not in render()
+
+
+def test_the_bastion_ssh_config_pins_its_key_and_host_key() -> None:
+    text = bastion_ssh_config("bastion", "10.77.0.210", 22, "/lab/id", "/lab/known_hosts")
+    lines = [line.strip() for line in text.splitlines()]
+    for expected in (
+        "Host bastion",
+        "HostName 10.77.0.210",
+        "IdentityFile /lab/id",
+        "UserKnownHostsFile /lab/known_hosts",
+        "StrictHostKeyChecking yes",
+    ):
+        assert expected in lines
+
+
+def test_hosts_behind_a_bastion_refuse_ssh_from_anywhere_else() -> None:
+    from k2lab.config import LabConfig
+    from k2lab.hosts import init_script
+
+    cfg = LabConfig.default()
+    rule = "iptables -A INPUT -p tcp --dport 22 ! -s 10.77.0.210 -j REJECT --reject-with tcp-reset"
+    assert rule.replace("22", str(cfg.ssh_port), 1) in init_script(cfg, "lab1", "10.77.0.210")
+    assert "iptables" not in init_script(cfg, "lab1")

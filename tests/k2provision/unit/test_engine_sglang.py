@@ -477,3 +477,53 @@ def test_pd_refuses_int4_experts_that_deepep_cannot_run() -> None:
 def test_tp_refuses_tp32_which_cuts_fp8_blocks() -> None:
     with pytest.raises(PlanError, match="2048 split over 32 ranks gives 64 per rank"):
         build_plan(tp_cluster(4))
+
+
+def test_pd_router_limits_follow_the_decode_capacity_unless_set() -> None:
+    plan = build_plan(pd_cluster())
+    argv = procs(plan, "p0")["sglang-router"].argv
+    decode = flag(servers(plan, "decode")[0].argv, "--max-running-requests")
+    assert flag(argv, "--max-concurrent-requests") == decode
+    assert flag(argv, "--queue-size") == decode
+    assert flag(argv, "--queue-timeout-secs") == "60"
+    set_ = build_plan(pd_cluster(router_max_concurrent_requests=64, router_queue_size=0))
+    argv = procs(set_, "p0")["sglang-router"].argv
+    assert (flag(argv, "--max-concurrent-requests"), flag(argv, "--queue-size")) == ("64", "0")
+    assert "--api-key" not in argv
+    assert "--tls-cert-path" not in argv
+    assert plan.endpoint.startswith("http://")
+
+
+def test_pd_router_key_is_read_at_launch_and_tls_makes_the_endpoint_https() -> None:
+    from k2provision.core.endpoint_guard import API_KEY, TLS_CERT, TLS_KEY, guard_path
+
+    plan = build_plan(pd_cluster(api_key_file="/secret/key", tls_cert_file="/c.pem",
+                                 tls_key_file="/k.pem"))
+    router = procs(plan, "p0")["sglang-router"]
+    assert flag(router.argv, "--api-key") == "${K2_API_KEY}"
+    (key,) = router.resolve
+    assert (key.kind, key.arg) == ("secret-file", guard_path("/etc/k2provision", API_KEY))
+    assert flag(router.argv, "--tls-cert-path") == guard_path("/etc/k2provision", TLS_CERT)
+    assert flag(router.argv, "--tls-key-path") == guard_path("/etc/k2provision", TLS_KEY)
+    assert plan.endpoint == "https://10.2.0.1:8000"
+    assert router.health is not None
+    assert router.health.url.startswith("https://10.2.0.1:8000/")
+    script = plan.host("p0").files["/etc/k2provision/launch/sglang-router.sh"]
+    assert 'K2_API_KEY=$(python3 ' in script
+    assert "k2provision: K2_API_KEY read from /etc/k2provision/secrets/api_key" in script
+    assert '--api-key "${K2_API_KEY}"' in script
+    assert "/secret/key" not in script  # the controller's path stays on the controller
+
+
+def test_tls_needs_both_the_certificate_and_its_key() -> None:
+    with pytest.raises(ValueError, match="k2_tls_cert_file and k2_tls_key_file go together"):
+        Tunables(tls_cert_file="/c.pem")
+
+
+def test_the_launch_role_writes_the_guard_files_where_the_render_reads_them() -> None:
+    from k2provision.core import endpoint_guard
+
+    guard = (Path(__file__).resolve().parents[3] / "roles/k2_launch/tasks/guard.yml").read_text()
+    for relative in (endpoint_guard.API_KEY, endpoint_guard.API_KEY_HEADER,
+                     endpoint_guard.TLS_CERT, endpoint_guard.TLS_KEY, endpoint_guard.TLS_CA):
+        assert f"{{{{ k2_launch_plan.config_dir }}}}/{relative}\"" in guard, relative

@@ -216,3 +216,9 @@ def test_verify_shows_the_tool_call_or_what_was_wrong() -> None:
     lines = [line.plain for line in answer_lines(wrong)]
     assert lines[2] == "tool call: wrong none"
     assert lines[3].startswith(f"{HOST}: POST {URL} (a chat completion with tools) answered")
+    unkeyed = [line.plain for line in answer_lines({**good, "keyless": None})]
+    assert unkeyed == [line.plain for line in answer_lines(good)]  # no key set: no line
+    keyed = [line.plain for line in answer_lines({**good, "keyless": 401})]
+    assert keyed[3] == "without the API key: ok HTTP 401"
+    open_ = [line.plain for line in answer_lines({**good, "keyless": 200})]
+    assert open_[3] == "without the API key: wrong HTTP 200"

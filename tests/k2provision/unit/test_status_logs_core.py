@@ -15,9 +15,16 @@ from k2provision.commands.status import watch_args
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import HostPlan, Plan
 from k2provision.errors import K2Error
+from k2provision.ops.connect import (
+    SshTarget,
+    failure_reason,
+    resolved_options,
+    ssh_command,
+    ssh_target,
+)
 from k2provision.ops.host_probe import MARK, log_command, parse_sections
 from k2provision.ops.log_sources import select_sources, since_problem
-from k2provision.ops.remote import SshTarget, host_key_policy, run_one, ssh_inventory, ssh_target
+from k2provision.ops.remote import run_one, ssh_inventory
 from k2provision.ops.status_probe import (
     host_status,
     human_duration,
@@ -47,8 +54,8 @@ def prod() -> Plan:
 # ---------------------------------------------------------------- SSH parameters
 
 
-def test_ssh_target_reads_the_lab_inventory_settings() -> None:
-    target = ssh_target(
+def lab_target(**extra: object) -> SshTarget:
+    return ssh_target(
         "lab1",
         {
             "ansible_host": "10.81.0.11",
@@ -56,24 +63,48 @@ def test_ssh_target_reads_the_lab_inventory_settings() -> None:
             "ansible_user": "root",
             "ansible_ssh_private_key_file": "/lab/id_ed25519",
             "ansible_ssh_common_args": LAB_ARGS,
-            "ansible_ssh_extra_args": "-o ConnectTimeout=3 -o ProxyJump=bastion",
+            "ansible_ssh_extra_args": "-o ProxyJump=root@bastion:22",
+            "k2_unrelated": "dropped",
+            **extra,
         },
     )
-    assert (target.host, target.port, target.user) == ("10.81.0.11", 2222, "root")
-    assert target.key_files == ("/lab/id_ed25519",)
-    assert target.known_hosts == ("/lab/known_hosts",)
-    assert target.strict == "yes"
-    assert target.identities_only
-    assert target.connect_timeout == 3.0
-    assert target.ignored == ("proxyjump",)
 
 
-def test_ssh_target_defaults_follow_ansible() -> None:
-    target = ssh_target("gpu-p01", {})
-    assert (target.host, target.port, target.user, target.strict) == ("gpu-p01", 22, None, "ask")
-    assert ssh_target("h", {}, host_key_checking=False).strict == "no"
-    aliased = ssh_target("h", {"ansible_ssh_host": "h.example", "ansible_ssh_port": "2200"})
-    assert (aliased.host, aliased.port) == ("h.example", 2200)
+def option_values(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv) if word == "-o"]
+
+
+def test_ssh_command_is_the_one_ansible_builds_for_the_host() -> None:
+    argv = ssh_command(lab_target(), "uptime")
+    options = option_values(argv)
+    assert argv[0] == "ssh"
+    assert argv[-2:] == ["10.81.0.11", "uptime"]
+    for expected in (
+        "Port=2222",
+        'User="root"',
+        'IdentityFile="/lab/id_ed25519"',
+        "UserKnownHostsFile=/lab/known_hosts",
+        "StrictHostKeyChecking=yes",
+        "ProxyJump=root@bastion:22",
+        "ControlMaster=auto",  # ansible.cfg's ssh_args
+        "ConnectTimeout=20",  # ansible.cfg's timeout
+    ):
+        assert expected in options, (expected, argv)
+    # Ansible's order: its own settings before the inventory's arguments (ssh takes the first).
+    assert options.index("Port=2222") < options.index("ProxyJump=root@bastion:22")
+    assert "-tt" not in argv
+    assert ssh_command(lab_target(), "tail -f x", tty=True)[-3] == "-tt"
+
+
+def test_ssh_command_follows_ansibles_defaults_and_host_key_setting() -> None:
+    argv = ssh_command(ssh_target("gpu-p01", {}), "true")
+    assert argv[-2:] == ["gpu-p01", "true"]
+    assert not any(o.startswith(("Port=", "User=")) for o in option_values(argv))
+    assert "StrictHostKeyChecking=no" not in option_values(argv)
+    relaxed = ssh_target("h", {"ansible_ssh_host": "h.example", "ansible_host_key_checking": False})
+    argv = ssh_command(relaxed, "true")
+    assert "StrictHostKeyChecking=no" in option_values(argv)
+    assert argv[-2] == "h.example"
 
 
 def test_ssh_inventory_reads_groups_and_connection_vars_through_ansible(tmp_path: Path) -> None:
@@ -82,22 +113,87 @@ def test_ssh_inventory_reads_groups_and_connection_vars_through_ansible(tmp_path
         "[prefill]\nlab1 ansible_host=10.81.0.11 ansible_port=22\n"
         "[decode]\nlab2 ansible_host=10.81.0.12\n"
         "[all:vars]\nansible_user=root\nansible_ssh_private_key_file=/k/id\n"
-        f"ansible_ssh_common_args='{LAB_ARGS}'\n"
+        f"ansible_ssh_common_args='{LAB_ARGS} -o ProxyJump=jump'\n"
     )
     groups, targets = ssh_inventory(inventory)
     assert groups["decode"] == ["lab2"]
     assert targets["lab2"].host == "10.81.0.12"
-    assert targets["lab1"].known_hosts == ("/lab/known_hosts",)
-    assert targets["lab1"].key_files == ("/k/id",)
+    options = option_values(ssh_command(targets["lab1"], "true"))
+    assert "UserKnownHostsFile=/lab/known_hosts" in options
+    assert "ProxyJump=jump" in options
+    assert 'IdentityFile="/k/id"' in options
 
 
-def test_an_unreachable_host_is_a_result_not_a_traceback() -> None:
+def closed_port() -> int:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    reply = run_one(SshTarget("down", "127.0.0.1", port=port, connect_timeout=3), "true", 5)
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_host_is_a_result_naming_its_address_and_port() -> None:
+    port = closed_port()
+    target = ssh_target("down", {"ansible_host": "127.0.0.1", "ansible_port": port})
+    reply = run_one(target, "true", 15)
     assert not reply.reached
-    assert reply.unreachable  # the reason, e.g. connection refused
+    assert f"ansible_host=127.0.0.1 ansible_port={port}: Connection refused" in reply.unreachable
+
+
+def test_an_unreachable_jump_host_is_named_as_the_proxyjump_that_failed() -> None:
+    port = closed_port()
+    target = ssh_target(
+        "behind",
+        {"ansible_host": "10.255.0.9", "ansible_ssh_common_args": f"-o ProxyJump=127.0.0.1:{port}"},
+    )
+    reply = run_one(target, "true", 15)
+    # ssh -G writes the jump host as [127.0.0.1]:port
+    expected = f"ProxyJump=[127.0.0.1]:{port}: cannot connect to 127.0.0.1 port {port}: "
+    assert reply.unreachable.startswith(expected + "Connection refused"), reply
+
+
+@pytest.mark.parametrize(
+    ("stderr", "says"),
+    [
+        (
+            "No ED25519 host key is known for [10.81.0.11]:2222 and you have requested strict "
+            "checking.\r\nHost key verification failed.\r\n",
+            "host key verification failed (No ED25519 host key is known for [10.81.0.11]:2222 "
+            "and you have requested strict checking.) with UserKnownHostsFile=/lab/known_hosts",
+        ),
+        (
+            "root@10.81.0.11: Permission denied (publickey).\r\n",
+            "authentication refused for User=root (IdentityFile=/lab/id_ed25519) via "
+            "ProxyJump=root@bastion:22",
+        ),
+        (
+            "channel 0: open failed: connect failed: Connection refused\r\n"
+            "stdio forwarding failed\r\nConnection closed by UNKNOWN port 65535\r\n",
+            "ProxyJump=root@bastion:22 was reached, but it cannot reach ansible_host=10.81.0.11 "
+            "ansible_port=2222: channel 0: open failed",
+        ),
+        (
+            "ssh: connect to host bastion port 22: No route to host\r\n",
+            "ProxyJump=root@bastion:22: cannot connect to bastion port 22: No route to host",
+        ),
+    ],
+)
+def test_failure_reasons_name_the_setting_that_failed(stderr: str, says: str) -> None:
+    options = {
+        "hostname": "10.81.0.11",
+        "port": "2222",
+        "user": "root",
+        "identityfile": "/lab/id_ed25519",
+        "userknownhostsfile": "/lab/known_hosts",
+        "stricthostkeychecking": "true",
+        "proxyjump": "root@bastion:22",
+    }
+    assert says in failure_reason(lab_target(), stderr, options)
+
+
+def test_ssh_resolves_the_options_it_is_given() -> None:
+    options = resolved_options(ssh_command(lab_target()))
+    assert options["proxyjump"] == "root@bastion:22"
+    assert options["hostname"] == "10.81.0.11"
+    assert options["port"] == "2222"
 
 
 # ---------------------------------------------------------------- the probe
@@ -293,15 +389,3 @@ def test_watch_takes_an_optional_number_of_seconds() -> None:
     assert watch_args(["inv.ini", "--watch"]) == ["inv.ini", "--watch=5"]
     assert watch_args(["--watch", "inv.ini"]) == ["--watch=5", "inv.ini"]
     assert watch_args(["--watch", "2.5", "inv.ini"]) == ["--watch", "2.5", "inv.ini"]
-
-
-def test_unknown_host_keys_are_refused_unless_the_inventory_says_otherwise() -> None:
-    import paramiko
-
-    assert isinstance(host_key_policy("yes"), paramiko.RejectPolicy)
-    assert isinstance(host_key_policy("ask"), paramiko.RejectPolicy)
-    lenient = host_key_policy("accept-new")
-    assert not isinstance(lenient, paramiko.RejectPolicy | paramiko.AutoAddPolicy)
-    client = paramiko.SSHClient()
-    lenient.missing_host_key(client, "h", None)
-    assert len(client.get_host_keys()) == 0  # trusted once, never recorded

@@ -1,0 +1,45 @@
+"""What status sends to a guarded endpoint: the API key from k2_api_key_file (plain or an
+ansible-vault file, opened with the command's vault password) and the CA to check against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible.parsing.vault import VaultLib, VaultSecret
+
+from k2provision.core import vault
+from k2provision.core.records import Tunables
+from k2provision.errors import K2Error
+from k2provision.ops.endpoint_access import endpoint_access, read_secret
+
+KEY = "sk-lab-0123456789abcdef"
+
+
+def test_a_plain_key_file_becomes_the_bearer_header(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text(KEY + "\n")
+    access = endpoint_access(Tunables(api_key_file=str(tmp_path / "key")))
+    assert access.headers == {"Authorization": f"Bearer {KEY}"}
+    assert access.context is None
+    assert KEY not in repr(access)
+    assert endpoint_access(Tunables()).headers == {}
+
+
+def test_a_vaulted_key_file_is_opened_with_the_commands_password(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("lab-password\n")
+    lib = VaultLib([("default", VaultSecret(b"lab-password"))])
+    (tmp_path / "key").write_bytes(lib.encrypt(KEY))
+    vault.use(password_files=(str(tmp_path / "pw"),))
+    try:
+        assert read_secret(str(tmp_path / "key")) == KEY
+    finally:
+        vault.use(password_files=())
+
+
+@pytest.mark.parametrize(("text", "says"), [(None, "k2_api_key_file"), ("\n", "is empty")])
+def test_a_missing_or_empty_key_file_is_named(tmp_path: Path, text: str | None, says: str) -> None:
+    path = tmp_path / "key"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(K2Error, match=says):
+        read_secret(str(path))
