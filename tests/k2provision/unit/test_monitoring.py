@@ -1,0 +1,112 @@
+"""The monitoring the plan makes: scrape targets with their labels, a config, rules and
+dashboards that Prometheus' own promtool accepts, and rule unit tests that fire."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan
+from k2provision.plan.alert_rules import alert_rules
+from k2provision.plan.assemble import build_plan
+from k2provision.plan.dashboards import dashboards, panel_queries
+from k2provision.plan.monitoring import prometheus_config, scrape_targets
+
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = ROOT / "tests" / "golden"
+RULES_TEST = ROOT / "tests" / "fixtures" / "monitoring" / "alerts_test.yml"
+
+
+def plan_of(case: str) -> Plan:
+    return build_plan(load_cluster(GOLDEN / case / "inventory.ini"))
+
+
+def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    tool = shutil.which("promtool")
+    assert tool, "promtool is missing: scripts/install-lab-deps installs Debian's prometheus"
+    return subprocess.run([tool, *args], cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def test_pd_targets_every_serving_rank_the_router_and_the_exporters() -> None:
+    got = {
+        (t.job, t.host, t.address, t.instance, t.role, t.rank)
+        for t in scrape_targets(plan_of("sglang-pd-1p1d"))
+    }
+    assert got == {
+        ("engine", "pd-p01", "192.168.30.11:30000", "prefill", "prefill", 0),
+        ("engine", "pd-d01", "10.30.0.21:30000", "decode", "decode", 0),
+        ("router", "pd-router", "10.30.0.5:29000", "router", "router", 0),
+        ("node", "pd-p01", "192.168.30.11:9100", "prefill", "prefill", 0),
+        ("node", "pd-d01", "10.30.0.21:9100", "decode", "decode", 0),
+        ("node", "pd-router", "10.30.0.5:9100", "router", "router", 0),
+        ("dcgm", "pd-p01", "192.168.30.11:9400", "prefill", "prefill", 0),
+        ("dcgm", "pd-d01", "10.30.0.21:9400", "decode", "decode", 0),
+    } | (
+        {("dcgm", "pd-router", "10.30.0.5:9400", "router", "router", 0)}
+        if plan_of("sglang-pd-1p1d").host("pd-router").gpus
+        else set()
+    )
+
+
+def test_an_engine_without_metrics_still_gets_its_exporters() -> None:
+    plan = plan_of("trtllm-tp16-ep8")
+    jobs = {t.job for t in scrape_targets(plan)}
+    assert jobs == {"node", "dcgm"}
+    assert len([t for t in scrape_targets(plan) if t.job == "node"]) == len(plan.hosts)
+
+
+def test_vllm_scrapes_the_api_port_of_its_head() -> None:
+    plan = plan_of("vllm-tp16")
+    engine = [t for t in scrape_targets(plan) if t.job == "engine"]
+    assert [(t.host, t.address.rsplit(":", 1)[1], t.path) for t in engine] == [
+        (plan.pools[0].master, "8000", "/metrics")
+    ]
+
+
+def test_ipv6_targets_are_bracketed() -> None:
+    addresses = [t.address for t in scrape_targets(plan_of("sglang-pd-ipv6"))]
+    assert addresses
+    assert all(a.startswith("[") for a in addresses)
+
+
+def test_config_and_rules_pass_promtool(tmp_path: Path) -> None:
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(alert_rules(), sort_keys=False))
+    config = prometheus_config(plan_of("sglang-pd-4p12d"), rule_files=("alerts.yml",))
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    checked = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 14 rules found" in checked.stdout + checked.stderr
+    shutil.copy(RULES_TEST, tmp_path / "alerts_test.yml")
+    tested = promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_a_broken_rule_fails_promtool(tmp_path: Path) -> None:
+    doc = alert_rules()
+    doc["groups"][0]["rules"][0]["expr"] = "up{job= == 0"
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(doc))
+    assert promtool("check", "rules", "alerts.yml", cwd=tmp_path).returncode != 0
+
+
+def test_dashboards_are_grafana_json_and_every_query_parses(tmp_path: Path) -> None:
+    docs = dashboards()
+    assert set(docs) == {"k2-fleet.json", "k2-instance.json", "k2-pd.json", "k2-gpu.json"}
+    for name, doc in docs.items():
+        again = json.loads(json.dumps(doc))
+        assert again["uid"], name
+        assert again["panels"], name
+        assert len({p["id"] for p in again["panels"]}) == len(again["panels"]), name
+    rules = [
+        {"record": f"k2:panel_{i}", "expr": expr} for i, (_, _, expr) in enumerate(panel_queries())
+    ]
+    (tmp_path / "panels.yml").write_text(
+        yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]})
+    )
+    checked = promtool("check", "rules", "panels.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in checked.stdout
