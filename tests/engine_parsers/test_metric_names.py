@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+from types import ModuleType
+
 import pytest
 
+from k2lab.standin import standin_dir
 from k2provision.plan.alert_rules import alert_rules
 from k2provision.plan.dashboards import panel_queries
 from tests.engine_parsers.runner import REPO_ROOT
@@ -63,3 +67,30 @@ def test_a_misspelt_name_is_caught(known: set[str]) -> None:
         "histogram_quantile(0.99, sum by (le) "
         '(rate(vllm:e2e_request_latency_seconds_bucket{a="b"}[5m]))) > 1e3'
     ) == {"vllm:e2e_request_latency_seconds_bucket"}
+
+
+def _standin_metrics() -> ModuleType:
+    path = standin_dir() / "python" / "k2standin" / "metrics.py"
+    spec = importlib.util.spec_from_file_location("k2standin_metrics", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("engine", "venv", "package"), [
+    ("sglang", ".venv-sglang", "sglang/srt"), ("vllm", ".venv-vllm", "vllm"),
+])  # fmt: skip
+def test_the_standins_export_each_engines_own_names_and_types(
+    engine: str, venv: str, package: str
+) -> None:
+    standin = _standin_metrics()
+    source = source_metrics(site_packages(REPO_ROOT / venv) / package, f"{engine}:")
+    families = standin.FAMILIES[engine]
+    assert families
+    for name, kind in families:
+        assert source.get(name) == kind, f"{name} is a {source.get(name)} in the pinned {engine}"
+    text = standin.exposition(engine, 3, ready=True)
+    scraped = {line.split("{")[0].split()[0] for line in text.splitlines() if line[0] != "#"}
+    assert scraped - {"k2_standin_ready"} <= exposed(dict(families))
