@@ -89,25 +89,26 @@ def _int(text: str | None) -> int:
         return 0
 
 
+def memory_health(gpu: ET.Element) -> GpuMemoryHealth:
+    """One `<gpu>` element's ECC and row-remap state."""
+    volatile = gpu.find("ecc_errors/volatile")
+    dbe = 0
+    for node in volatile if volatile is not None else ():
+        if node.tag == "double_bit":  # older drivers: per memory, then a total
+            dbe += _int(node.findtext("total"))
+        elif "uncorrectable" in node.tag:  # Hopper: dram_uncorrectable, sram_uncorrectable_*
+            dbe += _int(node.text)
+    remap = gpu.find("remapped_rows")
+    pending = failure = False
+    if remap is not None:
+        pending = (remap.findtext("remapped_row_pending") or "").strip().lower() == "yes"
+        failure = (remap.findtext("remapped_row_failure") or "").strip().lower() == "yes"
+    return GpuMemoryHealth(gpu.get("id", "?").lower(), dbe, pending, failure)
+
+
 def parse_memory_health(xml_text: str) -> tuple[GpuMemoryHealth, ...]:
     """Each GPU's ECC and row-remap state from `nvidia-smi -q -x`."""
-    root = ET.fromstring(xml_text)
-    out = []
-    for gpu in root.iter("gpu"):
-        volatile = gpu.find("ecc_errors/volatile")
-        dbe = 0
-        for node in volatile if volatile is not None else ():
-            if node.tag == "double_bit":  # older drivers: per memory, then a total
-                dbe += _int(node.findtext("total"))
-            elif "uncorrectable" in node.tag:  # Hopper: dram_uncorrectable, sram_uncorrectable_*
-                dbe += _int(node.text)
-        remap = gpu.find("remapped_rows")
-        pending = failure = False
-        if remap is not None:
-            pending = (remap.findtext("remapped_row_pending") or "").strip().lower() == "yes"
-            failure = (remap.findtext("remapped_row_failure") or "").strip().lower() == "yes"
-        out.append(GpuMemoryHealth(gpu.get("id", "?").lower(), dbe, pending, failure))
-    return tuple(out)
+    return tuple(memory_health(gpu) for gpu in ET.fromstring(xml_text).iter("gpu"))
 
 
 @dataclass(frozen=True)
