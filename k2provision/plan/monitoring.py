@@ -7,12 +7,17 @@ exporter, both pinned here like the engine images.
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import Any, Literal
+
+import yaml
 
 from k2provision.core.records import Plan, Record
 from k2provision.engines import REGISTRY
 from k2provision.engines.common import host_port
+from k2provision.plan.alert_rules import alert_rules
+from k2provision.plan.dashboards import dashboards
 
 # prometheus/node_exporter: its default --web.listen-address is :9100.
 NODE_EXPORTER_IMAGE = "quay.io/prometheus/node-exporter:v1.8.2"
@@ -128,3 +133,19 @@ def prometheus_config(
         "rule_files": list(rule_files),
         "scrape_configs": jobs,
     }
+
+
+RULES_FILE = "alerts.yml"
+
+
+def monitoring_files(plan: Plan) -> dict[str, str]:
+    """The monitoring host's files, by path relative to its config directory:
+    prometheus.yml, the rules, and the Grafana dashboards under dashboards/."""
+    config = prometheus_config(plan, rule_files=(RULES_FILE,))
+    files = {
+        "prometheus.yml": yaml.safe_dump(config, sort_keys=False),
+        RULES_FILE: yaml.safe_dump(alert_rules(), sort_keys=False),
+    }
+    for name, doc in dashboards().items():
+        files[f"dashboards/{name}"] = json.dumps(doc, indent=2) + "\n"
+    return files

@@ -16,6 +16,7 @@ from k2provision.plan.alert_rules import alert_rules
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.dashboards import dashboards, panel_queries
 from k2provision.plan.monitoring import prometheus_config, scrape_targets
+from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "golden"
@@ -110,3 +111,15 @@ def test_dashboards_are_grafana_json_and_every_query_parses(tmp_path: Path) -> N
     checked = promtool("check", "rules", "panels.yml", cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"SUCCESS: {len(rules)} rules found" in checked.stdout
+
+
+def test_render_writes_the_monitoring_files_and_promtool_accepts_them(tmp_path: Path) -> None:
+    out = tmp_path / "render"
+    result = k2("render", str(GOLDEN / "sglang-pd-1p1d" / "inventory.ini"), "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    monitoring = out / "monitoring"
+    assert sorted(p.name for p in (monitoring / "dashboards").iterdir()) == [
+        "k2-fleet.json", "k2-gpu.json", "k2-instance.json", "k2-pd.json",
+    ]  # fmt: skip
+    checked = promtool("check", "config", "prometheus.yml", cwd=monitoring)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
