@@ -149,3 +149,63 @@ def monitoring_files(plan: Plan) -> dict[str, str]:
     for name, doc in dashboards().items():
         files[f"dashboards/{name}"] = json.dumps(doc, indent=2) + "\n"
     return files
+
+
+PROMETHEUS_IMAGE = "quay.io/prometheus/prometheus:v2.53.2"
+GRAFANA_IMAGE = "docker.io/grafana/grafana:11.2.0"
+PROMETHEUS_PORT = 9090
+GRAFANA_PORT = 3000
+
+
+class Exporter(Record):
+    """One exporter container a host runs."""
+
+    name: str
+    image: str
+    port: int
+    options: tuple[str, ...]
+    """docker run options before the image."""
+    args: tuple[str, ...]
+    """The exporter's arguments after the image."""
+
+
+def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tuple[Exporter, ...]:
+    """The exporter containers of `host`: a node exporter everywhere, DCGM's on GPU hosts.
+    With `lab_image` (a lab plan), the lab image's stand-ins serve the same names."""
+    gpus = plan.host(host).gpus > 0
+    node_args = (f"--web.listen-address=:{NODE_EXPORTER_PORT}", "--path.rootfs=/host")
+    dcgm_args = ("-a", f":{DCGM_EXPORTER_PORT}")
+    node = Exporter(
+        name="k2-node-exporter",
+        image=NODE_EXPORTER_IMAGE,
+        port=NODE_EXPORTER_PORT,
+        options=("--pid", "host", "-v", "/:/host:ro,rslave"),
+        args=node_args,
+    )
+    dcgm = Exporter(
+        name="k2-dcgm-exporter",
+        image=DCGM_EXPORTER_IMAGE,
+        port=DCGM_EXPORTER_PORT,
+        options=("--gpus", "all", "--cap-add", "SYS_ADMIN"),
+        args=dcgm_args,
+    )
+    chosen = (node, dcgm) if gpus else (node,)
+    if lab_image is None:
+        return chosen
+    kinds = {"k2-node-exporter": "node", "k2-dcgm-exporter": "dcgm"}
+    return tuple(
+        e.model_copy(
+            update={
+                "image": lab_image,
+                "options": (),
+                "args": ("python3", "-m", "k2standin.exporter", kinds[e.name], str(e.port)),
+            }
+        )
+        for e in chosen
+    )
+
+
+def monitoring_host(plan: Plan, group: list[str]) -> str:
+    """Where Prometheus and Grafana run: the inventory's [monitoring] host, else the host that
+    serves the endpoint (the PD router's host)."""
+    return group[0] if group else plan.endpoint_host

@@ -1,8 +1,10 @@
-"""Monitoring on the lab's PD cluster: Debian's Prometheus, run on the controller with the
-scrape config and alert rules generated from the plan, finds every planned target up (the
-stand-in servers' engine metrics, the real router's, and the exporter stand-ins on every
-host), draws the fleet overview from its query API, fires the endpoint-down alert within its
-window when a decode server stops, and the fatal-XID alert when a DCGM stand-in reports XID 79.
+"""Monitoring on the lab's PD cluster: the apply's monitoring phase starts the exporter
+stand-ins on every host and leaves the monitoring files on the endpoint's host; Debian's
+Prometheus, run on the controller with the scrape config and alert rules generated from the
+plan, finds every planned target up (the stand-in servers' engine metrics, the real router's,
+the exporters), draws the fleet overview from its query API, fires the endpoint-down alert
+within its window when a decode server stops, and the fatal-XID alert when a DCGM stand-in
+reports XID 79.
 Runs in the lab-pd stream (it shares the PD cluster)."""
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from k2provision.plan.alert_rules import ENDPOINT_DOWN_FOR, alert_rules
 from k2provision.plan.assemble import LAB_IMAGE, build_plan
 from k2provision.plan.monitoring import (
     DCGM_EXPORTER_PORT,
-    NODE_EXPORTER_PORT,
     prometheus_config,
     scrape_targets,
 )
@@ -42,7 +43,6 @@ from tests.runners import on_host
 pytestmark = pytest.mark.lab
 
 INTERVAL_S = 2
-EXPORTERS = "k2-lab-exporter"
 
 
 def free_port() -> int:
@@ -51,20 +51,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_exporters(state: Any, plan: Plan, *, xid: int = 0) -> None:
-    """The node and DCGM exporter stand-ins on every host (DCGM on GPU hosts)."""
+def exporters_running(state: Any, plan: Plan) -> None:
+    """The monitoring phase of the apply started the exporter stand-ins on every host (DCGM's
+    on GPU hosts) and left the monitoring files on the endpoint's host."""
     for host in plan.hosts:
-        on_host(state, host.name, f"docker rm -f {EXPORTERS}-node {EXPORTERS}-dcgm || true")
-        runs = [("node", NODE_EXPORTER_PORT, "")]
-        if host.gpus:
-            runs.append(("dcgm", DCGM_EXPORTER_PORT, f"-e K2_LAB_XID={xid} "))
-        for kind, port, env in runs:
-            on_host(
-                state,
-                host.name,
-                f"docker run -d --name {EXPORTERS}-{kind} --network host {env}{LAB_IMAGE} "
-                f"python3 -m k2standin.exporter {kind} {port}",
-            )
+        running = on_host(state, host.name, "docker ps --format '{{.Names}}'").split()
+        assert "k2-node-exporter" in running, (host.name, running)
+        assert ("k2-dcgm-exporter" in running) == (host.gpus > 0), (host.name, running)
+    files = on_host(state, plan.endpoint_host, "ls /etc/k2provision/monitoring").split()
+    assert {"prometheus.yml", "alerts.yml", "dashboards"} <= set(files), files
 
 
 class Prometheus:
@@ -96,7 +91,7 @@ def monitored(
     applied = k2("apply", str(inventory), runs=runs)
     assert applied.returncode == 0, applied.stdout[-4000:] + applied.stderr[-2000:]
     plan = build_plan(load_cluster(inventory))
-    start_exporters(state, plan)
+    exporters_running(state, plan)
     work = tmp_path_factory.mktemp("prometheus")
     (work / "alerts.yml").write_text(yaml.safe_dump(alert_rules(), sort_keys=False))
     config = prometheus_config(
@@ -125,10 +120,7 @@ def monitored(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        for host in plan.hosts:
-            on_host(state, host.name, f"docker rm -f {EXPORTERS}-node {EXPORTERS}-dcgm || true",
-                    check=False)  # fmt: skip
-        remove_engine_containers(state)
+        remove_engine_containers(state)  # the exporters too (k2- containers)
 
 
 def wait_for(what: str, check: Any, timeout: float) -> float:
@@ -235,11 +227,11 @@ def test_a_stopped_decode_server_fires_endpoint_down_in_its_window(
 def test_a_fatal_xid_fires_its_alert(monitored: tuple[Any, Plan, Prometheus]) -> None:
     state, plan, prom = monitored
     host = next(h for h in plan.hosts if h.gpus)
-    on_host(state, host.name, f"docker rm -f {EXPORTERS}-dcgm")
+    on_host(state, host.name, "docker rm -f k2-dcgm-exporter")
     on_host(
         state,
         host.name,
-        f"docker run -d --name {EXPORTERS}-dcgm --network host -e K2_LAB_XID=79 {LAB_IMAGE} "
+        f"docker run -d --name k2-dcgm-exporter --network host -e K2_LAB_XID=79 {LAB_IMAGE} "
         f"python3 -m k2standin.exporter dcgm {DCGM_EXPORTER_PORT}",
     )
     wait_for(

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import yaml
 
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.monitoring import (  # noqa: E501
+    monitoring_setup,
+)
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.plan.alert_rules import alert_rules
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.dashboards import dashboards, panel_queries
-from k2provision.plan.monitoring import prometheus_config, scrape_targets
+from k2provision.plan.monitoring import exporters_of, prometheus_config, scrape_targets
 from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -123,3 +126,26 @@ def test_render_writes_the_monitoring_files_and_promtool_accepts_them(tmp_path: 
     ]  # fmt: skip
     checked = promtool("check", "config", "prometheus.yml", cwd=monitoring)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_roles_filter_places_the_server_and_the_exporters() -> None:
+    plan = plan_of("sglang-pd-1p1d")
+    doc = plan.model_dump(mode="json")
+    router = monitoring_setup(doc, "pd-router")
+    assert router["server"] is True
+    assert [e["name"] for e in router["exporters"]] == ["k2-node-exporter"]  # no GPUs
+    assert set(router["files"]) >= {"prometheus.yml", "alerts.yml", "dashboards/k2-fleet.json"}
+    decode = monitoring_setup(doc, "pd-d01")
+    assert decode["server"] is False
+    assert decode["files"] == {}
+    assert [e["name"] for e in decode["exporters"]] == ["k2-node-exporter", "k2-dcgm-exporter"]
+    assert decode["exporters"][1]["image"].startswith("nvcr.io/nvidia/k8s/dcgm-exporter:")
+    # A [monitoring] host wins over the endpoint's host:
+    assert monitoring_setup(doc, "pd-d01", ["pd-d01"])["server"] is True
+
+
+def test_lab_exporters_are_the_stand_ins() -> None:
+    plan = plan_of("sglang-pd-1p1d").model_copy(update={"lab": True})
+    exporters = exporters_of(plan, "pd-p01", lab_image="localhost/k2-standin:lab")
+    assert [e.args[-2:] for e in exporters] == [("node", "9100"), ("dcgm", "9400")]
+    assert all(e.image == "localhost/k2-standin:lab" for e in exporters)
