@@ -209,3 +209,17 @@ def monitoring_host(plan: Plan, group: list[str]) -> str:
     """Where Prometheus and Grafana run: the inventory's [monitoring] host, else the host that
     serves the endpoint (the PD router's host)."""
     return group[0] if group else plan.endpoint_host
+
+
+def where_line(plan: Plan, group: list[str]) -> str:
+    """Where the monitoring phase runs Prometheus and Grafana, as status prints it."""
+    host = plan.host(monitoring_host(plan, group))
+    if plan.lab:
+        return (
+            f"monitoring: exporters on every host; files on {host.name} "
+            "(the lab runs no Prometheus or Grafana containers)"
+        )
+    return (
+        f"monitoring: Prometheus http://{host_port(host.address, PROMETHEUS_PORT)}, "
+        f"Grafana http://{host_port(host.address, GRAFANA_PORT)} (on {host.name})"
+    )

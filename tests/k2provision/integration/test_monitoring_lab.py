@@ -85,7 +85,7 @@ class Prometheus:
 @pytest.fixture(scope="module")
 def monitored(
     pd_cluster: tuple[Any, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Any, Plan, Prometheus]]:
+) -> Iterator[tuple[Any, Plan, Prometheus, Path]]:
     state, inventory = pd_cluster
     runs = tmp_path_factory.mktemp("runs")
     applied = k2("apply", str(inventory), runs=runs)
@@ -116,7 +116,7 @@ def monitored(
         cwd=work, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        yield state, plan, Prometheus(f"http://127.0.0.1:{port}")
+        yield state, plan, Prometheus(f"http://127.0.0.1:{port}"), inventory
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -139,9 +139,9 @@ def wait_for(what: str, check: Any, timeout: float) -> float:
 
 
 def test_every_planned_target_is_up_with_its_labels(
-    monitored: tuple[Any, Plan, Prometheus],
+    monitored: tuple[Any, Plan, Prometheus, Path],
 ) -> None:
-    _, plan, prom = monitored
+    _, plan, prom, _ = monitored
     planned = {(t.job, t.address) for t in scrape_targets(plan)}
     assert {"engine", "router", "node", "dcgm"} <= {job for job, _ in planned}
 
@@ -151,6 +151,8 @@ def test_every_planned_target_is_up_with_its_labels(
         return up == planned
 
     wait_for("every planned target up", all_up, 60)
+    status = k2("status", str(monitored[3]))
+    assert f"monitoring: exporters on every host; files on {plan.endpoint_host}" in status.stdout
     for t in prom.targets():
         assert {"instance", "pool", "role", "host", "rank"} <= set(t["labels"]), t
     router = next(t for t in prom.targets() if t["labels"]["job"] == "router")
@@ -162,9 +164,9 @@ def test_every_planned_target_is_up_with_its_labels(
 
 
 def test_the_fleet_overview_draws_from_the_lab(
-    monitored: tuple[Any, Plan, Prometheus], tmp_path: Path
+    monitored: tuple[Any, Plan, Prometheus, Path], tmp_path: Path
 ) -> None:
-    _, plan, prom = monitored
+    _, plan, prom, _ = monitored
     endpoint = plan.endpoint.rstrip("/")
     body = json.dumps({"model": plan.served_model_name, "messages": [
         {"role": "user", "content": "hi"}], "max_tokens": 8}).encode()  # fmt: skip
@@ -206,9 +208,9 @@ def test_the_fleet_overview_draws_from_the_lab(
 
 
 def test_a_stopped_decode_server_fires_endpoint_down_in_its_window(
-    monitored: tuple[Any, Plan, Prometheus],
+    monitored: tuple[Any, Plan, Prometheus, Path],
 ) -> None:
-    state, plan, prom = monitored
+    state, plan, prom, _ = monitored
     decode = next(t for t in scrape_targets(plan) if t.job == "engine" and t.pool == "decode")
     on_host(state, decode.host, "docker stop -t 1 k2-sglang")
     window = int(ENDPOINT_DOWN_FOR.rstrip("s")) + 3 * INTERVAL_S + 10
@@ -224,8 +226,8 @@ def test_a_stopped_decode_server_fires_endpoint_down_in_its_window(
     print(f"K2EndpointDown fired {took:.1f} s after the stop: {firing[0]}")
 
 
-def test_a_fatal_xid_fires_its_alert(monitored: tuple[Any, Plan, Prometheus]) -> None:
-    state, plan, prom = monitored
+def test_a_fatal_xid_fires_its_alert(monitored: tuple[Any, Plan, Prometheus, Path]) -> None:
+    state, plan, prom, _ = monitored
     host = next(h for h in plan.hosts if h.gpus)
     on_host(state, host.name, "docker rm -f k2-dcgm-exporter")
     on_host(
@@ -240,3 +242,32 @@ def test_a_fatal_xid_fires_its_alert(monitored: tuple[Any, Plan, Prometheus]) ->
         30,
     )
     assert {a["gpu"] for a in prom.firing("K2GpuFatalXid")} == {"0"}
+
+
+XID_79 = (
+    "Nov 26 03:00:00 lab kernel: NVRM: Xid (PCI:0000:bb:00): 79, pid='<unknown>', "
+    "name=<unknown>, GPU has fallen off the bus."
+)
+# The lab fault: a kernel log with the driver's report of a GPU that fell off the bus.
+FAKE_JOURNALCTL = f'#!/bin/sh\necho "{XID_79}"\n'
+
+
+def test_a_fatal_xid_in_the_kernel_log_makes_preflight_refuse_that_host(
+    monitored: tuple[Any, Plan, Prometheus, Path], tmp_path: Path
+) -> None:
+    state, plan, _, inventory = monitored
+    host = next(h for h in plan.hosts if h.pool == "decode")
+    on_host(state, host.name, f"cat > /usr/local/bin/journalctl <<'EOF'\n{FAKE_JOURNALCTL}EOF\n"
+            "chmod 0755 /usr/local/bin/journalctl")  # fmt: skip
+    try:
+        out = k2("apply", str(inventory), "--tags", "preflight", runs=tmp_path)
+    finally:
+        on_host(state, host.name, "rm -f /usr/local/bin/journalctl")
+    assert out.returncode != 0, out.stdout[-3000:]
+    text = " ".join((out.stdout + out.stderr).split())
+    assert f"{host.name}: XID 79 on GPU 0000:bb:00 (GPU has fallen off the bus)" in text, text[
+        -3000:
+    ]
+    assert f"drain {host.name} (it would break the decode instance)" in text
+    others = [h.name for h in plan.hosts if h.name != host.name]
+    assert not any(f"{name}: XID" in text for name in others)

@@ -18,7 +18,12 @@ from k2provision.core.records import Plan
 from k2provision.plan.alert_rules import alert_rules
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.dashboards import dashboards, panel_queries
-from k2provision.plan.monitoring import exporters_of, prometheus_config, scrape_targets
+from k2provision.plan.monitoring import (
+    exporters_of,
+    prometheus_config,
+    scrape_targets,
+    where_line,
+)
 from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -149,3 +154,12 @@ def test_lab_exporters_are_the_stand_ins() -> None:
     exporters = exporters_of(plan, "pd-p01", lab_image="localhost/k2-standin:lab")
     assert [e.args[-2:] for e in exporters] == [("node", "9100"), ("dcgm", "9400")]
     assert all(e.image == "localhost/k2-standin:lab" for e in exporters)
+
+
+def test_status_says_where_prometheus_and_grafana_are() -> None:
+    plan = plan_of("sglang-pd-1p1d")
+    assert where_line(plan, []) == (
+        "monitoring: Prometheus http://10.30.0.5:9090, Grafana http://10.30.0.5:3000 "
+        "(on pd-router)"
+    )
+    assert "http://10.30.0.21:9090" in where_line(plan, ["pd-d01"])
