@@ -261,6 +261,7 @@ def test_a_fatal_xid_in_the_kernel_log_makes_preflight_refuse_that_host(
             "chmod 0755 /usr/local/bin/journalctl")  # fmt: skip
     try:
         out = k2("apply", str(inventory), "--tags", "preflight", runs=tmp_path)
+        now = k2("status", str(inventory), "--format", "json", runs=tmp_path)
     finally:
         on_host(state, host.name, "rm -f /usr/local/bin/journalctl")
     assert out.returncode != 0, out.stdout[-3000:]
@@ -271,3 +272,7 @@ def test_a_fatal_xid_in_the_kernel_log_makes_preflight_refuse_that_host(
     assert f"drain {host.name} (it would break the decode instance)" in text
     others = [h.name for h in plan.hosts if h.name != host.name]
     assert not any(f"{name}: XID" in text for name in others)
+    # status runs the same checks now, per host:
+    hosts = {h["host"]: h for h in json.loads(now.stdout)["hosts"]}
+    assert hosts[host.name]["gpu_health"][0].startswith("XID 79 on GPU 0000:bb:00")
+    assert all(hosts[name]["gpu_health"] == [] for name in others)

@@ -305,3 +305,27 @@ def test_unknown_host_keys_are_refused_unless_the_inventory_says_otherwise() -> 
     client = paramiko.SSHClient()
     lenient.missing_host_key(client, "h", None)
     assert len(client.get_host_keys()) == 0  # trusted once, never recorded
+
+
+def test_status_runs_the_gpu_health_checks_now(prod: Plan) -> None:
+    host = prod.host("gpu-d01")
+    script = probe_script(host)
+    assert f"{MARK} xids" in script
+    assert f"{MARK} smi-xml" in script
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures"
+    kernel_log = (fixtures / "gpu_health" / "kernel-log-xid.txt").read_text()
+    smi = (fixtures / "hardware" / "h200-x1" / "nvidia-smi-q-x.xml").read_text()
+    failing = smi.replace("<remapped_row_failure>No<", "<remapped_row_failure>Yes<", 1)
+    healthy = answer(host, prod).replace(
+        f"{MARK} end", f"{MARK} xids\n{MARK} smi-xml\n{smi}\n{MARK} end"
+    )
+    assert host_status(prod, host, healthy).gpu_health == ()
+    sick = answer(host, prod).replace(
+        f"{MARK} end", f"{MARK} xids\n{kernel_log}{MARK} smi-xml\n{failing}\n{MARK} end"
+    )
+    status = host_status(prod, host, sick)
+    assert len(status.gpu_health) == 2
+    assert status.gpu_health[0].startswith("XID 79 on GPU 0000:bb:00")
+    assert "a row remap failed" in status.gpu_health[1]
+    assert status.problems[:2] == list(status.gpu_health)
+    assert status.as_json()["gpu_health"] == list(status.gpu_health)
