@@ -27,6 +27,7 @@ from typer.core import TyperCommand
 
 from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
+from k2provision.core.inventory import read_inventory
 from k2provision.core.records import Plan
 from k2provision.errors import ArgumentError, K2Error
 from k2provision.ops.connect import SshTarget
@@ -42,6 +43,7 @@ from k2provision.ops.status_probe import (
     readiness_detail,
     router_workers,
 )
+from k2provision.plan.monitoring import where_line
 from k2provision.run.cancel import Interrupted, exit_code, stopping
 from k2provision.run.display import console, print_warnings
 from k2provision.run.runner import new_record_dir
@@ -244,6 +246,7 @@ def check_once(
     record: Path,
     as_json: bool,
     access: EndpointAccess,
+    monitoring: str = "",
 ) -> int:
     """One status round: gather, show, record; the exit code."""
     hosts, endpoint = gather(plan, targets, access)
@@ -257,6 +260,8 @@ def check_once(
         typer.echo(json.dumps(doc, indent=2))
     else:
         print_human(hosts, endpoint, record)
+        if monitoring:
+            console.print(monitoring, soft_wrap=True)
     sys.stdout.flush()
     return code
 
@@ -286,7 +291,8 @@ def status(
     print_warnings(loaded.notices)
     record = new_record_dir("status")
     as_json = output_format is OutputFormat.json
-    code = check_once(inventory, loaded.plan, targets, record, as_json, access)
+    monitoring = where_line(loaded.plan, read_inventory(inventory)[0].get("monitoring", []))
+    code = check_once(inventory, loaded.plan, targets, record, as_json, access, monitoring)
     if watch is None:
         raise typer.Exit(code)
     try:
@@ -295,7 +301,9 @@ def status(
                 time.sleep(watch)
                 if not as_json and sys.stdout.isatty():
                     console.clear()
-                code = check_once(inventory, loaded.plan, targets, record, as_json, access)
+                code = check_once(
+                    inventory, loaded.plan, targets, record, as_json, access, monitoring
+                )
     except Interrupted as stop:
         raise typer.Exit(exit_code(stop.signum)) from None
 

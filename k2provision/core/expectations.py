@@ -201,6 +201,7 @@ def expectations_for(
         min_active_ib_ports=min_ports,
         ib_devices=host_plan.ib_devices,
         model_dir=plan.model_dir,
+        instance=host_plan.pool,
         disk_bytes_needed=max(0, weights - max(0, model_dir_used_bytes)),
         ports_free=planned_ports(plan, host, running_containers),
         require_clock_sync=options.require_clock_sync is not False,

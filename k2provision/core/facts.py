@@ -36,6 +36,14 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
+from k2provision.core.gpu_health import (
+    DiagResult,
+    XidEvent,
+    memory_health,
+    parse_dcgm_diag,
+    parse_xids,
+)
+
 __all__ = [
     "FACTS",
     "FACT_COMMANDS",
@@ -102,6 +110,10 @@ class Gpu(Fact):
     fabric_state: str | None = None
     """NVSwitch fabric registration (``Completed``, ``In Progress``...); None where N/A."""
     fabric_status: str | None = None
+    uncorrectable_ecc: int = 0
+    """Volatile uncorrectable ECC errors (since the driver loaded)."""
+    row_remap_pending: bool = False
+    row_remap_failure: bool = False
 
 
 class GpuInventory(Fact):
@@ -180,6 +192,7 @@ def parse_nvidia_smi_xml(text: str) -> GpuInventory:
         if bus_id is None or name is None or uuid is None:
             raise FactParseError(f"nvidia-smi -q -x: {where} lacks a bus id, product name or uuid")
         minor = _known(_text(elem, "minor_number"))
+        health = memory_health(elem)
         gpus.append(
             Gpu(
                 index=index,
@@ -194,6 +207,9 @@ def parse_nvidia_smi_xml(text: str) -> GpuInventory:
                 vbios_version=_known(_text(elem, "vbios_version")),
                 fabric_state=_known(_text(elem, "fabric/state")),
                 fabric_status=_known(_text(elem, "fabric/status")),
+                uncorrectable_ecc=health.uncorrectable_ecc,
+                row_remap_pending=health.remap_pending,
+                row_remap_failure=health.remap_failure,
             )
         )
     attached = _text(root, "attached_gpus")
@@ -756,6 +772,9 @@ class HostFacts(Fact):
     kernel: str | None = None
     fabric_manager: ServiceState | None = None
     containers: tuple[str, ...] | None = None
+    xids: tuple[XidEvent, ...] | None = None
+    """The NVIDIA driver's XID reports in the kernel log since boot."""
+    gpu_diag: tuple[DiagResult, ...] | None = None
 
 
 # ---------------------------------------------------------------- the commands behind the facts
@@ -798,6 +817,13 @@ class FactCommand:
         return stdout if stdout.strip() or self.empty_is_answer else None
 
 
+def _dcgm_diag(text: str) -> tuple[DiagResult, ...]:
+    try:
+        return parse_dcgm_diag(text)
+    except ValueError as exc:
+        raise FactParseError(f"dcgmi diag -j: {exc}") from exc
+
+
 def _listening(text: str) -> tuple[ListeningSocket, ...]:
     return parse_listening_ports(text) if text.strip() else ()
 
@@ -832,6 +858,15 @@ FACT_COMMANDS: tuple[FactCommand, ...] = (
     FactCommand("os_release", ("cat", "/etc/os-release"), "cat /etc/os-release",
                 parse_os_release, "os"),
     FactCommand("uname", ("uname", "-r"), "uname -r", parse_kernel_release, "kernel"),
+    # The kernel log since boot, only the NVIDIA driver's XID lines (grep's 1: there are none).
+    FactCommand("kernel_xids",
+                ("sh", "-c", 'journalctl -k -b -q --no-pager | grep -F "NVRM: Xid" || [ $? -eq 1 ]',
+                 "kernel-xids"),
+                "journalctl -k -b | grep 'NVRM: Xid'", parse_xids, "xids", empty_is_answer=True),
+    # DCGM's quick diagnostic (level 1: deployment checks, seconds); dcgmi exits non-zero
+    # when a test fails, and the JSON says which.
+    FactCommand("dcgm_diag", ("dcgmi", "diag", "-r", "1", "-j"), "dcgmi diag -r 1 -j",
+                _dcgm_diag, "gpu_diag", hardware=True, any_exit=True),
     FactCommand("containers", ("docker", "ps", "--format", "{{.Names}}"),
                 "docker ps --format '{{.Names}}'", parse_names, "containers",
                 empty_is_answer=True),

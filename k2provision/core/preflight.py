@@ -84,6 +84,8 @@ class Expectations(BaseModel):
     model_dir: str = "the model directory"
     disk_bytes_needed: int = Field(default=0, ge=0)
     """Free bytes needed at ``model_dir``; 0 skips the disk check."""
+    instance: str = "its instance"
+    """The serving instance the host belongs to (its pool), named when a GPU fails."""
     ports_free: dict[str, int] = Field(default_factory=dict)
     """Setting name -> TCP port the plan binds (``{"k2_sglang_port": 30000}``)."""
     require_clock_sync: bool = True
@@ -510,6 +512,67 @@ def _check_os(f: HostFacts, exp: Expectations) -> list[Problem]:
     ]
 
 
+def check_gpu_health(f: HostFacts, exp: Expectations) -> list[Problem]:
+    """The GPU health gate: fatal XIDs since boot (k2provision/core/gpu_health.py cites
+    NVIDIA's catalogue), uncorrectable ECC, pending or failed row remaps, failed DCGM
+    diagnostics. Each names the instance the host would break and what to do."""
+    drain = f"drain {f.host} (it would break the {exp.instance} instance)"
+    found: list[Problem] = []
+
+    def problem(check: str, value: str, expected: str, fix: str) -> None:
+        found.append(
+            Problem(
+                host=f.host,
+                check=check,
+                value=value,
+                expected=expected,
+                fix=f"{drain}; {fix}",
+                message=f"{value}; expected {expected}",
+            )
+        )
+
+    for event in f.xids or ():
+        if event.fatal:
+            problem(
+                "gpu_xid",
+                str(event),
+                "no fatal XID since boot",
+                "reset the GPU or reboot the host, and replace the GPU if the XID returns",
+            )
+    for gpu in f.gpus.gpus if f.gpus is not None else ():
+        name = f"GPU {gpu.index} ({gpu.pci_bus_id})"
+        if gpu.uncorrectable_ecc:
+            problem(
+                "gpu_ecc",
+                f"{name} has {gpu.uncorrectable_ecc} uncorrectable ECC error(s)",
+                "none",
+                "reset the GPU to retire the rows; replace it if errors return",
+            )
+        if gpu.row_remap_failure:
+            problem(
+                "gpu_row_remap",
+                f"{name} failed a row remap",
+                "no remap failure",
+                "replace the GPU (it has no spare rows left)",
+            )
+        elif gpu.row_remap_pending:
+            problem(
+                "gpu_row_remap",
+                f"{name} has a row remap pending",
+                "no pending remap",
+                "reset the GPU (`nvidia-smi -r`) or reboot so the remap takes effect",
+            )
+    for result in f.gpu_diag or ():
+        if result.failed:
+            problem(
+                "gpu_diag",
+                f"DCGM diag `{result.test}` failed on GPU {result.gpu}: {result.info}".rstrip(": "),
+                "every DCGM diagnostic passes",
+                "run `dcgmi diag -r 3` on the host and replace the GPU it names",
+            )
+    return found
+
+
 def check_host(facts: HostFacts, expectations: Expectations) -> list[Problem]:
     """Every problem of one host, in a fixed order (GPUs first); empty means ready."""
     problems: list[Problem] = []
@@ -526,6 +589,7 @@ def check_host(facts: HostFacts, expectations: Expectations) -> list[Problem]:
         )
     else:
         problems += _check_gpus(facts.host, facts.gpus, expectations)
+    problems += check_gpu_health(facts, expectations)
     problems += _check_fabric_manager(facts, expectations)
     problems += _check_ib(facts, expectations)
     problems += _check_disk(facts, expectations)

@@ -109,6 +109,9 @@ class Tunables(Record):
         "takes the next 6 ports",
     )
     bootstrap_port: Port = Field(default=8998, description="SGLang PD's KV bootstrap server")
+    router_metrics_port: Port = Field(
+        default=29000, description="the SGLang PD router's Prometheus metrics"
+    )
     ray_port: Port = Field(default=6379, description="the vLLM Ray head")
     dp_rpc_port: Port = Field(default=13345, description="vLLM data-parallel RPC on the head")
     ssh_port: Port = Field(

@@ -192,6 +192,8 @@ class Engine(Protocol):
     """The path of the HTTP health gate of the engine's servers."""
     METRICS_PATH: str | None
     """The Prometheus metrics path the plan renders, None while it renders none."""
+    METRICS_PORTS: tuple[str, ...]
+    """The port settings (``k2_sglang_port``) whose listeners serve METRICS_PATH."""
     BENCH_CLIENT: BenchClient
     PUBLISHED_FIGURES: tuple[PublishedFigure, ...]
     """Throughputs published for this engine, beside which bench reports its own."""

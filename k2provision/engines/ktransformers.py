@@ -130,6 +130,7 @@ FP8_KV = False
 DCP_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = "/health"
 METRICS_PATH: str | None = None
+METRICS_PORTS: tuple[str, ...] = ()
 # Served by sglang.launch_server: sglang's client on its native route.
 BENCH_CLIENT = SGLANG_BENCH_CLIENT
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()

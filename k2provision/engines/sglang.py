@@ -97,6 +97,10 @@ SERVER_HEALTH_PATH = "/health"
 # Router readiness: /health is only liveness in sglang-router; /readiness turns 200 once the
 # router sees healthy prefill and decode workers.
 ROUTER_HEALTH_PATH = "/readiness"
+# Prometheus metrics: sglang 0.5.23 serves /metrics on each HTTP server once --enable-metrics
+# is given (srt/arg_groups/fields/observability.py enable_metrics, default off); the router
+# (sglang-router 0.3.2) serves its own on --prometheus-port (router_args.py, default 29000).
+SERVER_METRICS_ARGS = ("--enable-metrics",)
 
 
 def server_env(
@@ -162,6 +166,7 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             str(t.sglang_port),
             "--mem-fraction-static",
             str(pool.mem_fraction),
+            *SERVER_METRICS_ARGS,
         )
         # Only rank 0 runs the HTTP server; the other ranks have nothing to poll.
         health = (
@@ -302,6 +307,7 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
         str(WATCHDOG_TIMEOUT_S),
         "--decode-log-interval",
         str(DECODE_LOG_INTERVAL),
+        *SERVER_METRICS_ARGS,
     )
     health = (
         http_gate(host.local_ip, t.sglang_port, SERVER_HEALTH_PATH, t.health_timeout_s)
@@ -416,6 +422,10 @@ def _router(deployment: Deployment) -> Process:
         any_address(deployment.cluster),
         "--port",
         str(t.api_port),
+        "--prometheus-host",
+        any_address(deployment.cluster),
+        "--prometheus-port",
+        str(t.router_metrics_port),
         *guard,
     )
     health = HealthGate(
@@ -456,6 +466,9 @@ def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
     listeners.setdefault(router_host, []).append(
         listener(router, "k2_api_port", "the PD router", t.api_port)
     )
+    listeners[router_host].append(
+        listener(router, "k2_router_metrics_port", "the PD router's metrics", t.router_metrics_port)
+    )
     return {
         name: HostRender(processes=tuple(procs), listeners=tuple(listeners[name]))
         for name, procs in processes.items()
@@ -492,7 +505,8 @@ TEXT_ONLY = False
 FP8_KV = True  # --kv-cache-dtype fp8_e4m3
 DCP_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = SERVER_HEALTH_PATH
-METRICS_PATH: str | None = None
+METRICS_PATH: str | None = "/metrics"
+METRICS_PORTS: tuple[str, ...] = ("k2_sglang_port", "k2_router_metrics_port")
 # The native /generate route, through sglang's own client (sglang 0.5.23's home of
 # `sglang.bench_serving`, which is a deprecated alias there).
 BENCH_CLIENT = BenchClient(

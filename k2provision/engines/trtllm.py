@@ -366,6 +366,7 @@ FP8_KV = False  # its KV dtype is k2_trtllm_kv_cache_dtype (kv_cache_config.dtyp
 DCP_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = "/health"
 METRICS_PATH: str | None = None
+METRICS_PORTS: tuple[str, ...] = ()
 # trtllm-serve is OpenAI-compatible: sglang's client on the OpenAI completions route.
 BENCH_CLIENT = replace(SGLANG_BENCH_CLIENT, backend="sglang-oai")
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()

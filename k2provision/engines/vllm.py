@@ -387,7 +387,10 @@ FP8_KV = True  # --kv-cache-dtype fp8
 # Layouts that split attention with tensor parallelism (where DCP applies).
 DCP_LAYOUTS: tuple[str, ...] = ("tp", "tp_pp")
 HEALTH_PATH = "/health"
-METRICS_PATH: str | None = None
+# vllm 0.33.0's API server always mounts Prometheus' /metrics
+# (entrypoints/serve/instrumentator/metrics.py); nothing to turn on.
+METRICS_PATH: str | None = "/metrics"
+METRICS_PORTS: tuple[str, ...] = ("k2_api_port",)
 BENCH_CLIENT = BenchClient(
     "vllm",
     "vllm.benchmarks.serve",

@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from k2provision.core.facts import FACTS
+from k2provision.core.gpu_health import host_gpu_health
 from k2provision.core.records import HealthGate, HostPlan, Plan, Process
 from k2provision.ops.host_probe import (
     MARK,
@@ -64,6 +67,10 @@ def probe_script(host: HostPlan) -> str:
         f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
         "--format=csv,noheader,nounits 2>&1; "
         f"else echo '{MARK} no-gpus'; fi",
+        # The GPU health gate's checks, now: fatal XIDs since boot, ECC and row remaps.
+        f"echo '{MARK} xids'; {shlex.join(FACTS['kernel_xids'].argv)} 2>/dev/null",
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        f"echo '{MARK} smi-xml'; nvidia-smi -q -x 2>/dev/null; fi",
     ]
     for p in host.processes:
         name = _q(p.name)
@@ -171,13 +178,15 @@ class HostStatus:
     gpus: tuple[GpuMemory, ...] | None = None
     """None where the host has no nvidia-smi."""
     processes: tuple[ProcessStatus, ...] = ()
+    gpu_health: tuple[str, ...] = ()
+    """What the GPU health gate would refuse the host for, now."""
 
     @property
     def problems(self) -> list[str]:
         """What is wrong on this host, one item each."""
         if self.unreachable:
             return [f"unreachable: {self.unreachable}"]
-        return [p for proc in self.processes for p in proc.problems]
+        return [*self.gpu_health, *(p for proc in self.processes for p in proc.problems)]
 
     def as_json(self) -> dict[str, Any]:
         """The host's entry in `status --format json`."""
@@ -188,6 +197,7 @@ class HostStatus:
             "unreachable": self.unreachable,
             "gpus": None if self.gpus is None else [asdict(g) for g in self.gpus],
             "processes": [asdict(p) for p in self.processes],
+            "gpu_health": list(self.gpu_health),
             "problems": self.problems,
         }
 
@@ -316,7 +326,22 @@ def host_status(plan: Plan, host: HostPlan, output: str) -> HostStatus:
         role=host.role,
         gpus=parse_gpus(sections.get(("gpus", ""))),
         processes=tuple(process_status(plan, host, p, sections) for p in host.processes),
+        gpu_health=gpu_health_now(host.name, sections),
     )
+
+
+def gpu_health_now(host: str, sections: dict[tuple[str, str], Section]) -> tuple[str, ...]:
+    """The GPU health gate's verdict from the probe's kernel-log and nvidia-smi sections."""
+    xids = sections.get(("xids", ""))
+    smi = sections.get(("smi-xml", ""))
+    smi_xml = "\n".join(smi.text) if smi is not None and smi.text else None
+    try:
+        verdict = host_gpu_health(
+            host, kernel_log="\n".join(xids.text) if xids else "", smi_xml=smi_xml
+        )
+    except ET.ParseError as exc:
+        return (f"nvidia-smi -q -x is unreadable ({exc}): run it on {host}",)
+    return verdict.problems
 
 
 # ---------------------------------------------------------------- the endpoint

@@ -56,9 +56,13 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         for pool_name, found in pool_problems.items():
             count = counts[pool_name]
             hints = suggestions.get(pool_name, [])
-            fix = "; fix: " + ", or ".join(hints) if hints else (
-                f"; no change near this {cluster.engine} layout fits {gpu.key} GPUs; "
-                "fix: choose larger GPUs or another engine"
+            fix = (
+                "; fix: " + ", or ".join(hints)
+                if hints
+                else (
+                    f"; no change near this {cluster.engine} layout fits {gpu.key} GPUs; "
+                    "fix: choose larger GPUs or another engine"
+                )
             )
             for problem in found:
                 problems.append(
@@ -236,5 +240,3 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
 def plan_digest(plan: Plan) -> str:
     """A stable sha256 of the plan's content: equal plans, equal digests."""
     return hashlib.sha256(plan.model_dump_json().encode()).hexdigest()
-
-

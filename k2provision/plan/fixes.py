@@ -22,9 +22,8 @@ MAX_SEARCH_NODES = 64
 
 
 def _on(n: int, shape: PoolShape, gpn: int, gpu: GpuSpec) -> str:
-    """"2 nodes x 8 h100 (tp 16; 16 GPUs)"."""
+    """ "2 nodes x 8 h100 (tp 16; 16 GPUs)"."""
     return f"{nodes_text(n)} x {gpn} {gpu.key} ({sizes_text(shape.parallel)}; {shape.gpus} GPUs)"
-
 
 
 def _counts_by_size(layout: str) -> Iterator[dict[PoolName, int]]:
@@ -154,8 +153,7 @@ def fixes(
         if near:
             label = "" if cluster.layout != "pd" else f" [{pool}]"
             options = " or ".join(
-                _on(n, _shape_of(cluster, pool, {**counts, pool: n}, spec), gpn, gpu)
-                for n in near
+                _on(n, _shape_of(cluster, pool, {**counts, pool: n}, spec), gpn, gpu) for n in near
             )
             out[pool].append(f"{cluster.engine} {cluster.layout}{label} fits on {options}")
         # Redundant experts that let the decode pool's expert parallelism divide.

@@ -29,9 +29,11 @@ def support_problems(
     """(problems, warnings) about whether the pinned engine release serves the model."""
     support = spec.support.get(engine)
     others = [
-        e for e, s in spec.support.items() if e != engine and s.min_version is not None and (
-            version_at_least(catalog.RELEASES[e].version, s.min_version)
-        )
+        e
+        for e, s in spec.support.items()
+        if e != engine
+        and s.min_version is not None
+        and (version_at_least(catalog.RELEASES[e].version, s.min_version))
     ]
     alternatives = f"k2_engine={' or '.join(others)}" if others else "another model"
     if support is None or support.min_version is None:
@@ -114,8 +116,11 @@ def dist_port_span_problems(cluster: Cluster) -> list[str]:
 
 def _readers(name: str) -> dict[str, tuple[str, ...]]:
     """engine -> its layouts that read tunable `name`, where only some engines read it."""
-    return {e: engine.OWN_TUNABLES[name] for e, engine in REGISTRY.items()
-            if name in engine.OWN_TUNABLES}
+    return {
+        e: engine.OWN_TUNABLES[name]
+        for e, engine in REGISTRY.items()
+        if name in engine.OWN_TUNABLES
+    }
 
 
 def foreign_tunables(cluster: Cluster) -> list[str]:

@@ -1,6 +1,7 @@
 """`render --out DIR`: a plan's files on the local disk, safely.
 
-Each host's files go to DIR/<host>/<absolute path>, and the plan to DIR/plan.json. A host name
+Each host's files go to DIR/<host>/<absolute path>, the plan to DIR/plan.json, and the
+monitoring host's Prometheus config, rules and Grafana dashboards to DIR/monitoring/. A host name
 becomes a directory name only when it is one plain path component; nothing is written outside
 DIR. DIR must be new, empty, or a previous render (recognised by its manifest, which also names
 the files a re-render no longer writes, removed then); `force` writes into any directory.
@@ -16,15 +17,17 @@ from pathlib import Path
 
 from k2provision.core.records import Plan
 from k2provision.errors import K2Error
+from k2provision.plan.monitoring import monitoring_files
 
 PLAN_FILE = "plan.json"
+MONITORING_DIR = "monitoring"
 MANIFEST = ".k2provision-render.json"
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@+-]*$")
 
 
 def unsafe_host_names(plan: Plan) -> list[str]:
     """Host names that cannot be one directory name under DIR."""
-    reserved = {PLAN_FILE, MANIFEST}
+    reserved = {PLAN_FILE, MANIFEST, MONITORING_DIR}
     return [
         h.name
         for h in plan.hosts
@@ -48,6 +51,8 @@ def planned_files(plan: Plan, out: Path) -> dict[Path, tuple[str, bool]]:
                     ]
                 )
             files[target] = (content, path.endswith(".sh"))
+    for path, content in monitoring_files(plan).items():
+        files[out / MONITORING_DIR / path] = (content, False)
     return files
 
 

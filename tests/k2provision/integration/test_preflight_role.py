@@ -199,6 +199,32 @@ def test_what_the_prepare_phase_installs_is_left_to_it(tmp_path: Path) -> None:
     assert any("GPU model is NVIDIA H100" in line for line in refusal_lines(report, "gpu-02"))
 
 
+def test_a_fatal_xid_and_a_failed_dcgm_diag_refuse_the_host_naming_its_instance(
+    tmp_path: Path,
+) -> None:
+    gpu_health = ROOT / "tests" / "fixtures" / "gpu_health"
+    report = run_preflight(
+        tmp_path,
+        {
+            "gpu-01": texts(
+                kernel_xids=(gpu_health / "kernel-log-xid.txt").read_text(),
+                dcgm_diag=(gpu_health / "dcgmi-diag-r1-fail.json").read_text(),
+            ),
+            "gpu-02": texts(dcgm_diag=(gpu_health / "dcgmi-diag-r1-pass.json").read_text()),
+        },
+        ib_devices="mlx5_0",
+    )
+    assert report.rc != 0
+    lines = refusal_lines(report, "gpu-01")
+    xid = [line for line in lines if "XID 79" in line]
+    assert len(xid) == 1
+    assert "GPU has fallen off the bus" in xid[0]
+    assert "drain gpu-01 (it would break the nodes instance)" in xid[0]
+    assert any("DCGM diag `Page Retirement/Row Remap` failed on GPU 1" in x for x in lines)
+    assert not any("XID 13" in x for x in lines)  # an application's XID refuses nothing
+    assert refusal_lines(report, "gpu-02") == [GPU_COUNT.format(host="gpu-02")]
+
+
 def test_a_host_that_meets_the_plan_is_refused_for_nothing_else(tmp_path: Path) -> None:
     """Good captures on both hosts: the single-GPU capture's count is the only line left (no
     capture of an 8-GPU H200 board is available), on each host."""
@@ -241,12 +267,15 @@ def test_the_role_reads_this_machine_for_real(tmp_path: Path) -> None:
         "chronyc tracking",
         "cat /etc/os-release",
         "uname -r",
+        "journalctl -k -b | grep 'NVRM: Xid'",
         "docker ps --format '{{.Names}}'",
     ]
     texts = read["here"]["texts"]
     assert texts["nvidia_smi_xml"] is None  # a lab host: no hardware facts read
     assert texts["os_release"] == Path("/etc/os-release").read_text()
     assert texts["du_model_dir"] == ""  # the model dir does not exist yet
+    assert texts["kernel_xids"] == ""  # this machine's kernel log has no XID
+    assert texts["dcgm_diag"] is None  # a hardware fact
     assert read["here"]["changed"] is False
     summary = report.task("what the prepare phase is left to fix")["here"]["msg"][0]
     assert summary.startswith("here: ")

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from k2provision.core.expectations import host_facts
 from k2provision.core.facts import (
     GpuInventory,
     HostFacts,
@@ -23,6 +24,7 @@ from k2provision.core.preflight import (
     Expectations,
     Problem,
     check_cluster,
+    check_gpu_health,
     check_host,
     check_same_driver,
     derive_ib_devices,
@@ -437,3 +439,55 @@ def test_ib_devices_derived_from_hgx_topology() -> None:
 def test_ib_devices_of_a_host_without_nics() -> None:
     topo = parse_nvidia_smi_topo(read("h100-x1/nvidia-smi-topo-m.txt"))
     assert derive_ib_devices(topo) == []
+
+
+# ---------------------------------------------------------------- GPU health gate
+
+GPU_HEALTH = HW.parent / "gpu_health"
+
+
+def test_a_fatal_xid_refuses_the_host_an_application_xid_does_not() -> None:
+    facts, unreadable = host_facts(
+        "gpu-d01", {"kernel_xids": (GPU_HEALTH / "kernel-log-xid.txt").read_text()}
+    )
+    assert unreadable == []
+    problem = only(check_gpu_health(facts, h200(instance="decode")), "gpu_xid")
+    assert_readable(problem)
+    assert "XID 79 on GPU 0000:bb:00 (GPU has fallen off the bus)" in problem.value
+    assert problem.fix.startswith("drain gpu-d01 (it would break the decode instance); reset")
+    app_only = "[1.0] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics Exception\n"
+    clean, _ = host_facts("gpu-d02", {"kernel_xids": app_only})
+    assert clean.xids is not None
+    assert len(clean.xids) == 1
+    assert check_gpu_health(clean, h200()) == []
+
+
+def test_ecc_and_row_remaps_from_nvidia_smi() -> None:
+    xml = (
+        read("h200-x1/nvidia-smi-q-x.xml")
+        .replace("<remapped_row_pending>No<", "<remapped_row_pending>Yes<", 1)
+        .replace("<dram_uncorrectable>0<", "<dram_uncorrectable>2<", 1)
+    )
+    problems = check_gpu_health(HostFacts(host="g1", gpus=parse_nvidia_smi_xml(xml)), h200())
+    assert checks(problems) == ["gpu_ecc", "gpu_row_remap"]
+    assert "2 uncorrectable ECC error(s)" in problems[0].value
+    assert "row remap pending" in problems[1].value
+    failed = xml.replace("<remapped_row_failure>No<", "<remapped_row_failure>Yes<", 1)
+    (remap,) = [
+        p
+        for p in check_gpu_health(HostFacts(host="g1", gpus=parse_nvidia_smi_xml(failed)), h200())
+        if p.check == "gpu_row_remap"
+    ]
+    assert "replace the GPU" in remap.fix
+
+
+def test_a_failed_dcgm_diag_refuses_and_an_unreadable_one_is_named() -> None:
+    facts, _ = host_facts("g1", {"dcgm_diag": (GPU_HEALTH / "dcgmi-diag-r1-fail.json").read_text()})
+    problem = only(check_host(facts, h200()), "gpu_diag")
+    assert "`Page Retirement/Row Remap` failed on GPU 1" in problem.value
+    passed, _ = host_facts(
+        "g1", {"dcgm_diag": (GPU_HEALTH / "dcgmi-diag-r1-pass.json").read_text()}
+    )
+    assert check_gpu_health(passed, h200()) == []
+    _, unreadable = host_facts("g1", {"dcgm_diag": "Error: unable to connect to host engine"})
+    assert checks(unreadable) == ["unreadable_dcgm_diag"]

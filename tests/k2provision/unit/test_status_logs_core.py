@@ -389,3 +389,27 @@ def test_watch_takes_an_optional_number_of_seconds() -> None:
     assert watch_args(["inv.ini", "--watch"]) == ["inv.ini", "--watch=5"]
     assert watch_args(["--watch", "inv.ini"]) == ["--watch=5", "inv.ini"]
     assert watch_args(["--watch", "2.5", "inv.ini"]) == ["--watch", "2.5", "inv.ini"]
+
+
+def test_status_runs_the_gpu_health_checks_now(prod: Plan) -> None:
+    host = prod.host("gpu-d01")
+    script = probe_script(host)
+    assert f"{MARK} xids" in script
+    assert f"{MARK} smi-xml" in script
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures"
+    kernel_log = (fixtures / "gpu_health" / "kernel-log-xid.txt").read_text()
+    smi = (fixtures / "hardware" / "h200-x1" / "nvidia-smi-q-x.xml").read_text()
+    failing = smi.replace("<remapped_row_failure>No<", "<remapped_row_failure>Yes<", 1)
+    healthy = answer(host, prod).replace(
+        f"{MARK} end", f"{MARK} xids\n{MARK} smi-xml\n{smi}\n{MARK} end"
+    )
+    assert host_status(prod, host, healthy).gpu_health == ()
+    sick = answer(host, prod).replace(
+        f"{MARK} end", f"{MARK} xids\n{kernel_log}{MARK} smi-xml\n{failing}\n{MARK} end"
+    )
+    status = host_status(prod, host, sick)
+    assert len(status.gpu_health) == 2
+    assert status.gpu_health[0].startswith("XID 79 on GPU 0000:bb:00")
+    assert "a row remap failed" in status.gpu_health[1]
+    assert status.problems[:2] == list(status.gpu_health)
+    assert status.as_json()["gpu_health"] == list(status.gpu_health)

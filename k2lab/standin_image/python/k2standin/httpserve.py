@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from k2standin import faults, openai_shapes, streaming
+from k2standin import faults, metrics, openai_shapes, streaming
 from k2standin.common import StartError
 
 STANDIN_REPLY = "ready (stand-in)"
@@ -169,6 +169,7 @@ class ModelServer:
         self.ready = threading.Event()
         self.reason = "starting"
         self.created = int(time.time())
+        self.answered = 0  # generation requests answered, for /metrics
         self.api = Api(engine)
         g, p = self.api.get, self.api.post
         g["/health"] = self.health
@@ -252,7 +253,7 @@ class ModelServer:
         return json_response(200, {"version": "stand-in", "engine": self.engine})
 
     def metrics(self) -> Response:
-        text = f'k2_standin_ready{{engine="{self.engine}"}} {int(self.ready.is_set())}\n'
+        text = metrics.exposition(self.engine, self.answered, ready=self.ready.is_set())
         return Response(200, text.encode(), "text/plain; version=0.0.4")
 
     # ---------------------------------------------------------------- POST
@@ -282,6 +283,7 @@ class ModelServer:
             return bad_model
         if faults.active("wrong_answer"):
             return json_response(200, faults.wrong_chat_body(self.model_id or ""))
+        self.answered += 1
         if streaming.wants_stream(doc):
             return Response(200, streaming.chat_stream(doc, self.model_id or ""),
                             streaming.CONTENT_TYPE)

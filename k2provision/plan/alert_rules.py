@@ -1,0 +1,173 @@
+"""The fleet's Prometheus alert rules, with the latency targets as parameters.
+
+Pure. Every metric named here is one the pinned engines, the router or the pinned exporters
+export (tests/k2provision/unit/test_monitoring_metrics.py reads them from the sources). Where
+SGLang and vLLM name the same thing differently, one expression joins both with `or`: only the
+engine the plan runs has series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from k2provision.core.gpu_health import FATAL_XIDS
+
+ENDPOINT_DOWN_FOR = "30s"
+
+
+@dataclass(frozen=True)
+class AlertTargets:
+    """What the latency and capacity alerts compare against."""
+
+    ttft_p99_s: float = 5.0
+    itl_p99_s: float = 0.2
+    kv_usage: float = 0.95
+    queue_growing_min: int = 10
+    disk_free_fraction: float = 0.05
+
+
+def quantile(q: float, metric: str) -> str:
+    """The q-quantile per instance of histogram `metric` over five minutes."""
+    return f"histogram_quantile({q}, sum by (le, instance) (rate({metric}_bucket[5m])))"
+
+
+def either(sglang_expr: str, vllm_expr: str) -> str:
+    """One expression over both engines' names (only the running engine has series)."""
+    return f"({sglang_expr}) or ({vllm_expr})"
+
+
+def _rule(name: str, expr: str, for_: str, severity: str, summary: str) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary},
+    }
+
+
+def alert_rules(targets: AlertTargets = AlertTargets()) -> dict[str, Any]:
+    """The rules file (Prometheus' rule-file YAML as a document)."""
+    t = targets
+    rules = [
+        _rule(
+            "K2EndpointDown",
+            'up{job=~"engine|router"} == 0',
+            ENDPOINT_DOWN_FOR,
+            "critical",
+            "{{ $labels.job }} endpoint of {{ $labels.instance }} on {{ $labels.host }} "
+            "(rank {{ $labels.rank }}) is down",
+        ),
+        _rule(
+            "K2ExporterDown",
+            'up{job=~"node|dcgm"} == 0',
+            "2m",
+            "warning",
+            "the {{ $labels.job }} exporter on {{ $labels.host }} is down",
+        ),
+        _rule(
+            "K2InstanceUnhealthy",
+            "smg_worker_health == 0",
+            "1m",
+            "critical",
+            "the router sees an unhealthy worker ({{ $labels.worker }})",
+        ),
+        _rule(
+            "K2RankRestarting",
+            'changes(up{job="engine"}[15m]) > 2',
+            "0s",
+            "warning",
+            "{{ $labels.instance }} on {{ $labels.host }} keeps going down and up",
+        ),
+        _rule(
+            "K2GpuFatalXid",
+            " or ".join(f"DCGM_FI_DEV_XID_ERRORS == {x}" for x in sorted(FATAL_XIDS)),
+            "0s",
+            "critical",
+            "GPU {{ $labels.gpu }} on {{ $labels.host }} raised XID {{ $value }}: drain the "
+            "host and reset or replace the GPU",
+        ),
+        _rule(
+            "K2GpuEccUncorrectable",
+            "increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m]) > 0",
+            "0s",
+            "critical",
+            "GPU {{ $labels.gpu }} on {{ $labels.host }} has uncorrectable ECC errors",
+        ),
+        _rule(
+            "K2GpuRowRemapFailure",
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE > 0",
+            "0s",
+            "critical",
+            "GPU {{ $labels.gpu }} on {{ $labels.host }} failed a row remap: replace it",
+        ),
+        _rule(
+            "K2NvlinkErrors",
+            "increase(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL[5m]) > 0",
+            "0s",
+            "warning",
+            "NVLink on GPU {{ $labels.gpu }} of {{ $labels.host }} is recovering links",
+        ),
+        _rule(
+            "K2IbPortDown",
+            "node_infiniband_state_id != 4",
+            "1m",
+            "critical",
+            "IB port {{ $labels.device }}/{{ $labels.port }} on {{ $labels.host }} is not ACTIVE",
+        ),
+        _rule(
+            "K2TtftP99High",
+            either(
+                quantile(0.99, "sglang:time_to_first_token_seconds"),
+                quantile(0.99, "vllm:time_to_first_token_seconds"),
+            )
+            + f" > {t.ttft_p99_s:g}",
+            "5m",
+            "warning",
+            f"{{{{ $labels.instance }}}}: TTFT p99 {{{{ $value }}}} s over {t.ttft_p99_s:g} s",
+        ),
+        _rule(
+            "K2ItlP99High",
+            either(
+                quantile(0.99, "sglang:inter_token_latency_seconds"),
+                quantile(0.99, "vllm:inter_token_latency_seconds"),
+            )
+            + f" > {t.itl_p99_s:g}",
+            "5m",
+            "warning",
+            "{{ $labels.instance }}: inter-token p99 {{ $value }} s over "
+            f"{t.itl_p99_s:g} s",
+        ),
+        _rule(
+            "K2KvCacheFull",
+            f"max by (instance, host) ({either('sglang:token_usage', 'vllm:kv_cache_usage_perc')})"
+            f" > {t.kv_usage:g}",
+            "5m",
+            "warning",
+            "{{ $labels.instance }}: KV cache {{ $value | humanizePercentage }} full",
+        ),
+        _rule(
+            "K2QueueGrowing",
+            either(
+                f"deriv(sglang:num_queue_reqs[5m]) > 0 and sglang:num_queue_reqs > "
+                f"{t.queue_growing_min}",
+                f"deriv(vllm:num_requests_waiting[5m]) > 0 and vllm:num_requests_waiting > "
+                f"{t.queue_growing_min}",
+            ),
+            "10m",
+            "warning",
+            "{{ $labels.instance }}: the request queue keeps growing",
+        ),
+        _rule(
+            "K2DiskFull",
+            'node_filesystem_avail_bytes{fstype!~"tmpfs|overlay|squashfs"} '
+            '/ node_filesystem_size_bytes{fstype!~"tmpfs|overlay|squashfs"} '
+            f"< {t.disk_free_fraction:g}",
+            "5m",
+            "warning",
+            "{{ $labels.mountpoint }} on {{ $labels.host }} (the model directory's disk) is "
+            "{{ $value | humanizePercentage }} free",
+        ),
+    ]
+    return {"groups": [{"name": "k2provision", "rules": rules}]}

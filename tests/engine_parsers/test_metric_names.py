@@ -1,0 +1,96 @@
+"""Every metric the alert rules and dashboards read is one the pinned releases export: SGLang
+0.5.23's and vLLM 0.33.0's sources, sglang-router 0.3.2's binary, the pinned exporters' list."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import ModuleType
+
+import pytest
+
+from k2lab.standin import standin_dir
+from k2provision.plan.alert_rules import alert_rules
+from k2provision.plan.dashboards import panel_queries
+from tests.engine_parsers.runner import REPO_ROOT
+from tests.metric_names import (
+    BUILTIN,
+    binary_names,
+    exporter_metrics,
+    exposed,
+    promql_metric_names,
+    site_packages,
+    source_metrics,
+)
+
+pytestmark = pytest.mark.parsers
+
+
+@pytest.fixture(scope="module")
+def known() -> set[str]:
+    sglang_site = site_packages(REPO_ROOT / ".venv-sglang")
+    vllm_site = site_packages(REPO_ROOT / ".venv-vllm")
+    sglang = source_metrics(sglang_site / "sglang" / "srt", "sglang:")
+    vllm = source_metrics(vllm_site / "vllm", "vllm:")
+    router_so = next((sglang_site / "sglang_router").glob("sglang_router_rs*.so"))
+    router = binary_names(router_so, "smg_")
+    # The sources hold the names the rules lean on, with their types:
+    assert sglang["sglang:time_to_first_token_seconds"] == "histogram"
+    assert sglang["sglang:token_usage"] == "gauge"
+    assert vllm["vllm:kv_cache_usage_perc"] == "gauge"
+    assert vllm["vllm:generation_tokens"] == "counter"
+    assert {"smg_router_requests_total", "smg_worker_health"} <= router
+    return (
+        exposed(sglang)
+        | exposed(vllm)
+        | exposed(dict.fromkeys(router, "histogram"))
+        | exposed(exporter_metrics())
+        | set(BUILTIN)
+    )
+
+
+def _expressions() -> list[tuple[str, str]]:
+    rules = [(r["alert"], r["expr"]) for g in alert_rules()["groups"] for r in g["rules"]]
+    panels = [(f"{f}: {title}", expr) for f, title, expr in panel_queries()]
+    return rules + panels
+
+
+@pytest.mark.parametrize(("where", "expr"), _expressions(), ids=lambda v: str(v)[:60])
+def test_every_metric_named_is_exported(known: set[str], where: str, expr: str) -> None:
+    names = promql_metric_names(expr)
+    assert names, f"{where}: no metric found in {expr!r}"
+    assert names <= known, f"{where}: {sorted(names - known)} is exported by no pinned release"
+
+
+def test_a_misspelt_name_is_caught(known: set[str]) -> None:
+    assert not promql_metric_names("rate(sglang:time_to_first_token_secs_bucket[5m])") <= known
+    assert promql_metric_names(
+        "histogram_quantile(0.99, sum by (le) "
+        '(rate(vllm:e2e_request_latency_seconds_bucket{a="b"}[5m]))) > 1e3'
+    ) == {"vllm:e2e_request_latency_seconds_bucket"}
+
+
+def _standin_metrics() -> ModuleType:
+    path = standin_dir() / "python" / "k2standin" / "metrics.py"
+    spec = importlib.util.spec_from_file_location("k2standin_metrics", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("engine", "venv", "package"), [
+    ("sglang", ".venv-sglang", "sglang/srt"), ("vllm", ".venv-vllm", "vllm"),
+])  # fmt: skip
+def test_the_standins_export_each_engines_own_names_and_types(
+    engine: str, venv: str, package: str
+) -> None:
+    standin = _standin_metrics()
+    source = source_metrics(site_packages(REPO_ROOT / venv) / package, f"{engine}:")
+    families = standin.FAMILIES[engine]
+    assert families
+    for name, kind in families:
+        assert source.get(name) == kind, f"{name} is a {source.get(name)} in the pinned {engine}"
+    text = standin.exposition(engine, 3, ready=True)
+    scraped = {line.split("{")[0].split()[0] for line in text.splitlines() if line[0] != "#"}
+    assert scraped - {"k2_standin_ready"} <= exposed(dict(families))

@@ -1,0 +1,80 @@
+"""GPU health parsers against captured and documented tool outputs: kernel-log XIDs, nvidia-smi
+XML ECC and row-remap state, dcgmi diag JSON, and the per-host verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k2provision.core.gpu_health import (
+    FATAL_XIDS,
+    host_gpu_health,
+    parse_dcgm_diag,
+    parse_memory_health,
+    parse_xids,
+)
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+GPU = FIXTURES / "gpu_health"
+H100_XML = (FIXTURES / "hardware" / "h100-x1" / "nvidia-smi-q-x.xml").read_text()
+
+
+def test_xid_lines_are_read_and_only_79_is_fatal() -> None:
+    events = parse_xids((GPU / "kernel-log-xid.txt").read_text())
+    assert [(e.pci, e.xid, e.fatal) for e in events] == [
+        ("0000:18:00", 13, False),
+        ("0000:18:00", 13, False),
+        ("0000:bb:00", 79, True),
+    ]
+    assert "GPU has fallen off the bus" in str(events[2])
+
+
+def test_the_fatal_list_keeps_application_xids_out() -> None:
+    assert {13, 31, 43, 45}.isdisjoint(FATAL_XIDS)
+    assert {48, 79, 94, 95}.issubset(FATAL_XIDS)
+
+
+def test_healthy_captures_have_no_memory_problems() -> None:
+    for case in ("h100-x1", "h200-x1", "h200-x1-old-driver"):
+        xml = (FIXTURES / "hardware" / case / "nvidia-smi-q-x.xml").read_text()
+        gpus = parse_memory_health(xml)
+        assert len(gpus) == 1, case
+        assert gpus[0].problems() == [], case
+
+
+def test_uncorrectable_ecc_and_a_failed_remap_are_found() -> None:
+    broken = (
+        H100_XML.replace("<remapped_row_failure>No<", "<remapped_row_failure>Yes<", 1)
+        .replace("<remapped_row_pending>No<", "<remapped_row_pending>Yes<", 1)
+        .replace("<dram_uncorrectable>0<", "<dram_uncorrectable>3<", 1)
+    )
+    (gpu,) = parse_memory_health(broken)
+    assert (gpu.uncorrectable_ecc, gpu.remap_pending, gpu.remap_failure) == (3, True, True)
+    assert len(gpu.problems()) == 3
+
+
+def test_dcgm_diag_results_per_gpu() -> None:
+    results = parse_dcgm_diag((GPU / "dcgmi-diag-r1-fail.json").read_text())
+    failed = [r for r in results if r.failed]
+    assert [(r.test, r.gpu) for r in failed] == [("Page Retirement/Row Remap", "1")]
+    assert "row remapping failed" in failed[0].info
+    assert not any(r.failed for r in parse_dcgm_diag((GPU / "dcgmi-diag-r1-pass.json").read_text()))
+
+
+def test_the_host_verdict_names_every_problem() -> None:
+    bad = host_gpu_health(
+        "gpu-d01",
+        kernel_log=(GPU / "kernel-log-xid.txt").read_text(),
+        smi_xml=H100_XML,
+        diag_json=(GPU / "dcgmi-diag-r1-fail.json").read_text(),
+    )
+    assert not bad.ok
+    assert len(bad.problems) == 2
+    assert bad.problems[0].startswith("XID 79 on GPU 0000:bb:00 (GPU has fallen off the bus)")
+    assert bad.problems[1].startswith("DCGM diag Page Retirement/Row Remap failed on GPU 1")
+    good = host_gpu_health(
+        "gpu-d02",
+        kernel_log="[1.0] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics Exception",
+        smi_xml=H100_XML,
+        diag_json=(GPU / "dcgmi-diag-r1-pass.json").read_text(),
+    )
+    assert good.ok

@@ -1,0 +1,165 @@
+"""The monitoring the plan makes: scrape targets with their labels, a config, rules and
+dashboards that Prometheus' own promtool accepts, and rule unit tests that fire."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.monitoring import (  # noqa: E501
+    monitoring_setup,
+)
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan
+from k2provision.plan.alert_rules import alert_rules
+from k2provision.plan.assemble import build_plan
+from k2provision.plan.dashboards import dashboards, panel_queries
+from k2provision.plan.monitoring import (
+    exporters_of,
+    prometheus_config,
+    scrape_targets,
+    where_line,
+)
+from tests.runners import k2
+
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = ROOT / "tests" / "golden"
+RULES_TEST = ROOT / "tests" / "fixtures" / "monitoring" / "alerts_test.yml"
+
+
+def plan_of(case: str) -> Plan:
+    return build_plan(load_cluster(GOLDEN / case / "inventory.ini"))
+
+
+def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    tool = shutil.which("promtool")
+    assert tool, "promtool is missing: scripts/install-lab-deps installs Debian's prometheus"
+    return subprocess.run([tool, *args], cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def test_pd_targets_every_serving_rank_the_router_and_the_exporters() -> None:
+    got = {
+        (t.job, t.host, t.address, t.instance, t.role, t.rank)
+        for t in scrape_targets(plan_of("sglang-pd-1p1d"))
+    }
+    assert got == {
+        ("engine", "pd-p01", "192.168.30.11:30000", "prefill", "prefill", 0),
+        ("engine", "pd-d01", "10.30.0.21:30000", "decode", "decode", 0),
+        ("router", "pd-router", "10.30.0.5:29000", "router", "router", 0),
+        ("node", "pd-p01", "192.168.30.11:9100", "prefill", "prefill", 0),
+        ("node", "pd-d01", "10.30.0.21:9100", "decode", "decode", 0),
+        ("node", "pd-router", "10.30.0.5:9100", "router", "router", 0),
+        ("dcgm", "pd-p01", "192.168.30.11:9400", "prefill", "prefill", 0),
+        ("dcgm", "pd-d01", "10.30.0.21:9400", "decode", "decode", 0),
+    } | (
+        {("dcgm", "pd-router", "10.30.0.5:9400", "router", "router", 0)}
+        if plan_of("sglang-pd-1p1d").host("pd-router").gpus
+        else set()
+    )
+
+
+def test_an_engine_without_metrics_still_gets_its_exporters() -> None:
+    plan = plan_of("trtllm-tp16-ep8")
+    jobs = {t.job for t in scrape_targets(plan)}
+    assert jobs == {"node", "dcgm"}
+    assert len([t for t in scrape_targets(plan) if t.job == "node"]) == len(plan.hosts)
+
+
+def test_vllm_scrapes_the_api_port_of_its_head() -> None:
+    plan = plan_of("vllm-tp16")
+    engine = [t for t in scrape_targets(plan) if t.job == "engine"]
+    assert [(t.host, t.address.rsplit(":", 1)[1], t.path) for t in engine] == [
+        (plan.pools[0].master, "8000", "/metrics")
+    ]
+
+
+def test_ipv6_targets_are_bracketed() -> None:
+    addresses = [t.address for t in scrape_targets(plan_of("sglang-pd-ipv6"))]
+    assert addresses
+    assert all(a.startswith("[") for a in addresses)
+
+
+def test_config_and_rules_pass_promtool(tmp_path: Path) -> None:
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(alert_rules(), sort_keys=False))
+    config = prometheus_config(plan_of("sglang-pd-4p12d"), rule_files=("alerts.yml",))
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    checked = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 14 rules found" in checked.stdout + checked.stderr
+    shutil.copy(RULES_TEST, tmp_path / "alerts_test.yml")
+    tested = promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_a_broken_rule_fails_promtool(tmp_path: Path) -> None:
+    doc = alert_rules()
+    doc["groups"][0]["rules"][0]["expr"] = "up{job= == 0"
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(doc))
+    assert promtool("check", "rules", "alerts.yml", cwd=tmp_path).returncode != 0
+
+
+def test_dashboards_are_grafana_json_and_every_query_parses(tmp_path: Path) -> None:
+    docs = dashboards()
+    assert set(docs) == {"k2-fleet.json", "k2-instance.json", "k2-pd.json", "k2-gpu.json"}
+    for name, doc in docs.items():
+        again = json.loads(json.dumps(doc))
+        assert again["uid"], name
+        assert again["panels"], name
+        assert len({p["id"] for p in again["panels"]}) == len(again["panels"]), name
+    rules = [
+        {"record": f"k2:panel_{i}", "expr": expr} for i, (_, _, expr) in enumerate(panel_queries())
+    ]
+    (tmp_path / "panels.yml").write_text(
+        yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]})
+    )
+    checked = promtool("check", "rules", "panels.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in checked.stdout
+
+
+def test_render_writes_the_monitoring_files_and_promtool_accepts_them(tmp_path: Path) -> None:
+    out = tmp_path / "render"
+    result = k2("render", str(GOLDEN / "sglang-pd-1p1d" / "inventory.ini"), "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    monitoring = out / "monitoring"
+    assert sorted(p.name for p in (monitoring / "dashboards").iterdir()) == [
+        "k2-fleet.json", "k2-gpu.json", "k2-instance.json", "k2-pd.json",
+    ]  # fmt: skip
+    checked = promtool("check", "config", "prometheus.yml", cwd=monitoring)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_roles_filter_places_the_server_and_the_exporters() -> None:
+    plan = plan_of("sglang-pd-1p1d")
+    doc = plan.model_dump(mode="json")
+    router = monitoring_setup(doc, "pd-router")
+    assert router["server"] is True
+    assert [e["name"] for e in router["exporters"]] == ["k2-node-exporter"]  # no GPUs
+    assert set(router["files"]) >= {"prometheus.yml", "alerts.yml", "dashboards/k2-fleet.json"}
+    decode = monitoring_setup(doc, "pd-d01")
+    assert decode["server"] is False
+    assert decode["files"] == {}
+    assert [e["name"] for e in decode["exporters"]] == ["k2-node-exporter", "k2-dcgm-exporter"]
+    assert decode["exporters"][1]["image"].startswith("nvcr.io/nvidia/k8s/dcgm-exporter:")
+    # A [monitoring] host wins over the endpoint's host:
+    assert monitoring_setup(doc, "pd-d01", ["pd-d01"])["server"] is True
+
+
+def test_lab_exporters_are_the_stand_ins() -> None:
+    plan = plan_of("sglang-pd-1p1d").model_copy(update={"lab": True})
+    exporters = exporters_of(plan, "pd-p01", lab_image="localhost/k2-standin:lab")
+    assert [e.args[-2:] for e in exporters] == [("node", "9100"), ("dcgm", "9400")]
+    assert all(e.image == "localhost/k2-standin:lab" for e in exporters)
+
+
+def test_status_says_where_prometheus_and_grafana_are() -> None:
+    plan = plan_of("sglang-pd-1p1d")
+    assert where_line(plan, []) == (
+        "monitoring: Prometheus http://10.30.0.5:9090, Grafana http://10.30.0.5:3000 "
+        "(on pd-router)"
+    )
+    assert "http://10.30.0.21:9090" in where_line(plan, ["pd-d01"])

@@ -1,0 +1,125 @@
+"""Metric names: those a PromQL expression reads, and those the pinned releases export.
+
+The engines' names come from their sources (prometheus_client Counter/Gauge/Histogram/Summary
+calls with a literal `name=`), the router's from its compiled extension's strings (a Rust
+binary: its `smg_` names are string literals), the exporters' from a pinned list with its sources
+(tests/fixtures/monitoring/exporter-metrics.txt).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPORTER_LIST = ROOT / "tests" / "fixtures" / "monitoring" / "exporter-metrics.txt"
+BUILTIN = {"up": "gauge", "scrape_duration_seconds": "gauge", "scrape_samples_scraped": "gauge"}
+
+_KINDS = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
+_PROMQL_WORDS = {
+    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
+    "bool", "offset", "sum", "avg", "min", "max", "count", "count_values", "topk", "bottomk",
+    "quantile", "stddev", "stdvar", "inf", "nan",
+}  # fmt: skip
+
+
+def site_packages(venv: Path) -> Path:
+    """The venv's site-packages (its one python3.* directory)."""
+    found = sorted((venv / "lib").glob("python3*/site-packages"))
+    if not found:
+        raise FileNotFoundError(f"{venv}: no lib/python3*/site-packages (build the parser venvs)")
+    return found[0]
+
+
+def _kind(call: ast.Call) -> str | None:
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    lowered = name.lower()
+    for word, kind in _KINDS.items():
+        if word in lowered:
+            return kind
+    return None
+
+
+def source_metrics(package_dir: Path, prefix: str) -> dict[str, str]:
+    """name -> type of every prometheus_client metric with a literal name starting `prefix`."""
+    found: dict[str, str] = {}
+    for path in package_dir.rglob("*.py"):
+        try:
+            with warnings.catch_warnings():  # the releases' own bad escapes are theirs
+                warnings.simplefilter("ignore", DeprecationWarning)
+                tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            kind = _kind(node)
+            if kind is None:
+                continue
+            for kw in node.keywords:
+                value = kw.value
+                if (
+                    kw.arg == "name"
+                    and isinstance(value, ast.Constant)
+                    and isinstance(value.value, str)
+                    and value.value.startswith(prefix)
+                ):
+                    found[value.value] = kind
+    return found
+
+
+def binary_names(path: Path, prefix: str) -> set[str]:
+    """The `prefix…` identifiers among a binary's strings."""
+    data = path.read_bytes()
+    pattern = re.escape(prefix.encode()) + rb"[a-z0-9_]+"
+    return {m.decode() for m in re.findall(pattern, data)}
+
+
+def exporter_metrics() -> dict[str, str]:
+    """The pinned exporters' names and types."""
+    out = {}
+    for line in EXPORTER_LIST.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, kind = line.split()
+            out[name] = kind
+    return out
+
+
+def exposed(metrics: dict[str, str]) -> set[str]:
+    """The series names Prometheus sees for metrics of these types (prometheus_client's
+    exposition: counters end in `_total`, histograms and summaries add `_bucket`/`_sum`/
+    `_count`)."""
+    names: set[str] = set()
+    for name, kind in metrics.items():
+        if kind == "counter":
+            names.add(name if name.endswith("_total") else name + "_total")
+            names.add(name)  # exporters that name counters as-is (DCGM)
+        elif kind in ("histogram", "summary"):
+            names.update({name + "_bucket", name + "_sum", name + "_count", name})
+        else:
+            names.add(name)
+    return names
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names an expression selects (label matchers, groupings, ranges, strings and
+    function names removed)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        word = m.group(0)
+        rest = text[m.end() :].lstrip()
+        if word.lower() in _PROMQL_WORDS or rest.startswith("("):
+            continue
+        if re.fullmatch(r"\d+[smhdwy]", word) or word[0].isdigit():
+            continue
+        if text[max(0, m.start() - 1)].isdigit() or (m.start() > 0 and text[m.start() - 1] == "."):
+            continue  # the exponent or unit of a number (1e3)
+        names.add(word)
+    return names
