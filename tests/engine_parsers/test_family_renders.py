@@ -107,12 +107,16 @@ def test_the_family_goldens_are_here() -> None:
         assert all(r.fits for r in plan(c).fit)
 
 
+FLASHMLA_PAGES = "FlashMLA only supports a page_size of 64"
+
+
 @pytest.mark.parametrize("name", [*CASES, *VARIANTS])
 def test_accepted_by_the_pinned_release_with_the_models_config(name: str) -> None:
     r = verdicts()[name]
     assert r.ok, f"{name}: {r.stage}: {r.error}"
     assert r.version == catalog.RELEASES[engine_of(name)].version  # type: ignore[index]
-    assert r.warnings == []
+    # FlashMLA (rendered with an FP8 KV cache) always logs that it pages by 64 tokens.
+    assert [w for w in r.warnings if FLASHMLA_PAGES not in w] == []
     assert any("the given config.json" in n for n in r.notes)
 
 

@@ -11,10 +11,14 @@ rejected, which proves the check can fail. Needs .venv-sglang from scripts/insta
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
 from k2provision.core import catalog
+from k2provision.core.inventory import load_cluster
+from k2provision.core.templating import with_host_values
+from k2provision.plan.assemble import build_plan
 
 from . import goldens
 from .goldens import Launch
@@ -256,3 +260,21 @@ def test_sglang_kt_refuses_what_only_upstream_sglang_accepts() -> None:
     assert not refused.ok
     assert refused.stage == "parse"
     assert "--attn-dp-size" in refused.error
+
+
+def test_fp8_kv_cache_renders_with_flashmla_which_sglang_resolves(tmp_path: Path) -> None:
+    """With k2_kv_cache_dtype=fp8 the server keeps an FP8 cache FP8 (docs/engines.md, "FP8 KV
+    cache on SGLang"): sglang 0.5.23 resolves the render to FlashMLA with its 64-token pages
+    and an fp8_e4m3 cache."""
+    inventory = tmp_path / "fp8.ini"
+    inventory.write_text(
+        "[nodes]\nn1 ansible_host=10.9.0.1\nn2 ansible_host=10.9.0.2\n[all:vars]\n"
+        "k2_engine=sglang\nk2_layout=tp\nk2_kv_cache_dtype=fp8\nk2_context_length=32768\n"
+    )
+    plan = build_plan(load_cluster(inventory))
+    proc = with_host_values(plan.hosts[0].processes[0], goldens.SAMPLE_HOST_VALUES)
+    r = check("sglang", list(proc.argv), dict(proc.env))
+    assert r.ok, f"{r.stage}: {r.error}"
+    assert r.value("attention_backend") == "flashmla"
+    assert r.value("kv_cache_dtype") == "fp8_e4m3"
+    assert r.value("page_size") == 64
