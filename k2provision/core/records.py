@@ -123,6 +123,13 @@ class Tunables(Record):
     config_dir: AbsolutePath = Field(
         default="/etc/k2provision", description="where hosts keep launch scripts and configs"
     )
+    compile_cache_dir: AbsolutePath | None = Field(
+        default=None,
+        description="host directory for the engines' compile and JIT caches (DeepGEMM, "
+        "torch.compile/Inductor, Triton, FlashInfer, ...), mounted into every engine "
+        "container so restarts do not recompile; default: k2-compile-cache beside "
+        "k2_model_dir",
+    )
     max_running_requests_prefill: int = Field(
         default=1024, ge=1, le=65536, description="SGLang PD: concurrent requests per prefill"
     )
@@ -553,10 +560,13 @@ class MemoryReserve(Record):
 
     activations: float  # the largest forward pass (prefill chunk or batch) and the sampler
     cuda_graphs: float  # captured graphs for the chosen batch sizes
-    comm_buffers: float  # NCCL, custom all-reduce and DeepEP buffers
+    comm_buffers: float  # NCCL, custom all-reduce and expert all-to-all (DeepEP) buffers
+    all2all: float = 0.0  # of comm_buffers: the expert all-to-all (DeepEP) buffers
     runtime: float  # CUDA context growth, kernel modules, library workspaces
     encoder: float = 0.0  # vision encoder profiling and its embedding cache
     margin: float  # k2_reserve_gib: what no engine accounts for (fragmentation, other users)
+    # Terms scaled to a published measurement, and which: empty when none is.
+    calibration: str = ""
 
     @property
     def total(self) -> float:
@@ -694,6 +704,8 @@ class ContainerOptions(Record):
     )
     devices: tuple[str, ...] = ("/dev/infiniband",)
     volumes: tuple[str, ...] = ()
+    # The host directory of the engine's compile and JIT caches (plan/caches.py).
+    compile_cache: str = ""
     reasons: dict[str, str] = {}
 
 

@@ -104,7 +104,10 @@ def value_range(variable: str) -> str:
             text = f"{noun} of at least {_number(low, integer)}"
         else:
             text = noun
-    elif any(getattr(m, "func", None) is not None for m in field.metadata):
+    elif any(
+        getattr(m, "func", None) is not None
+        for m in (*field.metadata, *getattr(kind, "__metadata__", ()))
+    ):
         text = "an absolute path of letters, digits and . _ - / @ + = % ~ (no '..')"
     else:
         text = (

@@ -101,6 +101,10 @@ class ContainerNeeds:
     """(capability, why)."""
     ulimits: tuple[tuple[str, str], ...] = ()
     """(ulimit, why), set ahead of the open-files limit every engine gets."""
+    compile_caches: tuple[tuple[str, str], ...] = ()
+    """(environment variable, subdirectory): where the engine's compile and JIT caches go,
+    each pointed at a subdirectory of the host's compile cache volume (plan/caches.py) so a
+    restart finds what the last start compiled."""
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,18 @@ METRICS_PORTS: tuple[str, ...] = ()
 # Served by sglang.launch_server: sglang's client on its native route.
 BENCH_CLIENT = SGLANG_BENCH_CLIENT
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
-CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
+# sglang-kt 0.7.2 has no SGLANG_CACHE_DIR: DeepGEMM's JIT cache is SGLANG_DG_CACHE_DIR
+# (srt/environ.py:360, ~/.cache/deep_gemm by default); the libraries keep their own.
+CONTAINER_NEEDS = ContainerNeeds(
+    cap_add=(NUMA_BINDING,),
+    compile_caches=(
+        ("SGLANG_DG_CACHE_DIR", "deep_gemm"),
+        ("TRITON_CACHE_DIR", "triton"),
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("CUDA_CACHE_PATH", "nv"),
+        ("FLASHINFER_WORKSPACE_BASE", ""),
+    ),
+)
 # Tunables only KTransformers reads, each with the layouts that read it.
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_ktransformers_", LAYOUTS)
 NO_IPV6: str | None = None

@@ -113,12 +113,42 @@ def server_env(
     return env, values
 
 
+# MLA attention backends that keep an FP8 KV cache FP8 (sglang 0.5.23). The defaults for MLA
+# do not: fa3 on Hopper and flashinfer on Blackwell (arg_groups/model_override_base.py
+# get_default_attn_backend) read a layer's whole cache as the query's BF16 every decode step
+# (layers/attention/flashattention_backend.py:2350 and flashinfer_mla_backend.py:822,
+# `get_key_buffer(layer.layer_id).to(q.dtype)`; fa3 leaves the query BF16 for MLA's 576-wide
+# heads, :1428 `layer.head_dim <= 256`): a BF16 copy of the layer's cache that the fit does not
+# count, and a conversion per layer per step. FlashMLA quantizes the query to FP8 instead
+# and reads the cache as stored (layers/attention/flashmla_backend.py:97 is_fp8_kvcache,
+# :457-480), at a page size of 64 (arg_groups/overrides.py:1148); on Blackwell TRT-LLM MLA
+# does the same (layers/attention/trtllm_mla_backend.py:1245 forward_decode quantizes the
+# query, :1327 reads the cache as stored). Prefill (extend) with a cached
+# prefix still reads the prefix through flashinfer_mla_backend.py:761, once per chunk.
+FP8_KV_BACKEND = "flashmla"
+FP8_KV_BACKEND_BY_GPU = {"b200": "trtllm_mla"}
+
+
+def fp8_kv_backend(gpu: str) -> str:
+    """The MLA attention backend rendered with an FP8 KV cache on `gpu`."""
+    return FP8_KV_BACKEND_BY_GPU.get(gpu, FP8_KV_BACKEND)
+
+
 def model_args(deployment: Deployment) -> tuple[str, ...]:
     """The model, its name and its parsers: what every SGLang server of Kimi-K2 takes."""
     t = deployment.cluster.tunables
     # The plan's memory fit counts an FP8 KV cache at 1 byte per value (MLA on Hopper and
-    # Blackwell: fp8_e4m3).
-    kv = ("--kv-cache-dtype", "fp8_e4m3") if deployment.kv_cache_dtype == "fp8" else ()
+    # Blackwell: fp8_e4m3), with an attention backend that reads it as FP8 (fp8_kv_backend).
+    kv = (
+        (
+            "--kv-cache-dtype",
+            "fp8_e4m3",
+            "--attention-backend",
+            fp8_kv_backend(deployment.cluster.gpu),
+        )
+        if deployment.kv_cache_dtype == "fp8"
+        else ()
+    )
     return (
         "--model-path",
         deployment.cluster.model_dir,
@@ -550,7 +580,20 @@ NUMA_BINDING = (
     "SGLang binds each rank's memory to its GPU's NUMA node with set_mempolicy/mbind, "
     "which Docker's default seccomp profile allows only with CAP_SYS_NICE",
 )
-CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,))
+# sglang 0.5.23 keeps every compiled kernel under SGLANG_CACHE_DIR: DeepGEMM's JIT
+# (SGLANG_DG_CACHE_DIR, srt/environ.py:1373 defaults it to SGLANG_CACHE_DIR/deep_gemm) and,
+# by setdefault at start, Triton, Inductor, the CUDA JIT cache and FlashInfer's workspace
+# (srt/environ.py:2308 third_party_cache_defaults). Set each, so none depends on that
+# setdefault running before the library is imported.
+COMPILE_CACHES = (
+    ("SGLANG_CACHE_DIR", ""),
+    ("SGLANG_DG_CACHE_DIR", "deep_gemm"),
+    ("TRITON_CACHE_DIR", "triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+    ("CUDA_CACHE_PATH", "nv"),
+    ("FLASHINFER_WORKSPACE_BASE", ""),
+)
+CONTAINER_NEEDS = ContainerNeeds(cap_add=(NUMA_BINDING,), compile_caches=COMPILE_CACHES)
 # Tunables only SGLang reads, each with the layouts that read it.
 PD_TUNABLES = (
     "k2_max_running_requests_prefill",
@@ -628,40 +671,76 @@ def kernel_path_problems(cluster: Cluster, pool: PoolName, spec: ModelSpec) -> l
 KV_PAGE_TOKENS = 1
 
 
+# DeepEP low-latency decode, measured: CUDA graph capture to batch 128 took about 20 GB
+# per rank (SGLang logs GiB as "GB") for Kimi-K2-Thinking at TP/DP-attention/EP 32 with
+# DeepEP and SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=256 (sgl-project/sglang#24453).
+# The capture includes DeepEP's buffers, which SGLang allocates lazily at the first
+# dispatch inside it (sgl-project/sglang#29942). The model below counts 9.4 GiB there; its
+# graph and all-to-all terms are scaled by measured / modelled.
+DEEPEP_DECODE_MEASURED_GIB = 20.0
+DEEPEP_DECODE_SOURCE = (
+    "sgl-project/sglang#24453: ~20 GB per rank for graphs to 128 + DeepEP buffers at "
+    "DP/EP 32, 256 dispatch tokens"
+)
+
+
+def deepep_decode_model(
+    spec: ModelSpec, p: Parallel, graph_bs: int, dispatch_tokens: int
+) -> tuple[float, float]:
+    """(CUDA graphs, DeepEP buffers) in GiB per GPU of a low-latency decode pool, before
+    calibration: the graphs' rows, and inside them, for every row a local expert can
+    receive (dispatch tokens per rank from every rank), the grouped GEMM pipeline's
+    tensors (received row, gate/up output, activation, down output); and DeepEP's
+    low-latency RDMA buffer."""
+    local_experts = (spec.n_routed_experts + p.redundant_experts) / p.ep
+    row = (2 * spec.hidden_size + 3 * spec.moe_intermediate_size) * 2
+    received = local_experts * p.ep * dispatch_tokens * row / GIB
+    graphs = graph_gib(graph_bs, graph_bs, spec, p) + received
+    return graphs, deepep_low_latency_gib(spec, p, dispatch_tokens)
+
+
+def deepep_decode_scale() -> float:
+    """Measured / modelled at the settings of the measurement (DEEPEP_DECODE_SOURCE)."""
+    spec = catalog.model("moonshotai/Kimi-K2-Thinking")
+    at = Parallel(tp=32, dp=32, ep=32, dp_attention=True)
+    graphs, buffers = deepep_decode_model(spec, at, 128, 256)
+    return DEEPEP_DECODE_MEASURED_GIB / (graphs + buffers)
+
+
 def reserve(f: PoolFit) -> MemoryReserve:
     """What SGLang needs outside its static pool (weights + KV), per GPU."""
     t = f.tunables
     p = f.parallel
     spec = f.spec
+    all2all = 0.0
+    calibration = ""
     if f.pool == "decode":
+        # The render sizes DeepEP's dispatch to the largest graph batch (_pd_env).
         tokens = t.cuda_graph_max_bs_decode
-        graph_rows = t.cuda_graph_max_bs_decode
-        # DeepEP low-latency mode: its RDMA buffer, and inside the graphs, for every row a
-        # local expert can receive (tokens per rank from every rank), the grouped GEMM
-        # pipeline's tensors: the received row, gate/up output, activation, down output.
-        local_experts = (spec.n_routed_experts + p.redundant_experts) / p.ep
-        row = (2 * spec.hidden_size + 3 * spec.moe_intermediate_size) * 2
-        received = local_experts * p.ep * tokens * row / GIB
-        comm = deepep_low_latency_gib(spec, p, tokens)
-        graphs = graph_gib(tokens, graph_rows, spec, p) + received
+        scale = deepep_decode_scale()
+        graphs, all2all = (
+            term * scale for term in deepep_decode_model(spec, p, tokens, tokens)
+        )
+        calibration = f"CUDA graphs and DeepEP x{scale:.2f}: {DEEPEP_DECODE_SOURCE}"
     elif f.pool == "prefill":
         # The render gives SGLang per rank x DP, which 0.5.23 divides by the attention-DP size.
         tokens = t.prefill_chunk_per_rank
-        comm = DEEPEP_NORMAL_GIB
+        all2all = DEEPEP_NORMAL_GIB
         graphs = 0.0  # --deepep-mode normal disables CUDA graphs
     else:
         tokens = 8192 if f.gpu.usable_gib >= 60 else 4096  # 0.5.23's chunk default
         graph_rows = 512 if p.tp >= 4 else 256  # its decode max_bs default
         graphs = graph_gib(graph_rows, graph_rows, spec, p)
-        comm = 0.0
-    comm += collective_buffers_gib(p.tp, f.gpus_per_node)
+    comm = all2all + collective_buffers_gib(p.tp, f.gpus_per_node)
     return MemoryReserve(
         activations=round(activations_gib(tokens, spec, p), 2),
         cuda_graphs=round(graphs, 2),
         comm_buffers=round(comm, 2),
+        all2all=round(all2all, 2),
         runtime=RUNTIME_GIB,
         encoder=encoder_gib(f),
         margin=t.reserve_gib,
+        calibration=calibration,
     )
 
 

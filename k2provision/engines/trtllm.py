@@ -330,7 +330,12 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         name="trtllm-serve",
         container=CONTAINER,
         image=deployment.image,
-        argv=mpirun_argv(deployment, hosts, pool, paths, (*MPI_FORWARD_ENV, *sorted(env))),
+        # The compile cache variables are set on the container (plan/caches.py); the ranks
+        # on the other hosts get them from mpirun too.
+        argv=mpirun_argv(
+            deployment, hosts, pool, paths,
+            (*MPI_FORWARD_ENV, *sorted({*env, *(name for name, _ in COMPILE_CACHES)})),
+        ),
         env=env,
         resolve=resolve,
         stage=1,
@@ -370,6 +375,17 @@ METRICS_PORTS: tuple[str, ...] = ()
 # trtllm-serve is OpenAI-compatible: sglang's client on the OpenAI completions route.
 BENCH_CLIENT = replace(SGLANG_BENCH_CLIENT, backend="sglang-oai")
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
+# The PyTorch backend's JIT-compiled kernels: DeepGEMM (its own DG_JIT_CACHE_DIR), Triton,
+# torch.compile's Inductor, FlashInfer's JIT workspace, the CUDA JIT cache; the rest of what
+# it caches under the home directory's .cache goes with XDG_CACHE_HOME.
+COMPILE_CACHES = (
+    ("DG_JIT_CACHE_DIR", "deep_gemm"),
+    ("TRITON_CACHE_DIR", "triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+    ("FLASHINFER_WORKSPACE_BASE", ""),
+    ("CUDA_CACHE_PATH", "nv"),
+    ("XDG_CACHE_HOME", "xdg"),
+)
 CONTAINER_NEEDS = ContainerNeeds(
     cap_add=(
         (
@@ -384,6 +400,7 @@ CONTAINER_NEEDS = ContainerNeeds(
             "the 64 MiB stack NVIDIA's TensorRT-LLM container instructions ask for",
         ),
     ),
+    compile_caches=COMPILE_CACHES,
 )
 # Tunables only TensorRT-LLM reads, each with the layouts that read it.
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_trtllm_", LAYOUTS)

@@ -3,7 +3,10 @@
 Every host runs one container, `k2-vllm`. Start order (stages start in turn; all processes of a
 stage start before any of that stage's gates is waited on):
 
-Layouts `tp` and `tp_pp` (Ray executor):
+Layouts `tp` and `tp_pp` on one host: `vllm serve` as the container's main command (stage 0),
+with vLLM's default multiprocessing executor, as the recipes run it; no Ray.
+
+Layouts `tp` and `tp_pp` across hosts (Ray executor):
   stage 0  head host: container main command `ray start --head ... --block`.
            gate: a command in the head's container that passes once Ray counts the head node
            and its GPUs.
@@ -118,6 +121,8 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     """Processes per host for the cluster's vLLM layout."""
     layout = deployment.cluster.layout
     if layout in RAY_LAYOUTS:
+        if len(deployment.pool("nodes").hosts) == 1:
+            return _render_one_node(deployment)
         return _render_ray(deployment)
     if layout == "dp_ep":
         return _render_dp_ep(deployment)
@@ -193,7 +198,8 @@ def _serve_args(deployment: Deployment, pool: PoolPlan, parallel: list[str]) -> 
 def _fit_args(deployment: Deployment, pool: PoolPlan) -> list[str]:
     """Flags the plan's memory fit counts: decode context parallelism (each token's KV on one
     GPU of the TP group; vllm-project/recipes Kimi-K2-Thinking TP8+DCP8), an FP8 KV cache,
-    and text-only serving of a multimodal model (the vision tower is not loaded)."""
+    text-only serving of a multimodal model (the vision tower is not loaded), or else the
+    tower replicated on every TP rank (data-parallel encoder)."""
     args: list[str] = []
     if pool.parallel.dcp > 1:
         args += ["--decode-context-parallel-size", str(pool.parallel.dcp)]
@@ -201,6 +207,13 @@ def _fit_args(deployment: Deployment, pool: PoolPlan) -> list[str]:
         args += ["--kv-cache-dtype", "fp8"]
     if deployment.language_model_only:
         args.append("--language-model-only")
+    elif deployment.multimodal and pool.parallel.tp > 1:
+        # The vision encoder data-parallel, as vLLM's Kimi-K2.5 recipe runs it: each TP rank
+        # holds the whole tower (the fit counts it replicated) and encodes its share of the
+        # batch (vllm/config/multimodal.py:385 mm_encoder_tp_mode; KimiK25ForConditional-
+        # Generation.supports_encoder_tp_data, model_executor/models/kimi_k25.py:307, else
+        # vllm/config/model.py:836 falls back to "weights").
+        args += ["--mm-encoder-tp-mode", "data"]
     return args
 
 
@@ -222,6 +235,40 @@ def ray_gate(head: str, nodes: int, gpus: int, timeout_s: int) -> HealthGate:
         ),
         timeout_s=timeout_s,
     )
+
+
+def _tp_pp_args(pool: PoolPlan) -> list[str]:
+    p = pool.parallel
+    parallel = ["--tensor-parallel-size", str(p.tp)]
+    if p.pp > 1:
+        parallel += ["--pipeline-parallel-size", str(p.pp)]
+    return parallel
+
+
+def _render_one_node(deployment: Deployment) -> dict[str, HostRender]:
+    """One host: `vllm serve` as the container's main command with vLLM's default executor,
+    multiprocessing (vllm/config/parallel.py ParallelConfig.__post_init__ picks "mp" when
+    the world fits the node and no Ray placement group exists), as the recipes run it."""
+    pool = deployment.pool("nodes")
+    t = deployment.cluster.tunables
+    (host,) = _hosts(deployment, pool)
+    env, values = _env(deployment, host)
+    serve = Process(
+        name="vllm-serve",
+        container=CONTAINER,
+        image=deployment.image,
+        argv=tuple(_serve_args(deployment, pool, _tp_pp_args(pool))),
+        env=env,
+        resolve=values,
+        stage=0,
+        health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
+    )
+    return {
+        host.name: HostRender(
+            processes=(serve,),
+            listeners=(listener(serve, "k2_api_port", "the vLLM API server", t.api_port),),
+        )
+    }
 
 
 def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
@@ -254,11 +301,7 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
         stage=0,
         health=ray_gate(ray_address, 1, gpn, t.health_timeout_s),
     )
-    p = pool.parallel
-    parallel = ["--tensor-parallel-size", str(p.tp)]
-    if p.pp > 1:
-        parallel += ["--pipeline-parallel-size", str(p.pp)]
-    parallel += ["--distributed-executor-backend", "ray"]
+    parallel = [*_tp_pp_args(pool), "--distributed-executor-backend", "ray"]
     serve_argv = _serve_args(deployment, pool, parallel)
     serve = Process(
         name="vllm-serve",
@@ -416,7 +459,19 @@ BENCH_CLIENT = BenchClient(
     ),
 )
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
-CONTAINER_NEEDS = ContainerNeeds()
+# vLLM 0.33.0 keeps torch.compile's artifacts under VLLM_CACHE_ROOT (envs.py:714) and points
+# DeepGEMM's JIT there too unless DG_JIT_CACHE_DIR is set (utils/deep_gemm.py:281); Triton,
+# Inductor's own cache, FlashInfer's JIT workspace and the CUDA JIT cache go with it.
+CONTAINER_NEEDS = ContainerNeeds(
+    compile_caches=(
+        ("VLLM_CACHE_ROOT", ""),
+        ("DG_JIT_CACHE_DIR", "deep_gemm"),
+        ("TRITON_CACHE_DIR", "triton"),
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("FLASHINFER_WORKSPACE_BASE", ""),
+        ("CUDA_CACHE_PATH", "nv"),
+    )
+)
 # Tunables only vLLM reads (every layout), each with the layouts that read it.
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_vllm_", LAYOUTS)
 NO_IPV6: str | None = None

@@ -27,6 +27,8 @@ from k2provision.engines import REGISTRY
 from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
 from k2provision.errors import InventoryError, PlanError
+from k2provision.plan.caches import compile_cache_dir, with_compile_caches
+from k2provision.plan.fit import edge_warnings
 from k2provision.plan.fixes import fixes
 from k2provision.plan.ports import host_ports, port_clashes
 from k2provision.plan.shapes import choices, evaluate, nodes_text, pool_names
@@ -78,6 +80,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         for r in reports
         if r.kv_tokens_per_replica < 2 * context
     ]
+    warnings += edge_warnings(reports)
     warnings += socket_warnings(cluster)
     if cluster.layout == "pd" and not cluster.tunables.router_image and not cluster.lab:
         warnings.append(
@@ -112,7 +115,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         multimodal=c.multimodal,
         language_model_only=c.language_model_only,
     )
-    rendered = engine.render(deployment)
+    rendered = with_compile_caches(cluster, engine.render(deployment))
     listeners = {name: out.listeners for name, out in rendered.items()}
     if clashes := port_clashes(cluster, listeners):
         raise InventoryError(clashes)
@@ -178,6 +181,7 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
     """docker run options: exactly what the engine needs on this cluster, each with its reason
     (docs/engines.md, "Container privileges"), or the lab profile on hosts without hardware."""
     config_dir = cluster.tunables.config_dir
+    cache = compile_cache_dir(cluster)
     volumes = (f"{cluster.model_dir}:{cluster.model_dir}:ro", f"{config_dir}:{config_dir}:ro")
     reasons = {
         "--network host": "engines bind and dial the hosts' own addresses; RDMA connection "
@@ -186,6 +190,9 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
         "transport use the host's /dev/shm (Docker's 64 MiB one makes NCCL fail at init)",
         f"--volume {volumes[0]}": "the weights, read-only, at the path the plan names",
         f"--volume {volumes[1]}": "launch scripts and config files, read-only",
+        f"--volume {cache}:{cache}": "(GPU containers) the engine's compile and JIT caches "
+        "(k2_compile_cache_dir), so a restart or a rolling change reuses the kernels the last "
+        "start compiled",
     }
     if cluster.lab:
         # Lab hosts have no GPUs or InfiniBand, and cannot grant unlimited memlock.
@@ -196,6 +203,7 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
             devices=(),
             ulimits=("nofile=20000:20000", "nproc=4096:4096"),
             volumes=volumes,
+            compile_cache=cache,
             reasons={
                 **reasons,
                 "--ulimit nofile=20000:20000": "the lab host's own limit (no GPUs, no RDMA)",
@@ -233,6 +241,7 @@ def container_options(cluster: Cluster, deployment: Deployment) -> ContainerOpti
         ulimits=tuple(ulimits),
         devices=tuple(devices),
         volumes=volumes,
+        compile_cache=cache,
         reasons=reasons,
     )
 

@@ -10,6 +10,7 @@ from k2provision.core.records import ContainerOptions, Process
 
 LABEL_HASH = "io.k2provision.hash"
 LABEL_PROCESS = "io.k2provision.process"
+LABEL_COMPILE_CACHE = "io.k2provision.compile-cache"
 # The stand-in fault mode of a lab host (k2_lab_fault), as the stand-in reads it.
 LAB_FAULT_ENV = "K2_LAB_FAULT"
 
@@ -61,6 +62,10 @@ def run_argv(
         argv += ["--device", device]
     for volume in options.volumes:
         argv += ["--volume", volume]
+    if options.compile_cache and process.gpus:
+        # Read-write: the engine writes the kernels it compiles (plan/caches.py).
+        cache = options.compile_cache
+        argv += ["--volume", f"{cache}:{cache}", "--label", f"{LABEL_COMPILE_CACHE}={cache}"]
     if process.lab_fault:
         argv += ["--env", f"{LAB_FAULT_ENV}={process.lab_fault}"]
     argv += [process.image, "sh", launch_path(config_dir, process)]

@@ -18,10 +18,11 @@ from __future__ import annotations
 from k2provision.core.catalog import GIB
 from k2provision.core.records import FitReport, MemoryReserve
 from k2provision.engines import REGISTRY
+from k2provision.engines.calibration import fit_error_gib
 from k2provision.engines.memory import KvBudget, PoolFit, kv_bytes_per_token
 from k2provision.engines.memory import weights_per_gpu as _weights_per_gpu
 
-__all__ = ["PoolFit", "fit_pool", "weights_per_gpu"]
+__all__ = ["PoolFit", "edge_warnings", "fit_pool", "kv_headroom_gib", "weights_per_gpu"]
 
 
 def weights_per_gpu(f: PoolFit) -> tuple[float, float]:
@@ -70,3 +71,25 @@ def _report(
         context_length=f.context_length,
         fits=replica >= f.context_length,
     )
+
+
+def kv_headroom_gib(r: FitReport) -> float:
+    """KV cache per GPU beyond what one request of the full context takes there (with decode
+    context parallelism each GPU holds 1/dcp of it)."""
+    dcp = r.kv_tokens_per_replica // r.kv_tokens_per_gpu if r.kv_tokens_per_gpu else 1
+    request = -(-r.context_length // max(dcp, 1))
+    return (r.kv_tokens_per_gpu - request) * r.kv_bytes_per_token / GIB
+
+
+def edge_warnings(reports: list[FitReport] | tuple[FitReport, ...]) -> list[str]:
+    """A loud warning per pool whose KV headroom is within the fit's calibration error: the
+    real engine may not hold one request of the context."""
+    error = fit_error_gib()
+    return [
+        f"[{r.pool}] AT THE EDGE: {kv_headroom_gib(r):.1f} GiB of KV cache per GPU beyond one "
+        f"{r.context_length}-token request, within the fit's own error ({error} GiB per GPU, "
+        "docs/fit.md \"Calibration\"): the engine may refuse to start or hold only one such "
+        "request; fix: add nodes, or lower k2_context_length"
+        for r in reports
+        if r.fits and kv_headroom_gib(r) < error
+    ]

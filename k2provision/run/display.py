@@ -118,12 +118,15 @@ def fit_table(plan: Plan) -> Table:
 
 
 def reserve_table(plan: Plan) -> Table:
-    """What the reserve holds, per GPU: CUDA graphs and buffers for the chosen sizes."""
+    """What the reserve holds, per GPU and term: CUDA graphs, NCCL / all-reduce and expert
+    all-to-all buffers for the chosen sizes, activations, runtime, encoder, margin; the
+    terms scaled to a published measurement are named under the table."""
     table = Table(title="reserve per GPU (GiB): graphs and buffers", title_justify="left")
     for column in (
         "pool",
         "CUDA graphs",
-        "comm buffers",
+        "collectives",
+        "all2all",
         "activations",
         "runtime",
         "encoder",
@@ -131,18 +134,25 @@ def reserve_table(plan: Plan) -> Table:
         "total",
     ):
         table.add_column(column)
+    notes = []
     for r in plan.fit:
         m = r.reserve
         table.add_row(
             r.pool,
             f"{m.cuda_graphs}",
-            f"{m.comm_buffers}",
+            f"{round(m.comm_buffers - m.all2all, 2)}",
+            f"{m.all2all}",
             f"{m.activations}",
             f"{m.runtime}",
             f"{m.encoder}",
             f"{m.margin}",
             f"{r.reserve_gib}",
         )
+        if m.calibration:
+            notes.append(f"[{r.pool}] calibrated: {m.calibration}")
+    if notes:
+        table.caption = Text("\n".join(notes))  # not markup: pool names are in brackets
+        table.caption_justify = "left"
     return table
 
 
@@ -163,6 +173,14 @@ def print_plan(plan: Plan) -> None:
     console.print(fit_table(plan))
     console.print(reserve_table(plan))
     console.print(Text.assemble("endpoint: ", (plan.endpoint, "bold")))
+    if plan.container.compile_cache:
+        console.print(
+            Text.assemble(
+                "compile caches: ",
+                (plan.container.compile_cache, "bold"),
+                " (host volume in every engine container: restarts reuse compiled kernels)",
+            )
+        )
     sys.stdout.flush()
     print_warnings(plan.warnings)
 

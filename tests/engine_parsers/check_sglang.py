@@ -118,6 +118,7 @@ FIELDS = (
     "reasoning_parser",
     "attention_backend",
     "kv_cache_dtype",
+    "page_size",
     "quantization",
     "expert_distribution_recorder_mode",
     "eplb_rebalance_num_iterations",

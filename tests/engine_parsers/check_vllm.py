@@ -95,6 +95,7 @@ FIELDS = (
     "all2all_backend",
     "enable_eplb",
     "distributed_executor_backend",
+    "mm_encoder_tp_mode",
     "nnodes",
     "node_rank",
     "master_addr",

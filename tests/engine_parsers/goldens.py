@@ -38,6 +38,7 @@ SAMPLE_HOST_VALUES = {
 # How far each checker goes for a golden launch.
 OPTIONS: dict[str, dict[str, Any]] = {
     "sglang": {"expert_location": True},
+    "sglang-kt": {},
     "sglang-router": {},
     "vllm": {"engine_config": True},
 }
@@ -108,5 +109,6 @@ def engine_of(proc: Process) -> str:
 def verdict(launch: Launch) -> ParseResult:
     """The checker's verdict on one golden launch (once per session)."""
     proc = process(launch)
-    engine = engine_of(proc)
+    # KTransformers launches sglang-kt's server, which its own parser checks.
+    engine = "sglang-kt" if plan(launch.case).engine == "ktransformers" else engine_of(proc)
     return check(engine, list(proc.argv), dict(proc.env), options=OPTIONS[engine])

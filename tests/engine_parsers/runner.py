@@ -1,7 +1,8 @@
 """Run a rendered command line through a pinned engine's real argument parser.
 
-The parsers live in their own venvs (``.venv-sglang``, ``.venv-vllm`` at the
-repository root, built by ``scripts/install-engine-parsers``); each check runs
+The parsers live in their own venvs (``.venv-sglang``, ``.venv-vllm``,
+``.venv-sglang-kt`` for KTransformers' sglang-kt, at the repository root,
+built by ``scripts/install-engine-parsers``); each check runs
 the matching checker script there in a subprocess and reads its JSON verdict.
 
 Usage in a test (mark it ``@pytest.mark.parsers``)::
@@ -41,6 +42,7 @@ REPO_ROOT = HERE.parent.parent
 # engine -> (venv directory name, checker script)
 ENGINES: dict[str, tuple[str, str]] = {
     "sglang": (".venv-sglang", "check_sglang.py"),
+    "sglang-kt": (".venv-sglang-kt", "check_sglang_kt.py"),
     "sglang-router": (".venv-sglang", "check_sglang_router.py"),
     "vllm": (".venv-vllm", "check_vllm.py"),
 }

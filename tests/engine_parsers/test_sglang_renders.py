@@ -11,10 +11,14 @@ rejected, which proves the check can fail. Needs .venv-sglang from scripts/insta
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
 from k2provision.core import catalog
+from k2provision.core.inventory import load_cluster
+from k2provision.core.templating import with_host_values
+from k2provision.plan.assemble import build_plan
 
 from . import goldens
 from .goldens import Launch
@@ -82,7 +86,7 @@ def test_cases_cover_both_layouts_and_every_host() -> None:
     assert len(KT_SERVERS) == 1
 
 
-@pytest.mark.parametrize("launch", [*SERVERS, *KT_SERVERS], ids=str)
+@pytest.mark.parametrize("launch", SERVERS, ids=str)
 def test_server_argv_is_accepted_without_stale_flag_warnings(launch: Launch) -> None:
     result = goldens.verdict(launch)
     assert result.ok, f"{launch}: {result.stage}: {result.error}"
@@ -214,9 +218,21 @@ def test_deprecated_dp_attention_spelling_would_be_caught() -> None:
     assert result.value("attn_dp_size") == goldens.pool_of(launch).parallel.dp
 
 
+def test_ktransformers_server_is_checked_by_sglang_kt_and_resolves() -> None:
+    """The KTransformers render goes through sglang-kt 0.7.2's own parser and server-args
+    resolution (not upstream sglang's), and passes both."""
+    (launch,) = KT_SERVERS
+    r = goldens.verdict(launch)
+    assert r.engine == "sglang-kt"
+    assert r.version == "sglang-kt 0.7.2"
+    assert r.ok, f"{launch}: {r.stage}: {r.error}"
+    assert r.resolved["kt_method"] == "FP8"
+    assert not any("deprecated" in w.lower() for w in r.warnings)
+
+
 def test_ktransformers_server_hands_the_routed_experts_to_kt_kernel() -> None:
-    """KTransformers is SGLang with kt-kernel: the options exist in the pinned SGLang and
-    carry the plan's values."""
+    """KTransformers is SGLang with kt-kernel: the options exist in sglang-kt and carry the
+    plan's values."""
     (launch,) = KT_SERVERS
     r = goldens.verdict(launch)
     t = goldens.cluster(KTRANSFORMERS).tunables
@@ -230,3 +246,35 @@ def test_ktransformers_server_hands_the_routed_experts_to_kt_kernel() -> None:
     assert r.parsed["tool_call_parser"] == "kimi_k2"
     assert r.parsed["tp_size"] == 1
     assert r.parsed["port"] == t.api_port
+
+
+def test_sglang_kt_refuses_what_only_upstream_sglang_accepts() -> None:
+    """The KTransformers check is the fork's own parser: upstream 0.5.23's `--attn-dp-size`
+    (which sglang accepts) is unknown to sglang-kt 0.7.2."""
+    (launch,) = KT_SERVERS
+    proc = goldens.process(launch)
+    argv = [*proc.argv, "--attn-dp-size", "2"]
+    assert check("sglang", ["python3", "-m", "sglang.launch_server", "--model-path", "/m",
+                            "--attn-dp-size", "2"], {}, options={"resolve": False}).ok
+    refused = check("sglang-kt", argv, dict(proc.env))
+    assert not refused.ok
+    assert refused.stage == "parse"
+    assert "--attn-dp-size" in refused.error
+
+
+def test_fp8_kv_cache_renders_with_flashmla_which_sglang_resolves(tmp_path: Path) -> None:
+    """With k2_kv_cache_dtype=fp8 the server keeps an FP8 cache FP8 (docs/engines.md, "FP8 KV
+    cache on SGLang"): sglang 0.5.23 resolves the render to FlashMLA with its 64-token pages
+    and an fp8_e4m3 cache."""
+    inventory = tmp_path / "fp8.ini"
+    inventory.write_text(
+        "[nodes]\nn1 ansible_host=10.9.0.1\nn2 ansible_host=10.9.0.2\n[all:vars]\n"
+        "k2_engine=sglang\nk2_layout=tp\nk2_kv_cache_dtype=fp8\nk2_context_length=32768\n"
+    )
+    plan = build_plan(load_cluster(inventory))
+    proc = with_host_values(plan.hosts[0].processes[0], goldens.SAMPLE_HOST_VALUES)
+    r = check("sglang", list(proc.argv), dict(proc.env))
+    assert r.ok, f"{r.stage}: {r.error}"
+    assert r.value("attention_backend") == "flashmla"
+    assert r.value("kv_cache_dtype") == "fp8_e4m3"
+    assert r.value("page_size") == 64

@@ -171,6 +171,8 @@ def test_every_container_option_comes_with_its_reason(case: str) -> None:
     rendered += [f"--ulimit {u}" for u in options.ulimits]
     rendered += [f"--device {d}" for d in options.devices]
     rendered += [f"--volume {v}" for v in options.volumes]
+    cache = options.compile_cache
+    rendered += [f"--volume {cache}:{cache}"] if cache else []
     assert sorted(rendered) == sorted(options.reasons)
     assert options.privileged is False
     multi_host = len({h.name for h in load_cluster(GOLDEN / case / "inventory.ini").hosts}) > 1

@@ -161,7 +161,10 @@ def test_two_prefill_five_decode_is_offered_the_redundant_experts_that_work(
 
 
 def test_a_large_fleet_is_told_the_valid_sizes_near_what_it_asked(tmp_path: Path) -> None:
-    prefill, decode = problems(SETUPS["sglang-pd-32p96d"], tmp_path)
+    # 768 spare slots also take the decode pool's memory (DeepEP sizes its buffers by every
+    # expert slot): a third line says so, with the same fix.
+    prefill, decode, *memory = problems(SETUPS["sglang-pd-32p96d"], tmp_path)
+    assert all("48 nodes x 8 h200" in line for line in memory)
     assert "[prefill] fits on 24 nodes x 8 h200" in prefill
     assert "or 48 nodes x 8 h200" in prefill
     assert "48 nodes x 8 h200" in decode

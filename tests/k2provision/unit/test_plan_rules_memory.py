@@ -1,0 +1,79 @@
+"""The memory, restart and smaller-truth rules (tests/k2provision/plan_rules_memory.py) over
+every plan a small enumeration admits: the catalog's models x engines x their layouts x node
+counts x KV dtypes x context lengths, on H200 and B200 nodes."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from k2provision.core import catalog
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan
+from k2provision.engines import REGISTRY
+from k2provision.errors import InventoryError, PlanError
+from k2provision.plan.assemble import build_plan
+from tests.k2provision.plan_rules_memory import problems
+
+NODE_COUNTS = (1, 2, 4)
+GPUS = ("h200", "b200")
+KV_DTYPES = ("auto", "fp8")
+CONTEXTS = (None, 131072)
+
+
+def _inventory(engine: str, layout: str, model: str, nodes: int, gpu: str, kv: str,
+               context: int | None) -> str:
+    if layout == "pd":
+        groups = "[prefill]\np1 ansible_host=10.9.0.1\n[decode]\n" + "".join(
+            f"d{i} ansible_host=10.9.1.{i + 1}\n" for i in range(nodes)
+        )
+    else:
+        groups = "[nodes]\n" + "".join(f"n{i} ansible_host=10.9.0.{i + 1}\n" for i in range(nodes))
+    settings = {
+        "k2_engine": engine,
+        "k2_layout": layout,
+        "k2_model": model,
+        "k2_model_dir": "/models/" + model.rsplit("/", maxsplit=1)[-1],
+        "k2_gpu": gpu,
+        "k2_kv_cache_dtype": kv,
+    }
+    if context:
+        settings["k2_context_length"] = str(context)
+    return groups + "[all:vars]\n" + "".join(f"{k}={v}\n" for k, v in settings.items())
+
+
+def admitted_plans(tmp: Path) -> list[tuple[str, Plan]]:
+    """Every plan of the enumeration that the plan accepts, with its name."""
+    found = []
+    combos = itertools.product(
+        catalog.MODELS, REGISTRY, NODE_COUNTS, GPUS, KV_DTYPES, CONTEXTS
+    )
+    for model, engine, nodes, gpu, kv, context in combos:
+        for layout in REGISTRY[engine].LAYOUTS:
+            name = f"{engine}-{layout}-{model.split('/')[-1]}-{nodes}n-{gpu}-{kv}-{context}"
+            path = tmp / f"{name}.ini"
+            path.write_text(_inventory(engine, layout, model, nodes, gpu, kv, context))
+            try:
+                found.append((name, build_plan(load_cluster(path))))
+            except (InventoryError, PlanError):
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Plan]]:
+    return admitted_plans(tmp_path_factory.mktemp("space"))
+
+
+def test_the_enumeration_admits_plans_of_every_engine(plans: list[tuple[str, Plan]]) -> None:
+    assert {p.engine for _, p in plans} == set(REGISTRY)
+    assert any(p.container.compile_cache for _, p in plans)
+
+
+def test_every_admitted_plan_keeps_the_memory_and_restart_rules(
+    plans: list[tuple[str, Plan]],
+) -> None:
+    broken = {name: found for name, plan in plans if (found := problems(plan))}
+    assert broken == {}
