@@ -1,6 +1,8 @@
 """The memory, restart and smaller-truth rules (tests/k2provision/plan_rules_memory.py) over
-every plan a small enumeration admits: the catalog's models x engines x their layouts x node
-counts x KV dtypes x context lengths, on H200 and B200 nodes."""
+every plan the catalog admits (tests/k2provision/plan_space.py: every engine, layout, model, GPU
+type, node count 1-32 and context length, default tunables), and over the FP8 KV cache, which
+the plan space leaves at its default: the catalog's models x engines x their layouts x 1, 2 and
+4 nodes x context lengths, on H200 and B200 nodes."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ from k2provision.core.records import Plan
 from k2provision.engines import REGISTRY
 from k2provision.errors import InventoryError, PlanError
 from k2provision.plan.assemble import build_plan
+from tests.k2provision import plan_space
 from tests.k2provision.plan_rules_memory import problems
 
 NODE_COUNTS = (1, 2, 4)
 GPUS = ("h200", "b200")
-KV_DTYPES = ("auto", "fp8")
+KV_DTYPES = ("fp8",)
 CONTEXTS = (None, 131072)
 
 
@@ -67,8 +70,12 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Plan]]:
     return admitted_plans(tmp_path_factory.mktemp("space"))
 
 
-def test_the_enumeration_admits_plans_of_every_engine(plans: list[tuple[str, Plan]]) -> None:
-    assert {p.engine for _, p in plans} == set(REGISTRY)
+def test_the_fp8_kv_enumeration_admits_plans_of_the_engines_that_take_it(
+    plans: list[tuple[str, Plan]],
+) -> None:
+    # The plan refuses k2_kv_cache_dtype=fp8 for TensorRT-LLM (its own variable sets the KV
+    # dtype) and KTransformers (no FP8 KV cache).
+    assert {p.engine for _, p in plans} == {"sglang", "vllm"}
     assert any(p.container.compile_cache for _, p in plans)
 
 
@@ -76,4 +83,11 @@ def test_every_admitted_plan_keeps_the_memory_and_restart_rules(
     plans: list[tuple[str, Plan]],
 ) -> None:
     broken = {name: found for name, plan in plans if (found := problems(plan))}
+    assert broken == {}
+
+
+def test_every_plan_of_the_plan_space_keeps_the_memory_and_restart_rules() -> None:
+    admitted = plan_space.admitted()
+    assert {a.engine for a in admitted} == set(REGISTRY)
+    broken = {a.label: found for a in admitted if (found := problems(plan_space.plan_of(a)))}
     assert broken == {}
