@@ -1,4 +1,5 @@
-"""GPU health from what a host reports: kernel-log XID lines, `nvidia-smi -q -x`, `dcgmi diag -j`.
+"""GPU health from what a host reports: kernel-log XID lines, `nvidia-smi -q -x`, `dcgmi diag -j`,
+`nvidia-smi nvlink -s`.
 
 Pure parsers and the verdicts drawn from them; collecting the outputs is the edge's job.
 
@@ -152,6 +153,46 @@ def parse_dcgm_diag(json_text: str) -> tuple[DiagResult, ...]:
     return tuple(out)
 
 
+# `GPU 3: NVIDIA H100 80GB HBM3 (UUID: GPU-...)` then one `\t Link N: 26.562 GB/s` line per link;
+# a link that is down reads `Link N: <inactive>`.
+_NVLINK_GPU = re.compile(r"^GPU (?P<gpu>\d+): ")
+_NVLINK_LINK = re.compile(r"^\s*Link (?P<link>\d+): (?P<state>.*?)\s*$")
+_NVLINK_RATE = re.compile(r"^\d+(?:\.\d+)? GB/s$")
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink of one GPU from `nvidia-smi nvlink -s`."""
+
+    gpu: int
+    link: int
+    state: str
+    """What nvidia-smi printed: the link's rate ("26.562 GB/s") or why it has none."""
+
+    @property
+    def up(self) -> bool:
+        """Only a rate is evidence of a working link (`<inactive>` and anything else is not)."""
+        return bool(_NVLINK_RATE.match(self.state))
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu} NVLink {self.link} is down (nvidia-smi nvlink -s: {self.state})"
+
+
+def parse_nvlink_status(text: str) -> tuple[NvLink, ...]:
+    """Every link of every GPU in `nvidia-smi nvlink -s` (a GPU without NVLink lists none)."""
+    links = []
+    gpu: int | None = None
+    for line in text.splitlines():
+        head = _NVLINK_GPU.match(line)
+        if head:
+            gpu = int(head["gpu"])
+            continue
+        link = _NVLINK_LINK.match(line)
+        if link and gpu is not None:
+            links.append(NvLink(gpu, int(link["link"]), link["state"]))
+    return tuple(links)
+
+
 @dataclass(frozen=True)
 class HostGpuHealth:
     """The verdict on one GPU host: every problem found, each naming the GPU."""
@@ -170,9 +211,10 @@ def host_gpu_health(
     kernel_log: str = "",
     smi_xml: str | None = None,
     diag_json: str | None = None,
+    nvlink_status: str | None = None,
 ) -> HostGpuHealth:
     """Every reason `host`'s GPUs should not serve: fatal XIDs since boot, uncorrectable ECC,
-    pending or failed row remaps, failed DCGM diagnostics."""
+    pending or failed row remaps, failed DCGM diagnostics, NVLinks down."""
     problems = [str(e) for e in parse_xids(kernel_log) if e.fatal]
     if smi_xml is not None:
         for gpu in parse_memory_health(smi_xml):
@@ -181,4 +223,6 @@ def host_gpu_health(
         for r in parse_dcgm_diag(diag_json):
             if r.failed:
                 problems.append(f"DCGM diag {r.test} failed on GPU {r.gpu}: {r.info}".rstrip(": "))
+    if nvlink_status is not None:
+        problems.extend(str(link) for link in parse_nvlink_status(nvlink_status) if not link.up)
     return HostGpuHealth(host, tuple(problems))

@@ -562,6 +562,16 @@ def check_gpu_health(f: HostFacts, exp: Expectations) -> list[Problem]:
                 "no pending remap",
                 "reset the GPU (`nvidia-smi -r`) or reboot so the remap takes effect",
             )
+    for link in f.nvlink or ():
+        if not link.up:
+            problem(
+                "gpu_nvlink",
+                str(link),
+                "every NVLink of every GPU up (a rate in GB/s)",
+                f"check the fabric manager (`systemctl status nvidia-fabricmanager`), reset GPU "
+                f"{link.gpu} (`nvidia-smi -r -i {link.gpu}`) or reboot; if the link stays down, "
+                "have the baseboard serviced",
+            )
     for result in f.gpu_diag or ():
         if result.failed:
             problem(
