@@ -18,6 +18,7 @@ from k2provision.engines import REGISTRY
 from k2provision.engines.common import host_port
 from k2provision.plan.alert_rules import alert_rules
 from k2provision.plan.dashboards import dashboards
+from k2provision.plan.dcgm_counters import DCGM_COUNTERS_PATH, dcgm_counters_csv
 
 # prometheus/node_exporter: its default --web.listen-address is :9100.
 NODE_EXPORTER_IMAGE = "quay.io/prometheus/node-exporter:v1.8.2"
@@ -167,6 +168,9 @@ class Exporter(Record):
     """docker run options before the image."""
     args: tuple[str, ...]
     """The exporter's arguments after the image."""
+    files: dict[str, str] = {}
+    """Files the exporter reads: path in its container -> content (the role writes each on the
+    host and mounts it there, read-only)."""
 
 
 def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tuple[Exporter, ...]:
@@ -174,7 +178,7 @@ def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tupl
     With `lab_image` (a lab plan), the lab image's stand-ins serve the same names."""
     gpus = plan.host(host).gpus > 0
     node_args = (f"--web.listen-address=:{NODE_EXPORTER_PORT}", "--path.rootfs=/host")
-    dcgm_args = ("-a", f":{DCGM_EXPORTER_PORT}")
+    dcgm_args = ("-a", f":{DCGM_EXPORTER_PORT}", "-f", DCGM_COUNTERS_PATH)
     node = Exporter(
         name="k2-node-exporter",
         image=NODE_EXPORTER_IMAGE,
@@ -188,6 +192,7 @@ def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tupl
         port=DCGM_EXPORTER_PORT,
         options=("--gpus", "all", "--cap-add", "SYS_ADMIN"),
         args=dcgm_args,
+        files={DCGM_COUNTERS_PATH: dcgm_counters_csv()},
     )
     chosen = (node, dcgm) if gpus else (node,)
     if lab_image is None:
@@ -198,6 +203,7 @@ def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tupl
             update={
                 "image": lab_image,
                 "options": (),
+                "files": {},
                 "args": ("python3", "-m", "k2standin.exporter", kinds[e.name], str(e.port)),
             }
         )
