@@ -220,12 +220,18 @@ def monitoring_host(plan: Plan, group: list[str]) -> str:
 def where_line(plan: Plan, group: list[str]) -> str:
     """Where the monitoring phase runs Prometheus and Grafana, as status prints it."""
     host = plan.host(monitoring_host(plan, group))
+    engine = REGISTRY[plan.engine]
+    none = (
+        f"; {engine.DISPLAY_NAME} metrics: none (its ranks are not scraped)"
+        if engine.METRICS_PATH is None
+        else ""
+    )
     if plan.lab:
         return (
             f"monitoring: exporters on every host; files on {host.name} "
-            "(the lab runs no Prometheus or Grafana containers)"
+            f"(the lab runs no Prometheus or Grafana containers){none}"
         )
     return (
         f"monitoring: Prometheus http://{host_port(host.address, PROMETHEUS_PORT)}, "
-        f"Grafana http://{host_port(host.address, GRAFANA_PORT)} (on {host.name})"
+        f"Grafana http://{host_port(host.address, GRAFANA_PORT)} (on {host.name}){none}"
     )

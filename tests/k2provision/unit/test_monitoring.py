@@ -79,6 +79,16 @@ def test_vllm_scrapes_the_api_port_of_its_head() -> None:
     ]
 
 
+def test_ktransformers_scrapes_its_sglang_server_with_metrics_on() -> None:
+    plan = plan_of("ktransformers")
+    engine = [t for t in scrape_targets(plan) if t.job == "engine"]
+    assert [(t.host, t.address.rsplit(":", 1)[1], t.path) for t in engine] == [
+        (plan.pools[0].master, "8000", "/metrics")
+    ]
+    (process,) = plan.host(plan.pools[0].master).processes
+    assert "--enable-metrics" in process.argv
+
+
 def test_ipv6_targets_are_bracketed() -> None:
     addresses = [t.address for t in scrape_targets(plan_of("sglang-pd-ipv6"))]
     assert addresses
@@ -166,6 +176,9 @@ def test_status_says_where_prometheus_and_grafana_are() -> None:
         "(on pd-router)"
     )
     assert "http://10.30.0.21:9090" in where_line(plan, ["pd-d01"])
+    assert "metrics: none" not in where_line(plan, [])
+    trtllm = where_line(plan_of("trtllm-tp16-ep8"), [])
+    assert trtllm.endswith("; TensorRT-LLM metrics: none (its ranks are not scraped)")
 
 
 def _dcgm_names(expr: str) -> set[str]:
