@@ -175,7 +175,14 @@ class NvLink:
         return bool(_NVLINK_RATE.match(self.state))
 
     def __str__(self) -> str:
+        if self.link == NO_LINK:
+            return f"GPU {self.gpu} has no active NVLink (nvidia-smi nvlink -s: {self.state})"
         return f"GPU {self.gpu} NVLink {self.link} is down (nvidia-smi nvlink -s: {self.state})"
+
+
+NO_LINK = -1
+"""The link number of a GPU whose links nvidia-smi could not list because none is active
+(`GPU 1: ... NVML: Unable to retrieve NVLink information as all links are inActive`)."""
 
 
 def parse_nvlink_status(text: str) -> tuple[NvLink, ...]:
@@ -186,11 +193,20 @@ def parse_nvlink_status(text: str) -> tuple[NvLink, ...]:
         head = _NVLINK_GPU.match(line)
         if head:
             gpu = int(head["gpu"])
+            if "all links are inactive" in line.lower():
+                links.append(NvLink(gpu, NO_LINK, line[line.index("NVML") :].strip()))
             continue
         link = _NVLINK_LINK.match(line)
         if link and gpu is not None:
             links.append(NvLink(gpu, int(link["link"]), link["state"]))
     return tuple(links)
+
+
+def down_links(links: tuple[NvLink, ...]) -> tuple[NvLink, ...]:
+    """The links that are down. A GPU without any active link counts only where nvidia-smi
+    lists several GPUs: a lone GPU (a one-GPU VM, a PCIe card) has no NVLink to lose."""
+    several = len({link.gpu for link in links}) > 1
+    return tuple(link for link in links if not link.up and (link.link != NO_LINK or several))
 
 
 @dataclass(frozen=True)
@@ -224,5 +240,5 @@ def host_gpu_health(
             if r.failed:
                 problems.append(f"DCGM diag {r.test} failed on GPU {r.gpu}: {r.info}".rstrip(": "))
     if nvlink_status is not None:
-        problems.extend(str(link) for link in parse_nvlink_status(nvlink_status) if not link.up)
+        problems.extend(str(link) for link in down_links(parse_nvlink_status(nvlink_status)))
     return HostGpuHealth(host, tuple(problems))

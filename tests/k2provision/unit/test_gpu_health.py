@@ -101,3 +101,15 @@ def test_a_down_nvlink_is_a_problem_of_the_host() -> None:
     assert verdict.problems == ("GPU 3 NVLink 7 is down (nvidia-smi nvlink -s: <inactive>)",)
     up = (GPU / "nvidia-smi-nvlink-s-hgx-h100.txt").read_text()
     assert host_gpu_health("gpu-01", nvlink_status=up).ok
+
+
+def test_a_gpu_with_no_active_link_is_down_only_beside_other_gpus() -> None:
+    message = "NVML: Unable to retrieve NVLink information as all links are inActive"
+    header = "GPU {n}: NVIDIA H100 80GB HBM3 (UUID: GPU-{n}) " + message + "\n"
+    up = (GPU / "nvidia-smi-nvlink-s-hgx-h100.txt").read_text()
+    eight = up.replace(up[up.index("GPU 5:") : up.index("GPU 6:")], header.format(n=5))
+    assert host_gpu_health("gpu-01", nvlink_status=eight).problems == (
+        f"GPU 5 has no active NVLink (nvidia-smi nvlink -s: {message})",
+    )
+    # A lone GPU without NVLink (a one-GPU VM) has nothing to lose.
+    assert host_gpu_health("vm-01", nvlink_status=header.format(n=0)).ok
