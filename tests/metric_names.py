@@ -2,8 +2,9 @@
 
 The engines' names come from their sources (prometheus_client Counter/Gauge/Histogram/Summary
 calls with a literal `name=`), the router's from its compiled extension's strings (a Rust
-binary: its `smg_` names are string literals), the exporters' from a pinned list with its sources
-(tests/fixtures/monitoring/exporter-metrics.txt).
+binary: its `smg_` names are string literals), the node exporter's from a pinned list with its
+sources (tests/fixtures/monitoring/exporter-metrics.txt), the DCGM exporter's from the counters
+file the monitoring role starts it with (k2provision/plan/dcgm_counters.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import ast
 import re
 import warnings
 from pathlib import Path
+
+from k2provision.plan.dcgm_counters import DCGM_COUNTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORTER_LIST = ROOT / "tests" / "fixtures" / "monitoring" / "exporter-metrics.txt"
@@ -79,8 +82,9 @@ def binary_names(path: Path, prefix: str) -> set[str]:
 
 
 def exporter_metrics() -> dict[str, str]:
-    """The pinned exporters' names and types."""
-    out = {}
+    """The pinned exporters' names and types: the node exporter's list, the DCGM exporter's
+    counters file."""
+    out: dict[str, str] = {field: kind for field, kind, _ in DCGM_COUNTERS}
     for line in EXPORTER_LIST.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, kind = line.split()

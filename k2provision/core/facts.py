@@ -38,13 +38,18 @@ from pydantic import BaseModel, ConfigDict
 
 from k2provision.core.gpu_health import (
     DiagResult,
+    NvLink,
     XidEvent,
     memory_health,
     parse_dcgm_diag,
+    parse_nvlink_status,
     parse_xids,
 )
 
 __all__ = [
+    "DEFAULT_DIAG_LEVEL",
+    "DIAG_LEVEL",
+    "DIAG_LEVELS",
     "FACTS",
     "FACT_COMMANDS",
     "LINK_RANK",
@@ -775,12 +780,20 @@ class HostFacts(Fact):
     xids: tuple[XidEvent, ...] | None = None
     """The NVIDIA driver's XID reports in the kernel log since boot."""
     gpu_diag: tuple[DiagResult, ...] | None = None
+    nvlink: tuple[NvLink, ...] | None = None
+    """Every NVLink of every GPU and its state (none on a GPU without NVLink)."""
 
 
 # ---------------------------------------------------------------- the commands behind the facts
 
 MODEL_DIR = "{model_dir}"
 """Stands in a command's argv for the plan's model directory."""
+DIAG_LEVEL = "{dcgm_diag_level}"
+"""Stands in a command's argv for the DCGM diagnostic level (``dcgmi diag -r LEVEL``)."""
+DIAG_LEVELS = (1, 2, 3, 4)
+"""DCGM's run levels: 1 quick (deployment checks, seconds), 2 medium (about two minutes),
+3 long (about half an hour), 4 extended (about an hour and a half)."""
+DEFAULT_DIAG_LEVEL = 1
 
 
 @dataclass(frozen=True)
@@ -806,9 +819,16 @@ class FactCommand:
     empty_is_answer: bool = False
     """Empty output means something (no listener, no container, no directory yet)."""
 
-    def command(self, model_dir: str) -> list[str]:
-        """The argv to run for a plan whose weights live in ``model_dir``."""
-        return [model_dir if arg == MODEL_DIR else arg for arg in self.argv]
+    def command(self, model_dir: str, dcgm_diag_level: int = DEFAULT_DIAG_LEVEL) -> list[str]:
+        """The argv to run for a plan whose weights live in ``model_dir``, running DCGM's
+        diagnostic at ``dcgm_diag_level`` (one of :data:`DIAG_LEVELS`)."""
+        if dcgm_diag_level not in DIAG_LEVELS:
+            raise ValueError(
+                f"DCGM diagnostic level {dcgm_diag_level!r}; expected one of "
+                f"{', '.join(map(str, DIAG_LEVELS))}"
+            )
+        given = {MODEL_DIR: model_dir, DIAG_LEVEL: str(dcgm_diag_level)}
+        return [given.get(arg, arg) for arg in self.argv]
 
     def text(self, rc: int | None, stdout: str | None) -> str | None:
         """What a run of the command leaves to parse: None when it gave nothing usable."""
@@ -863,10 +883,13 @@ FACT_COMMANDS: tuple[FactCommand, ...] = (
                 ("sh", "-c", 'journalctl -k -b -q --no-pager | grep -F "NVRM: Xid" || [ $? -eq 1 ]',
                  "kernel-xids"),
                 "journalctl -k -b | grep 'NVRM: Xid'", parse_xids, "xids", empty_is_answer=True),
-    # DCGM's quick diagnostic (level 1: deployment checks, seconds); dcgmi exits non-zero
-    # when a test fails, and the JSON says which.
-    FactCommand("dcgm_diag", ("dcgmi", "diag", "-r", "1", "-j"), "dcgmi diag -r 1 -j",
+    # DCGM's diagnostic at the role's level (default 1, quick: deployment checks, seconds);
+    # dcgmi exits non-zero when a test fails, and the JSON says which.
+    FactCommand("dcgm_diag", ("dcgmi", "diag", "-r", DIAG_LEVEL, "-j"), "dcgmi diag -r LEVEL -j",
                 _dcgm_diag, "gpu_diag", hardware=True, any_exit=True),
+    # Each GPU's NVLinks: a rate per trained link, `<inactive>` for one that is down.
+    FactCommand("nvlink", ("nvidia-smi", "nvlink", "-s"), "nvidia-smi nvlink -s",
+                parse_nvlink_status, "nvlink", hardware=True, empty_is_answer=True),
     FactCommand("containers", ("docker", "ps", "--format", "{{.Names}}"),
                 "docker ps --format '{{.Names}}'", parse_names, "containers",
                 empty_is_answer=True),

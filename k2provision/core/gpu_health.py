@@ -1,4 +1,5 @@
-"""GPU health from what a host reports: kernel-log XID lines, `nvidia-smi -q -x`, `dcgmi diag -j`.
+"""GPU health from what a host reports: kernel-log XID lines, `nvidia-smi -q -x`, `dcgmi diag -j`,
+`nvidia-smi nvlink -s`.
 
 Pure parsers and the verdicts drawn from them; collecting the outputs is the edge's job.
 
@@ -152,6 +153,62 @@ def parse_dcgm_diag(json_text: str) -> tuple[DiagResult, ...]:
     return tuple(out)
 
 
+# `GPU 3: NVIDIA H100 80GB HBM3 (UUID: GPU-...)` then one `\t Link N: 26.562 GB/s` line per link;
+# a link that is down reads `Link N: <inactive>`.
+_NVLINK_GPU = re.compile(r"^GPU (?P<gpu>\d+): ")
+_NVLINK_LINK = re.compile(r"^\s*Link (?P<link>\d+): (?P<state>.*?)\s*$")
+_NVLINK_RATE = re.compile(r"^\d+(?:\.\d+)? GB/s$")
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink of one GPU from `nvidia-smi nvlink -s`."""
+
+    gpu: int
+    link: int
+    state: str
+    """What nvidia-smi printed: the link's rate ("26.562 GB/s") or why it has none."""
+
+    @property
+    def up(self) -> bool:
+        """Only a rate is evidence of a working link (`<inactive>` and anything else is not)."""
+        return bool(_NVLINK_RATE.match(self.state))
+
+    def __str__(self) -> str:
+        if self.link == NO_LINK:
+            return f"GPU {self.gpu} has no active NVLink (nvidia-smi nvlink -s: {self.state})"
+        return f"GPU {self.gpu} NVLink {self.link} is down (nvidia-smi nvlink -s: {self.state})"
+
+
+NO_LINK = -1
+"""The link number of a GPU whose links nvidia-smi could not list because none is active
+(`GPU 1: ... NVML: Unable to retrieve NVLink information as all links are inActive`)."""
+
+
+def parse_nvlink_status(text: str) -> tuple[NvLink, ...]:
+    """Every link of every GPU in `nvidia-smi nvlink -s` (a GPU without NVLink lists none)."""
+    links = []
+    gpu: int | None = None
+    for line in text.splitlines():
+        head = _NVLINK_GPU.match(line)
+        if head:
+            gpu = int(head["gpu"])
+            if "all links are inactive" in line.lower():
+                links.append(NvLink(gpu, NO_LINK, line[line.index("NVML") :].strip()))
+            continue
+        link = _NVLINK_LINK.match(line)
+        if link and gpu is not None:
+            links.append(NvLink(gpu, int(link["link"]), link["state"]))
+    return tuple(links)
+
+
+def down_links(links: tuple[NvLink, ...]) -> tuple[NvLink, ...]:
+    """The links that are down. A GPU without any active link counts only where nvidia-smi
+    lists several GPUs: a lone GPU (a one-GPU VM, a PCIe card) has no NVLink to lose."""
+    several = len({link.gpu for link in links}) > 1
+    return tuple(link for link in links if not link.up and (link.link != NO_LINK or several))
+
+
 @dataclass(frozen=True)
 class HostGpuHealth:
     """The verdict on one GPU host: every problem found, each naming the GPU."""
@@ -170,9 +227,10 @@ def host_gpu_health(
     kernel_log: str = "",
     smi_xml: str | None = None,
     diag_json: str | None = None,
+    nvlink_status: str | None = None,
 ) -> HostGpuHealth:
     """Every reason `host`'s GPUs should not serve: fatal XIDs since boot, uncorrectable ECC,
-    pending or failed row remaps, failed DCGM diagnostics."""
+    pending or failed row remaps, failed DCGM diagnostics, NVLinks down."""
     problems = [str(e) for e in parse_xids(kernel_log) if e.fatal]
     if smi_xml is not None:
         for gpu in parse_memory_health(smi_xml):
@@ -181,4 +239,6 @@ def host_gpu_health(
         for r in parse_dcgm_diag(diag_json):
             if r.failed:
                 problems.append(f"DCGM diag {r.test} failed on GPU {r.gpu}: {r.info}".rstrip(": "))
+    if nvlink_status is not None:
+        problems.extend(str(link) for link in down_links(parse_nvlink_status(nvlink_status)))
     return HostGpuHealth(host, tuple(problems))

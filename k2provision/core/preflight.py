@@ -20,6 +20,7 @@ from collections.abc import Collection, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from k2provision.core.facts import FACTS, GpuInventory, HostFacts, IbPort, Topology, nearest_nics
+from k2provision.core.gpu_health import down_links
 from k2provision.core.versions import version_at_least, version_tuple
 
 __all__ = [
@@ -562,6 +563,15 @@ def check_gpu_health(f: HostFacts, exp: Expectations) -> list[Problem]:
                 "no pending remap",
                 "reset the GPU (`nvidia-smi -r`) or reboot so the remap takes effect",
             )
+    for link in down_links(f.nvlink or ()):
+        problem(
+            "gpu_nvlink",
+            str(link),
+            "every NVLink of every GPU up (a rate in GB/s)",
+            f"check the fabric manager (`systemctl status nvidia-fabricmanager`), reset GPU "
+            f"{link.gpu} (`nvidia-smi -r -i {link.gpu}`) or reboot; if the link stays down, "
+            "have the baseboard serviced",
+        )
     for result in f.gpu_diag or ():
         if result.failed:
             problem(

@@ -61,7 +61,13 @@ from k2provision.engines.memory import (
     floor2,
 )
 from k2provision.engines.sglang import BENCH_CLIENT as SGLANG_BENCH_CLIENT
-from k2provision.engines.sglang import LAUNCH_SERVER, NUMA_BINDING, model_args, server_env
+from k2provision.engines.sglang import (
+    LAUNCH_SERVER,
+    NUMA_BINDING,
+    SERVER_METRICS_ARGS,
+    model_args,
+    server_env,
+)
 
 CONTAINER = "k2-ktransformers"
 # kt-kernel's method for the routed experts' format as the checkpoint ships it.
@@ -96,6 +102,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         "--max-total-tokens", str(t.ktransformers_cache_lens),
         # Shared experts stay on the GPU with the attention (kt-kernel takes routed ones).
         "--disable-shared-experts-fusion",
+        *SERVER_METRICS_ARGS,
         "--host", any_address(cluster),
         "--port", str(t.api_port),
     )
@@ -129,8 +136,11 @@ TEXT_ONLY = False
 FP8_KV = False
 DCP_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = "/health"
-METRICS_PATH: str | None = None
-METRICS_PORTS: tuple[str, ...] = ()
+# sglang-kt 0.7.2 is SGLang's server: --enable-metrics mounts Prometheus' /metrics on its HTTP
+# port (sglang/srt/entrypoints/http_server.py, add_prometheus_middleware in
+# sglang/srt/utils/common.py), in SGLang's metric names.
+METRICS_PATH: str | None = "/metrics"
+METRICS_PORTS: tuple[str, ...] = ("k2_api_port",)
 # Served by sglang.launch_server: sglang's client on its native route.
 BENCH_CLIENT = SGLANG_BENCH_CLIENT
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()

@@ -370,6 +370,11 @@ TEXT_ONLY = False
 FP8_KV = False  # its KV dtype is k2_trtllm_kv_cache_dtype (kv_cache_config.dtype)
 DCP_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = "/health"
+# No Prometheus scrape: trtllm-serve's GET /metrics answers iteration stats as JSON
+# (tensorrt_llm/serve/openai_server.py, get_iteration_stats), not Prometheus text; its
+# prometheus_client app (/prometheus/metrics) is mounted only with return_perf_metrics on,
+# which records per-request perf metrics, and is left off until checked at the pinned tag
+# (docs/engines.md, "Metrics").
 METRICS_PATH: str | None = None
 METRICS_PORTS: tuple[str, ...] = ()
 # trtllm-serve is OpenAI-compatible: sglang's client on the OpenAI completions route.

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from k2provision.core.facts import FACTS
+from k2provision.core.facts import FACTS, FactParseError, parse_ibstat
 from k2provision.core.gpu_health import host_gpu_health
 from k2provision.core.records import HealthGate, HostPlan, Plan, Process
 from k2provision.ops.host_probe import (
@@ -70,8 +70,14 @@ def probe_script(host: HostPlan) -> str:
         # The GPU health gate's checks, now: fatal XIDs since boot, ECC and row remaps.
         f"echo '{MARK} xids'; {shlex.join(FACTS['kernel_xids'].argv)} 2>/dev/null",
         "if command -v nvidia-smi >/dev/null 2>&1; then "
-        f"echo '{MARK} smi-xml'; nvidia-smi -q -x 2>/dev/null; fi",
+        f"echo '{MARK} smi-xml'; nvidia-smi -q -x 2>/dev/null; "
+        f"echo '{MARK} nvlink'; {shlex.join(FACTS['nvlink'].argv)} 2>/dev/null; fi",
     ]
+    if host.ib_devices:  # the preflight gate's RDMA port state, now
+        lines.append(
+            f"if command -v ibstat >/dev/null 2>&1; then echo '{MARK} ibstat'; "
+            f"{shlex.join(FACTS['ibstat'].argv)} 2>/dev/null; fi"
+        )
     for p in host.processes:
         name = _q(p.name)
         if p.exec_in:
@@ -180,13 +186,19 @@ class HostStatus:
     processes: tuple[ProcessStatus, ...] = ()
     gpu_health: tuple[str, ...] = ()
     """What the GPU health gate would refuse the host for, now."""
+    ib_ports: tuple[str, ...] = ()
+    """The host's planned RDMA devices without an Active port, now."""
 
     @property
     def problems(self) -> list[str]:
         """What is wrong on this host, one item each."""
         if self.unreachable:
             return [f"unreachable: {self.unreachable}"]
-        return [*self.gpu_health, *(p for proc in self.processes for p in proc.problems)]
+        return [
+            *self.gpu_health,
+            *self.ib_ports,
+            *(p for proc in self.processes for p in proc.problems),
+        ]
 
     def as_json(self) -> dict[str, Any]:
         """The host's entry in `status --format json`."""
@@ -198,6 +210,7 @@ class HostStatus:
             "gpus": None if self.gpus is None else [asdict(g) for g in self.gpus],
             "processes": [asdict(p) for p in self.processes],
             "gpu_health": list(self.gpu_health),
+            "ib_ports": list(self.ib_ports),
             "problems": self.problems,
         }
 
@@ -327,6 +340,7 @@ def host_status(plan: Plan, host: HostPlan, output: str) -> HostStatus:
         gpus=parse_gpus(sections.get(("gpus", ""))),
         processes=tuple(process_status(plan, host, p, sections) for p in host.processes),
         gpu_health=gpu_health_now(host.name, sections),
+        ib_ports=ib_ports_now(host, sections),
     )
 
 
@@ -335,13 +349,39 @@ def gpu_health_now(host: str, sections: dict[tuple[str, str], Section]) -> tuple
     xids = sections.get(("xids", ""))
     smi = sections.get(("smi-xml", ""))
     smi_xml = "\n".join(smi.text) if smi is not None and smi.text else None
+    nvlink = sections.get(("nvlink", ""))
     try:
         verdict = host_gpu_health(
-            host, kernel_log="\n".join(xids.text) if xids else "", smi_xml=smi_xml
+            host,
+            kernel_log="\n".join(xids.text) if xids else "",
+            smi_xml=smi_xml,
+            nvlink_status="\n".join(nvlink.text) if nvlink is not None else None,
         )
     except ET.ParseError as exc:
         return (f"nvidia-smi -q -x is unreadable ({exc}): run it on {host}",)
     return verdict.problems
+
+
+def ib_ports_now(host: HostPlan, sections: dict[tuple[str, str], Section]) -> tuple[str, ...]:
+    """The preflight gate's RDMA check, now: each planned device of `host` without an Active
+    port (nothing where the host names no device or has no ibstat)."""
+    section = sections.get(("ibstat", ""))
+    if not host.ib_devices or section is None:
+        return ()
+    try:
+        ports = parse_ibstat("\n".join(section.text))
+    except FactParseError as exc:
+        return (f"ibstat is unreadable ({exc}): run it on {host.name}",)
+    found = []
+    for device in host.ib_devices:
+        mine = [p for p in ports if p.ca == device]
+        if not any(p.active for p in mine):
+            states = ", ".join(f"port {p.port} {p.state}" for p in mine) or "absent"
+            found.append(
+                f"RDMA device {device}: {states}, expected an Active port; check its cable and "
+                f"switch port (`ibstat {device}`)"
+            )
+    return tuple(found)
 
 
 # ---------------------------------------------------------------- the endpoint

@@ -18,6 +18,7 @@ from k2provision.engines import REGISTRY
 from k2provision.engines.common import host_port
 from k2provision.plan.alert_rules import alert_rules
 from k2provision.plan.dashboards import dashboards
+from k2provision.plan.dcgm_counters import DCGM_COUNTERS_PATH, dcgm_counters_csv
 
 # prometheus/node_exporter: its default --web.listen-address is :9100.
 NODE_EXPORTER_IMAGE = "quay.io/prometheus/node-exporter:v1.8.2"
@@ -167,6 +168,9 @@ class Exporter(Record):
     """docker run options before the image."""
     args: tuple[str, ...]
     """The exporter's arguments after the image."""
+    files: dict[str, str] = {}
+    """Files the exporter reads: path in its container -> content (the role writes each on the
+    host and mounts it there, read-only)."""
 
 
 def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tuple[Exporter, ...]:
@@ -174,7 +178,7 @@ def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tupl
     With `lab_image` (a lab plan), the lab image's stand-ins serve the same names."""
     gpus = plan.host(host).gpus > 0
     node_args = (f"--web.listen-address=:{NODE_EXPORTER_PORT}", "--path.rootfs=/host")
-    dcgm_args = ("-a", f":{DCGM_EXPORTER_PORT}")
+    dcgm_args = ("-a", f":{DCGM_EXPORTER_PORT}", "-f", DCGM_COUNTERS_PATH)
     node = Exporter(
         name="k2-node-exporter",
         image=NODE_EXPORTER_IMAGE,
@@ -188,6 +192,7 @@ def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tupl
         port=DCGM_EXPORTER_PORT,
         options=("--gpus", "all", "--cap-add", "SYS_ADMIN"),
         args=dcgm_args,
+        files={DCGM_COUNTERS_PATH: dcgm_counters_csv()},
     )
     chosen = (node, dcgm) if gpus else (node,)
     if lab_image is None:
@@ -198,6 +203,7 @@ def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tupl
             update={
                 "image": lab_image,
                 "options": (),
+                "files": {},
                 "args": ("python3", "-m", "k2standin.exporter", kinds[e.name], str(e.port)),
             }
         )
@@ -214,12 +220,18 @@ def monitoring_host(plan: Plan, group: list[str]) -> str:
 def where_line(plan: Plan, group: list[str]) -> str:
     """Where the monitoring phase runs Prometheus and Grafana, as status prints it."""
     host = plan.host(monitoring_host(plan, group))
+    engine = REGISTRY[plan.engine]
+    none = (
+        f"; {engine.DISPLAY_NAME} metrics: none (its ranks are not scraped)"
+        if engine.METRICS_PATH is None
+        else ""
+    )
     if plan.lab:
         return (
             f"monitoring: exporters on every host; files on {host.name} "
-            "(the lab runs no Prometheus or Grafana containers)"
+            f"(the lab runs no Prometheus or Grafana containers){none}"
         )
     return (
         f"monitoring: Prometheus http://{host_port(host.address, PROMETHEUS_PORT)}, "
-        f"Grafana http://{host_port(host.address, GRAFANA_PORT)} (on {host.name})"
+        f"Grafana http://{host_port(host.address, GRAFANA_PORT)} (on {host.name}){none}"
     )

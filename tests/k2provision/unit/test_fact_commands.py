@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from k2provision.core import role_specs
 from k2provision.core.expectations import FACT_TEXTS, host_facts
-from k2provision.core.facts import FACT_COMMANDS, FACTS, MODEL_DIR, HostFacts
+from k2provision.core.facts import (
+    DEFAULT_DIAG_LEVEL,
+    DIAG_LEVELS,
+    FACT_COMMANDS,
+    FACTS,
+    MODEL_DIR,
+    HostFacts,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 HW = ROOT / "tests" / "fixtures" / "hardware"
@@ -99,3 +107,24 @@ def test_output_no_command_of_a_fact_can_read_is_named_once() -> None:
         "'System clock synchronized:' or 'Leap status' line; fix: run `timedatectl show` on the "
         "host and check its output"
     )
+
+
+@pytest.mark.parametrize("level", DIAG_LEVELS)
+def test_the_dcgm_diagnostic_runs_at_the_level_asked(level: int) -> None:
+    assert FACTS["dcgm_diag"].command("/x", level) == ["dcgmi", "diag", "-r", str(level), "-j"]
+    assert FACTS["dcgm_diag"].command("/x")[3] == str(DEFAULT_DIAG_LEVEL) == "1"
+
+
+@pytest.mark.parametrize("level", [0, 5, -1])
+def test_a_dcgm_level_outside_1_to_4_is_refused(level: int) -> None:
+    with pytest.raises(ValueError, match=f"level {level}; expected one of 1, 2, 3, 4"):
+        FACTS["dcgm_diag"].command("/x", level)
+
+
+def test_the_inventory_sets_the_dcgm_level_within_1_to_4() -> None:
+    name = "k2_preflight_dcgm_diag_level"
+    assert role_specs.default(name) == DEFAULT_DIAG_LEVEL
+    assert role_specs.value_problem(name, 3) is None
+    problem = role_specs.value_problem(name, 5)
+    assert problem is not None
+    assert "1, 2, 3, 4" in problem

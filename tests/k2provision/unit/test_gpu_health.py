@@ -10,6 +10,7 @@ from k2provision.core.gpu_health import (
     host_gpu_health,
     parse_dcgm_diag,
     parse_memory_health,
+    parse_nvlink_status,
     parse_xids,
 )
 
@@ -78,3 +79,37 @@ def test_the_host_verdict_names_every_problem() -> None:
         diag_json=(GPU / "dcgmi-diag-r1-pass.json").read_text(),
     )
     assert good.ok
+
+
+def test_nvlink_state_per_gpu_and_link() -> None:
+    healthy = parse_nvlink_status((GPU / "nvidia-smi-nvlink-s-hgx-h100.txt").read_text())
+    assert len(healthy) == 8 * 18
+    assert all(link.up for link in healthy)
+    down = parse_nvlink_status((GPU / "nvidia-smi-nvlink-s-hgx-h100-link-down.txt").read_text())
+    assert [(link.gpu, link.link, link.state) for link in down if not link.up] == [
+        (3, 7, "<inactive>")
+    ]
+    # Only a rate says a link works; a GPU without NVLink lists no link.
+    (odd,) = parse_nvlink_status("GPU 0: NVIDIA H100 (UUID: GPU-a)\n\t Link 0: N/A\n")
+    assert not odd.up
+    assert parse_nvlink_status("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-a)\n") == ()
+
+
+def test_a_down_nvlink_is_a_problem_of_the_host() -> None:
+    text = (GPU / "nvidia-smi-nvlink-s-hgx-h100-link-down.txt").read_text()
+    verdict = host_gpu_health("gpu-01", nvlink_status=text)
+    assert verdict.problems == ("GPU 3 NVLink 7 is down (nvidia-smi nvlink -s: <inactive>)",)
+    up = (GPU / "nvidia-smi-nvlink-s-hgx-h100.txt").read_text()
+    assert host_gpu_health("gpu-01", nvlink_status=up).ok
+
+
+def test_a_gpu_with_no_active_link_is_down_only_beside_other_gpus() -> None:
+    message = "NVML: Unable to retrieve NVLink information as all links are inActive"
+    header = "GPU {n}: NVIDIA H100 80GB HBM3 (UUID: GPU-{n}) " + message + "\n"
+    up = (GPU / "nvidia-smi-nvlink-s-hgx-h100.txt").read_text()
+    eight = up.replace(up[up.index("GPU 5:") : up.index("GPU 6:")], header.format(n=5))
+    assert host_gpu_health("gpu-01", nvlink_status=eight).problems == (
+        f"GPU 5 has no active NVLink (nvidia-smi nvlink -s: {message})",
+    )
+    # A lone GPU without NVLink (a one-GPU VM) has nothing to lose.
+    assert host_gpu_health("vm-01", nvlink_status=header.format(n=0)).ok

@@ -4,6 +4,7 @@ dashboards that Prometheus' own promtool accepts, and rule unit tests that fire.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ from k2provision.core.records import Plan
 from k2provision.plan.alert_rules import alert_rules
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.dashboards import dashboards, panel_queries
+from k2provision.plan.dcgm_counters import DCGM_COUNTERS, DCGM_COUNTERS_PATH, dcgm_counters_csv
 from k2provision.plan.monitoring import (
     exporters_of,
     prometheus_config,
@@ -75,6 +77,16 @@ def test_vllm_scrapes_the_api_port_of_its_head() -> None:
     assert [(t.host, t.address.rsplit(":", 1)[1], t.path) for t in engine] == [
         (plan.pools[0].master, "8000", "/metrics")
     ]
+
+
+def test_ktransformers_scrapes_its_sglang_server_with_metrics_on() -> None:
+    plan = plan_of("ktransformers")
+    engine = [t for t in scrape_targets(plan) if t.job == "engine"]
+    assert [(t.host, t.address.rsplit(":", 1)[1], t.path) for t in engine] == [
+        (plan.pools[0].master, "8000", "/metrics")
+    ]
+    (process,) = plan.host(plan.pools[0].master).processes
+    assert "--enable-metrics" in process.argv
 
 
 def test_ipv6_targets_are_bracketed() -> None:
@@ -154,6 +166,7 @@ def test_lab_exporters_are_the_stand_ins() -> None:
     exporters = exporters_of(plan, "pd-p01", lab_image="localhost/k2-standin:lab")
     assert [e.args[-2:] for e in exporters] == [("node", "9100"), ("dcgm", "9400")]
     assert all(e.image == "localhost/k2-standin:lab" for e in exporters)
+    assert all(e.files == {} for e in exporters)  # the stand-in exports its names as they are
 
 
 def test_status_says_where_prometheus_and_grafana_are() -> None:
@@ -163,3 +176,25 @@ def test_status_says_where_prometheus_and_grafana_are() -> None:
         "(on pd-router)"
     )
     assert "http://10.30.0.21:9090" in where_line(plan, ["pd-d01"])
+    assert "metrics: none" not in where_line(plan, [])
+    trtllm = where_line(plan_of("trtllm-tp16-ep8"), [])
+    assert trtllm.endswith("; TensorRT-LLM metrics: none (its ranks are not scraped)")
+
+
+def _dcgm_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bDCGM_FI_[A-Z0-9_]+", expr))
+
+
+def test_the_dcgm_exporter_runs_with_exactly_the_fields_the_rules_and_dashboards_read() -> None:
+    exprs = [r["expr"] for g in alert_rules()["groups"] for r in g["rules"]]
+    exprs += [expr for _, _, expr in panel_queries()]
+    used = set().union(*(_dcgm_names(e) for e in exprs))
+    assert {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"} <= used
+    assert used == {field for field, _, _ in DCGM_COUNTERS}
+    (dcgm,) = [e for e in exporters_of(plan_of("sglang-pd-1p1d"), "pd-d01") if "dcgm" in e.name]
+    assert dcgm.args[dcgm.args.index("-f") + 1] == DCGM_COUNTERS_PATH
+    assert dcgm.files == {DCGM_COUNTERS_PATH: dcgm_counters_csv()}
+    rows = [line for line in dcgm_counters_csv().splitlines() if not line.startswith("#")]
+    assert rows[0] == "DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered."
+    assert [row.split(", ")[0] for row in rows] == [field for field, _, _ in DCGM_COUNTERS]
+    assert all(row.split(", ")[1] in ("gauge", "counter") for row in rows)

@@ -491,3 +491,23 @@ def test_a_failed_dcgm_diag_refuses_and_an_unreadable_one_is_named() -> None:
     assert check_gpu_health(passed, h200()) == []
     _, unreadable = host_facts("g1", {"dcgm_diag": "Error: unable to connect to host engine"})
     assert checks(unreadable) == ["unreadable_dcgm_diag"]
+
+
+def test_a_down_nvlink_refuses_the_host_naming_gpu_and_link() -> None:
+    down = (GPU_HEALTH / "nvidia-smi-nvlink-s-hgx-h100-link-down.txt").read_text()
+    facts, unreadable = host_facts("gpu-p01", {"nvlink": down})
+    assert unreadable == []
+    problem = only(check_host(facts, h200(instance="prefill")), "gpu_nvlink")
+    assert_readable(problem)
+    assert problem.value == "GPU 3 NVLink 7 is down (nvidia-smi nvlink -s: <inactive>)"
+    assert problem.fix.startswith("drain gpu-p01 (it would break the prefill instance); check")
+    assert "`nvidia-smi -r -i 3`" in problem.fix
+    up, _ = host_facts(
+        "gpu-p01", {"nvlink": (GPU_HEALTH / "nvidia-smi-nvlink-s-hgx-h100.txt").read_text()}
+    )
+    assert up.nvlink is not None
+    assert len(up.nvlink) == 144
+    assert check_gpu_health(up, h200()) == []
+    # A GPU without NVLink (the single-GPU VMs) lists no link: nothing to refuse.
+    single, _ = host_facts("g1", {"nvlink": ""})
+    assert single.nvlink == ()

@@ -413,3 +413,24 @@ def test_status_runs_the_gpu_health_checks_now(prod: Plan) -> None:
     assert "a row remap failed" in status.gpu_health[1]
     assert status.problems[:2] == list(status.gpu_health)
     assert status.as_json()["gpu_health"] == list(status.gpu_health)
+
+
+def test_status_shows_nvlinks_and_rdma_ports_now(prod: Plan) -> None:
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures"
+    down = (fixtures / "gpu_health" / "nvidia-smi-nvlink-s-hgx-h100-link-down.txt").read_text()
+    ibstat = (fixtures / "hardware" / "gpud-h100" / "ibstat.47.0.h100.some.down.with.polling.1")
+    host = prod.host("gpu-d01").model_copy(update={"ib_devices": ("mlx5_0", "mlx5_5")})
+    script = probe_script(host)
+    assert f"{MARK} nvlink" in script
+    assert f"{MARK} ibstat" in script
+    assert f"{MARK} ibstat" not in probe_script(host.model_copy(update={"ib_devices": ()}))
+    sick = answer(host, prod).replace(
+        f"{MARK} end",
+        f"{MARK} nvlink\n{down}{MARK} ibstat\n{ibstat.read_text()}\n{MARK} end",
+    )
+    status = host_status(prod, host, sick)
+    assert status.gpu_health == ("GPU 3 NVLink 7 is down (nvidia-smi nvlink -s: <inactive>)",)
+    (port,) = status.ib_ports
+    assert port.startswith("RDMA device mlx5_5: port 1 Down, expected an Active port")
+    assert status.problems[:2] == [*status.gpu_health, port]
+    assert status.as_json()["ib_ports"] == [port]

@@ -11,6 +11,7 @@ Options:
 - plan (required): the plan registered by k2.cluster.plan (the model dir of df/du).
 - facts: the keys to read (default: every fact).
 - hardware (default true): read the facts that need GPUs or HCAs, on a host the plan gives GPUs.
+- dcgm_diag_level (default 1): the level of `dcgmi diag -r`, 1 (quick) to 4 (extended).
 - texts: outputs to judge instead of reading (tests and offline audits); keys as the facts'.
 
 Returns: texts ({key: stdout or None}, every key of the registry), read (the commands run).
@@ -23,7 +24,7 @@ from typing import Any
 
 from k2provision.ansible.actions import ReadOnlyAction
 from k2provision.ansible.plan_parts import NotInPlanError, host_part
-from k2provision.core.facts import FACT_COMMANDS, FACTS
+from k2provision.core.facts import DEFAULT_DIAG_LEVEL, DIAG_LEVELS, FACT_COMMANDS, FACTS
 
 
 class ActionModule(ReadOnlyAction):
@@ -40,6 +41,14 @@ class ActionModule(ReadOnlyAction):
                 "msg": f"{host}: unknown fact keys {', '.join(unknown)}; fix: use "
                 f"{', '.join(FACTS)}",
             }
+        level = args.get("dcgm_diag_level", DEFAULT_DIAG_LEVEL)
+        if level not in DIAG_LEVELS and str(level) not in map(str, DIAG_LEVELS):
+            return {
+                "failed": True,
+                "msg": f"{host}: DCGM diagnostic level {level!r}; expected one of "
+                f"{', '.join(map(str, DIAG_LEVELS))}; fix: set k2_preflight_dcgm_diag_level "
+                "to 1 (quick) ... 4 (extended)",
+            }
         texts: dict[str, str | None] = dict.fromkeys(FACTS)
         if given:
             texts.update({k: None if v is None else str(v) for k, v in given.items()})
@@ -55,7 +64,7 @@ class ActionModule(ReadOnlyAction):
             if fact.key not in wanted or (fact.hardware and not hardware):
                 continue
             done = self._low_level_execute_command(
-                "LC_ALL=C " + shlex.join(fact.command(model_dir)), sudoable=True
+                "LC_ALL=C " + shlex.join(fact.command(model_dir, int(level))), sudoable=True
             )
             texts[fact.key] = fact.text(done.get("rc"), done.get("stdout"))
             read.append(fact.label)
