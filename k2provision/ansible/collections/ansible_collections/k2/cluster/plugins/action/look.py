@@ -1,0 +1,56 @@
+"""Action k2.cluster.look: what differs on this host from the plan, per phase (read-only).
+
+The first step of an apply. It asks the host in one module call (k2.cluster.host_look) about
+everything the looked-at phases place there and compares the answer with the plan
+(k2provision/plan/converge.py). With ``full`` it asks nothing and every phase runs every task.
+
+Options: plan (required): the plan registered by k2.cluster.plan; full (bool): run everything.
+Returns (registered as k2_converge): full (bool); phases: {phase: [difference, ...]} (an empty
+list: the phase is converged on this host and skips its tasks there); differences: the lines,
+named by phase. A host whose launch is converged joins group k2_converged_launch (the launch
+play's hosts are all:!k2_converged_launch). Under --check it reports changed when anything differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+
+from k2provision.core.inventory import plain_value
+from k2provision.core.records import Plan
+from k2provision.plan.converge import differences, expected_state, look_request
+
+
+class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is untyped
+    """Look at the host once; the differences per phase."""
+
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        args = plain_value(dict(self._task.args))
+        result["changed"] = False
+        if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
+            return {**result, "full": True, "phases": {}, "differences": []}
+        host = str(task_vars["inventory_hostname"])
+        try:
+            expected = expected_state(Plan.model_validate(args["plan"]), host)
+        except (KeyError, ValueError) as error:
+            return {**result, "failed": True, "msg": f"{host}: {error}"}
+        seen = self._execute_module(
+            module_name="k2.cluster.host_look",
+            module_args=look_request(expected),
+            task_vars=task_vars,
+        )
+        if seen.get("failed") or seen.get("unreachable"):
+            return {**result, **seen}
+        phases = differences(expected, seen)
+        lines = [f"{phase}: {line}" for phase, found in phases.items() for line in found]
+        result.update(full=False, phases=phases, differences=lines)
+        if not phases["launch"]:  # the launch play leaves out group k2_converged_launch
+            result.update(add_group="k2_converged_launch", parent_groups=["all"])
+        result["changed"] = bool(lines) and bool(self._play_context.check_mode)
+        return result

@@ -1,0 +1,131 @@
+"""Converge by difference: a host that holds what the plan places there differs in nothing;
+each kind of drift (a file's content or mode, a missing, stopped or re-specced container, a
+dead exec'd process, a broken checkpoint, docker gone) is named, on its host only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan
+from k2provision.plan.assemble import build_plan
+from k2provision.plan.containers import LABEL_HASH
+from k2provision.plan.converge import (
+    LOOKED_PHASES,
+    HostExpectation,
+    differences,
+    expected_state,
+    file_mode,
+    look_request,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    return build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
+
+
+def converged(expected: HostExpectation) -> dict[str, Any]:
+    """What host_look answers on a host that holds exactly its part of the plan."""
+    return {
+        "files": {p: {"sha256": h, "mode": m} for p, (h, m) in expected.files.items()},
+        "docker": True,
+        "containers": {n: {"running": True, "hash": h} for n, h in expected.containers.items()},
+        "execs": dict.fromkeys(expected.execs, True),
+        "checkpoint": [],
+    }
+
+
+def test_a_converged_host_differs_in_nothing_on_every_host(plan: Plan) -> None:
+    for host in plan.hosts:
+        expected = expected_state(plan, host.name)
+        assert expected.files, host.name
+        assert expected.containers, host.name
+        assert differences(expected, converged(expected)) == {"launch": []}
+    assert LOOKED_PHASES == ("launch",)
+
+
+def test_the_request_asks_for_every_file_container_and_process_of_the_host(plan: Plan) -> None:
+    host = plan.hosts[0]
+    request = look_request(expected_state(plan, host.name))
+    assert request["files"] == sorted(host.files)
+    assert set(request["containers"]) == {p.container for p in host.processes if not p.exec_in}
+    assert {e["name"] for e in request["execs"]} == {p.name for p in host.processes if p.exec_in}
+    assert request["label"] == LABEL_HASH
+    assert request["model_dir"] == plan.model_dir
+    assert request["need"] == "checkpoint"
+
+
+def _drift(expected: HostExpectation, kind: str) -> tuple[dict[str, Any], str]:
+    seen = converged(expected)
+    path = sorted(expected.files)[0]
+    name = sorted(expected.containers)[0]
+    if kind == "file content":
+        seen["files"][path] = {"sha256": "0" * 64, "mode": file_mode(path)}
+        return seen, f"file {path}: content differs from the plan"
+    if kind == "file mode":
+        seen["files"][path] = {"sha256": expected.files[path][0], "mode": "0600"}
+        return seen, f"file {path}: mode 0600, planned {file_mode(path)}"
+    if kind == "file missing":
+        seen["files"][path] = None
+        return seen, f"file {path}: missing"
+    if kind == "container missing":
+        del seen["containers"][name]
+        return seen, f"container {name}: missing"
+    if kind == "container stopped":
+        seen["containers"][name]["running"] = False
+        return seen, f"container {name}: not running"
+    if kind == "container spec":
+        seen["containers"][name]["hash"] = "old"
+        return seen, f"container {name}: made from another spec (old)"
+    if kind == "checkpoint":
+        seen["checkpoint"] = ["model-00001.safetensors: missing"]
+        return seen, f"model dir {expected.model_dir}: model-00001.safetensors: missing"
+    seen["docker"] = False
+    seen["containers"] = {}
+    return seen, "docker: not answering"
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "file content",
+        "file mode",
+        "file missing",
+        "container missing",
+        "container stopped",
+        "container spec",
+        "checkpoint",
+        "docker",
+    ],
+)
+def test_each_kind_of_drift_is_named_on_its_host_only(plan: Plan, kind: str) -> None:
+    drifted, other = plan.hosts[0].name, plan.hosts[1].name
+    seen, line = _drift(expected_state(plan, drifted), kind)
+    found = differences(expected_state(plan, drifted), seen)["launch"]
+    assert line in found
+    if kind != "docker":
+        assert found == [line]
+    untouched = expected_state(plan, other)
+    assert differences(untouched, converged(untouched)) == {"launch": []}
+
+
+def test_a_dead_exec_process_is_named() -> None:
+    plan = build_plan(load_cluster(ROOT / "inventory" / "examples" / "vllm-tp-pp.ini"))
+    host = next(h for h in plan.hosts if any(p.exec_in for p in h.processes))
+    expected = expected_state(plan, host.name)
+    seen = converged(expected)
+    name = sorted(expected.execs)[0]
+    seen["execs"][name] = False
+    container = expected.execs[name][0]
+    assert differences(expected, seen)["launch"] == [f"process {name}: not running in {container}"]
+
+
+def test_a_host_outside_the_plan_is_refused(plan: Plan) -> None:
+    with pytest.raises(ValueError, match="nohost is in no pool of the plan"):
+        expected_state(plan, "nohost")
