@@ -3,33 +3,53 @@
 A first step of every apply (action ``k2.cluster.look``) asks each host, in one module call,
 about everything the plan places there: the sha256 and mode of each rendered file, each planned
 container (running or not, the spec hash label it carries), whether each exec'd process lives,
-and whether the model directory holds what the host's processes load. :func:`differences`
-compares that answer with the plan and names, per phase, what differs; a phase whose list is
-empty is converged on that host and its tasks are skipped there. A phase the look does not
-cover is never called converged (it runs every task, as without the look).
+what each health gate answers, and whether the model directory holds what the host's
+processes load. :func:`differences` compares that answer with the plan and names, per phase,
+what differs; a phase whose list is empty is converged on that host and its tasks are skipped
+there. A phase the look does not cover is never called converged (it runs every task, as
+without the look).
+
+Each phase's play leaves out the hosts of group ``k2_skip_<phase>``, which the look fills
+(:func:`skipped_phases`): a host skips a phase its tags leave out, a looked-at phase it holds
+converged, and the smoke test unless it is the endpoint's host (the test runs once, there).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k2provision.core.records import HostPlan, Plan
+from k2provision.core.records import HealthGate, HostPlan, Plan
 from k2provision.plan.containers import LABEL_HASH, exec_pid_path, spec_hash
 
 __all__ = [
     "LOOKED_PHASES",
+    "PHASE_TAGS",
     "HostExpectation",
     "differences",
     "expected_state",
     "file_mode",
     "look_request",
+    "repairs",
+    "skip_group",
+    "skipped_phases",
 ]
 
 LOOKED_PHASES = ("launch",)
 """The phases the look covers: only these may be found converged and skipped."""
+
+PHASE_TAGS = {
+    "preflight": "preflight",
+    "prepare": "prepare",
+    "ssh_mesh": "ssh_mesh",
+    "weights": "weights",
+    "validate": "nccl",
+    "launch": "launch",
+    "verify": "verify",
+}
+"""Each phase of site.yml (playbooks/<phase>.yml) and the tag its play carries."""
 
 
 def file_mode(path: str) -> str:
@@ -53,6 +73,10 @@ class HostExpectation:
     """container name -> the spec hash label it must carry (its process's main container)."""
     execs: Mapping[str, tuple[str, str]]
     """exec'd process name -> (its container, its pid file inside it)."""
+    gates: Mapping[str, HealthGate]
+    """process name -> its health gate (a converged process passes it)."""
+    gate_containers: Mapping[str, str]
+    """process name -> the container a command gate runs in."""
     model_dir: str
     need: str | None
     """What the model directory must hold: checkpoint, directory, or None (no processes)."""
@@ -81,6 +105,8 @@ def expected_state(plan: Plan, host: str) -> HostExpectation:
             if not p.exec_in
         },
         execs={p.name: (p.container, exec_pid_path(p)) for p in entry.processes if p.exec_in},
+        gates={p.name: p.health for p in entry.processes if p.health is not None},
+        gate_containers={p.name: p.container for p in entry.processes if p.health is not None},
         model_dir=plan.model_dir,
         need=need,
     )
@@ -94,6 +120,15 @@ def look_request(expected: HostExpectation) -> dict[str, Any]:
         "execs": [
             {"name": name, "container": container, "pid_file": pid}
             for name, (container, pid) in sorted(expected.execs.items())
+        ],
+        "gates": [
+            {
+                "name": name,
+                "url": gate.url or "",
+                "command": list(gate.command),
+                "container": expected.gate_containers[name],
+            }
+            for name, gate in sorted(expected.gates.items())
         ],
         "label": LABEL_HASH,
         "model_dir": expected.model_dir,
@@ -127,6 +162,15 @@ def _container_differences(expected: HostExpectation, seen: Mapping[str, Any]) -
     return lines
 
 
+def _gate_text(gate: HealthGate) -> str:
+    return f"GET {gate.url}" if gate.url is not None else f"`{' '.join(gate.command)}`"
+
+
+def _gate_expects(gate: HealthGate) -> str:
+    """What a passing gate answers: the HTTP status, or a command's exit status 0."""
+    return str(gate.expect_status) if gate.url is not None else "0"
+
+
 def differences(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[str, list[str]]:
     """Per looked-at phase, what on the host differs from the plan, one line each (empty:
     converged). `observed` is what k2.cluster.host_look answered."""
@@ -140,5 +184,55 @@ def differences(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[
         for name, (container, _) in sorted(expected.execs.items())
         if not alive.get(name)
     ]
+    answers = observed.get("gates") or {}
+    launch += [
+        f"process {name}: health gate {_gate_text(gate)} answered {answers.get(name, 'nothing')}"
+        for name, gate in sorted(expected.gates.items())
+        if str(answers.get(name)) != _gate_expects(gate)
+    ]
     launch += [f"model dir {expected.model_dir}: {p}" for p in observed.get("checkpoint") or ()]
     return {"launch": launch}
+
+
+
+def repairs(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[str, list[str]]:
+    """What the launch writes and recreates on the host: the files whose content or mode
+    differs or that are missing, and the containers missing, stopped or of another spec."""
+    differing = {line.split(":", 1)[0] for line in differences(expected, observed)["launch"]}
+    return {
+        "files": [p for p in sorted(expected.files) if f"file {p}" in differing],
+        "containers": [c for c in sorted(expected.containers) if f"container {c}" in differing],
+    }
+
+def skip_group(phase: str) -> str:
+    """The group whose hosts the play of `phase` leaves out."""
+    return f"k2_skip_{phase}"
+
+
+def _selected(tag: str, run_tags: Sequence[str], skip_tags: Sequence[str]) -> bool:
+    """Whether ``--tags`` / ``--skip-tags`` let a play tagged `tag` run (any special tag
+    other than ``all`` counts as selecting it, so nothing is left out by mistake)."""
+    chosen = not run_tags or any(
+        t in {tag, "all", "tagged", "untagged"} for t in run_tags
+    )
+    return chosen and tag not in skip_tags
+
+
+def skipped_phases(
+    found: Mapping[str, list[str]],
+    *,
+    run_tags: Sequence[str],
+    skip_tags: Sequence[str],
+    endpoint: bool,
+) -> list[str]:
+    """The phases whose play leaves this host out: those the tags leave out, the looked-at
+    ones `found` converged here, and the smoke test (verify) unless this is the endpoint's host."""
+    skipped = []
+    for phase, tag in PHASE_TAGS.items():
+        if (
+            not _selected(tag, run_tags, skip_tags)
+            or (phase in LOOKED_PHASES and not found.get(phase))
+            or (phase == "verify" and not endpoint)
+        ):
+            skipped.append(phase)
+    return skipped

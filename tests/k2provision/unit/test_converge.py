@@ -1,6 +1,7 @@
-"""Converge by difference: a host that holds what the plan places there differs in nothing;
-each kind of drift (a file's content or mode, a missing, stopped or re-specced container, a
-dead exec'd process, a broken checkpoint, docker gone) is named, on its host only."""
+"""Converge by difference: a host that holds what the plan places there differs in nothing; each
+kind of drift (a file's content or mode, a missing, stopped or re-specced container, a dead
+exec'd process, a failing health gate, a broken checkpoint, docker gone) is named, on its host
+only."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from k2provision.plan.converge import (
     expected_state,
     file_mode,
     look_request,
+    repairs,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -37,6 +39,10 @@ def converged(expected: HostExpectation) -> dict[str, Any]:
         "docker": True,
         "containers": {n: {"running": True, "hash": h} for n, h in expected.containers.items()},
         "execs": dict.fromkeys(expected.execs, True),
+        "gates": {
+            name: str(gate.expect_status) if gate.url else "0"
+            for name, gate in expected.gates.items()
+        },
         "checkpoint": [],
     }
 
@@ -56,6 +62,7 @@ def test_the_request_asks_for_every_file_container_and_process_of_the_host(plan:
     assert request["files"] == sorted(host.files)
     assert set(request["containers"]) == {p.container for p in host.processes if not p.exec_in}
     assert {e["name"] for e in request["execs"]} == {p.name for p in host.processes if p.exec_in}
+    assert {g["name"] for g in request["gates"]} == {p.name for p in host.processes if p.health}
     assert request["label"] == LABEL_HASH
     assert request["model_dir"] == plan.model_dir
     assert request["need"] == "checkpoint"
@@ -83,6 +90,11 @@ def _drift(expected: HostExpectation, kind: str) -> tuple[dict[str, Any], str]:
     if kind == "container spec":
         seen["containers"][name]["hash"] = "old"
         return seen, f"container {name}: made from another spec (old)"
+    if kind == "health gate":
+        name = sorted(expected.gates)[0]
+        gate = expected.gates[name]
+        seen["gates"][name] = "no answer (refused)"
+        return seen, f"process {name}: health gate GET {gate.url} answered no answer (refused)"
     if kind == "checkpoint":
         seen["checkpoint"] = ["model-00001.safetensors: missing"]
         return seen, f"model dir {expected.model_dir}: model-00001.safetensors: missing"
@@ -100,6 +112,7 @@ def _drift(expected: HostExpectation, kind: str) -> tuple[dict[str, Any], str]:
         "container missing",
         "container stopped",
         "container spec",
+        "health gate",
         "checkpoint",
         "docker",
     ],
@@ -129,3 +142,13 @@ def test_a_dead_exec_process_is_named() -> None:
 def test_a_host_outside_the_plan_is_refused(plan: Plan) -> None:
     with pytest.raises(ValueError, match="nohost is in no pool of the plan"):
         expected_state(plan, "nohost")
+
+
+def test_repairs_are_the_drifted_files_and_containers_only(plan: Plan) -> None:
+    expected = expected_state(plan, plan.hosts[0].name)
+    assert repairs(expected, converged(expected)) == {"files": [], "containers": []}
+    seen = converged(expected)
+    path, name = sorted(expected.files)[0], sorted(expected.containers)[0]
+    seen["files"][path] = None
+    seen["containers"][name]["running"] = False
+    assert repairs(expected, seen) == {"files": [path], "containers": [name]}

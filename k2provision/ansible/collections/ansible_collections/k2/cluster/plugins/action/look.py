@@ -7,8 +7,11 @@ everything the looked-at phases place there and compares the answer with the pla
 Options: plan (required): the plan registered by k2.cluster.plan; full (bool): run everything.
 Returns (registered as k2_converge): full (bool); phases: {phase: [difference, ...]} (an empty
 list: the phase is converged on this host and skips its tasks there); differences: the lines,
-named by phase. A host whose launch is converged joins group k2_converged_launch (the launch
-play's hosts are all:!k2_converged_launch). Under --check it reports changed when anything differs.
+named by phase; files, containers: the launch's repairs here (files to write, containers to
+recreate); docker (whether it answered), checkpoint (what the model directory lacks);
+skipped_phases: the phases whose play leaves this host out, as it joins their
+groups k2_skip_<phase> (each phase's play runs on all:!k2_skip_<phase>). Under --check it
+reports changed when anything differs.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from ansible.plugins.action import ActionBase
 
 from k2provision.core.inventory import plain_value
 from k2provision.core.records import Plan
-from k2provision.plan.converge import differences, expected_state, look_request
+from k2provision.plan.converge import (
+    differences,
+    expected_state,
+    look_request,
+    repairs,
+    skip_group,
+    skipped_phases,
+)
 
 
 class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is untyped
@@ -49,8 +59,15 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
             return {**result, **seen}
         phases = differences(expected, seen)
         lines = [f"{phase}: {line}" for phase, found in phases.items() for line in found]
-        result.update(full=False, phases=phases, differences=lines)
-        if not phases["launch"]:  # the launch play leaves out group k2_converged_launch
-            result.update(add_group="k2_converged_launch", parent_groups=["all"])
+        result.update(full=False, phases=phases, differences=lines, **repairs(expected, seen))
+        result.update(docker=bool(seen.get("docker")), checkpoint=seen.get("checkpoint") or [])
+        skipped = skipped_phases(
+            phases,
+            run_tags=[str(t) for t in task_vars.get("ansible_run_tags") or ()],
+            skip_tags=[str(t) for t in task_vars.get("ansible_skip_tags") or ()],
+            endpoint=host == args["plan"].get("endpoint_host"),
+        )
+        result["skipped_phases"] = skipped
+        result["add_host"] = {"host_name": host, "groups": [skip_group(p) for p in skipped]}
         result["changed"] = bool(lines) and bool(self._play_context.check_mode)
         return result

@@ -8,6 +8,8 @@ import os
 import shutil
 import stat
 import subprocess
+import urllib.error
+import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -37,6 +39,12 @@ options:
     type: list
     elements: dict
     default: []
+  gates:
+    description: Health gates (name, url or command, container); each answers the HTTP status
+      of a GET of its url, or the exit status of its command in the container.
+    type: list
+    elements: dict
+    default: []
   label:
     description: The container label that carries the spec hash.
     type: str
@@ -52,6 +60,9 @@ options:
     default: none
 author: k2provision
 """
+
+
+GATE_TIMEOUT_S = 5
 
 
 def _file(path: str) -> dict[str, str] | None:
@@ -98,12 +109,27 @@ def _exec_alive(container: str, pid_file: str) -> bool:
     return out.returncode == 0
 
 
+def _gate(gate: dict[str, Any]) -> str:
+    """What a health gate answers now: an HTTP status, a command's exit status, or why none."""
+    if gate.get("url"):
+        try:
+            with urllib.request.urlopen(str(gate["url"]), timeout=GATE_TIMEOUT_S) as reply:
+                return str(reply.status)
+        except urllib.error.HTTPError as error:
+            return str(error.code)
+        except (OSError, ValueError) as error:
+            return f"no answer ({getattr(error, 'reason', error)})"
+    argv = ["docker", "exec", str(gate["container"]), *[str(a) for a in gate["command"]]]
+    return str(subprocess.run(argv, capture_output=True, check=False).returncode)
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "files": {"type": "list", "elements": "str", "default": []},
             "containers": {"type": "list", "elements": "str", "default": []},
             "execs": {"type": "list", "elements": "dict", "default": []},
+            "gates": {"type": "list", "elements": "dict", "default": []},
             "label": {"type": "str", "required": True},
             "model_dir": {"type": "str", "default": ""},
             "need": {
@@ -136,6 +162,7 @@ def main() -> None:
         docker=docker,
         containers=running,
         execs=execs,
+        gates={str(g["name"]): _gate(g) for g in params["gates"]},
         checkpoint=problems,
     )
 
