@@ -33,6 +33,7 @@ __all__ = [
     "file_mode",
     "look_request",
     "repairs",
+    "selected",
     "skip_group",
     "skipped_phases",
 ]
@@ -209,7 +210,7 @@ def skip_group(phase: str) -> str:
     return f"k2_skip_{phase}"
 
 
-def _selected(tag: str, run_tags: Sequence[str], skip_tags: Sequence[str]) -> bool:
+def selected(tag: str, run_tags: Sequence[str], skip_tags: Sequence[str]) -> bool:
     """Whether ``--tags`` / ``--skip-tags`` let a play tagged `tag` run (any special tag
     other than ``all`` counts as selecting it, so nothing is left out by mistake)."""
     chosen = not run_tags or any(
@@ -230,7 +231,7 @@ def skipped_phases(
     skipped = []
     for phase, tag in PHASE_TAGS.items():
         if (
-            not _selected(tag, run_tags, skip_tags)
+            not selected(tag, run_tags, skip_tags)
             or (phase in LOOKED_PHASES and not found.get(phase))
             or (phase == "verify" and not endpoint)
         ):

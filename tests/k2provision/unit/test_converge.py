@@ -16,12 +16,16 @@ from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH
 from k2provision.plan.converge import (
     LOOKED_PHASES,
+    PHASE_TAGS,
     HostExpectation,
     differences,
     expected_state,
     file_mode,
     look_request,
     repairs,
+    selected,
+    skip_group,
+    skipped_phases,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -152,3 +156,33 @@ def test_repairs_are_the_drifted_files_and_containers_only(plan: Plan) -> None:
     seen["files"][path] = None
     seen["containers"][name]["running"] = False
     assert repairs(expected, seen) == {"files": [path], "containers": [name]}
+
+
+def test_a_host_skips_the_phases_the_tags_leave_out_and_a_converged_launch() -> None:
+    converged_launch: dict[str, list[str]] = {"launch": []}
+    drifted = {"launch": ["container k2-x: missing"]}
+    every = skipped_phases(drifted, run_tags=["all"], skip_tags=[], endpoint=True)
+    assert every == []
+    assert skipped_phases(drifted, run_tags=["all"], skip_tags=[], endpoint=False) == ["verify"]
+    assert skipped_phases(converged_launch, run_tags=["all"], skip_tags=[], endpoint=True) == [
+        "launch"
+    ]
+    tagged = skipped_phases(drifted, run_tags=["launch", "verify"], skip_tags=[], endpoint=True)
+    assert tagged == ["preflight", "prepare", "ssh_mesh", "weights", "validate"]
+    assert "weights" in skipped_phases(drifted, run_tags=[], skip_tags=["weights"], endpoint=True)
+    assert selected("nccl", ["nccl"], [])
+    assert not selected(PHASE_TAGS["launch"], ["verify"], [])
+    assert skip_group("launch") == "k2_skip_launch"
+
+
+def test_each_phase_play_leaves_out_its_skip_group_and_carries_its_tag() -> None:
+    import yaml
+
+    site = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())
+    imported = [step["ansible.builtin.import_playbook"] for step in site]
+    assert imported[:2] == ["plan.yml", "look.yml"]
+    assert imported[2:] == [f"{phase}.yml" for phase in PHASE_TAGS]
+    for phase, tag in PHASE_TAGS.items():
+        (play,) = yaml.safe_load((ROOT / "playbooks" / f"{phase}.yml").read_text())
+        assert play["hosts"] == f"all:!{skip_group(phase)}", phase
+        assert play["tags"] == [tag], phase

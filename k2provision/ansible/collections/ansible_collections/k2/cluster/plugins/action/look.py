@@ -9,9 +9,9 @@ Returns (registered as k2_converge): full (bool); phases: {phase: [difference, .
 list: the phase is converged on this host and skips its tasks there); differences: the lines,
 named by phase; files, containers: the launch's repairs here (files to write, containers to
 recreate); docker (whether it answered), checkpoint (what the model directory lacks);
-skipped_phases: the phases whose play leaves this host out, as it joins their
-groups k2_skip_<phase> (each phase's play runs on all:!k2_skip_<phase>). Under --check it
-reports changed when anything differs.
+launch_selected: whether the tags run the launch phase; skipped_phases: the phases whose play
+leaves this host out, as it joins their groups k2_skip_<phase> (each phase's play runs on
+all:!k2_skip_<phase>). Under --check it reports changed when anything differs.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from ansible.plugins.action import ActionBase
 from k2provision.core.inventory import plain_value
 from k2provision.core.records import Plan
 from k2provision.plan.converge import (
+    PHASE_TAGS,
     differences,
     expected_state,
     look_request,
     repairs,
+    selected,
     skip_group,
     skipped_phases,
 )
@@ -61,12 +63,15 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         lines = [f"{phase}: {line}" for phase, found in phases.items() for line in found]
         result.update(full=False, phases=phases, differences=lines, **repairs(expected, seen))
         result.update(docker=bool(seen.get("docker")), checkpoint=seen.get("checkpoint") or [])
+        run_tags = [str(t) for t in task_vars.get("ansible_run_tags") or ()]
+        skip_tags = [str(t) for t in task_vars.get("ansible_skip_tags") or ()]
         skipped = skipped_phases(
             phases,
-            run_tags=[str(t) for t in task_vars.get("ansible_run_tags") or ()],
-            skip_tags=[str(t) for t in task_vars.get("ansible_skip_tags") or ()],
+            run_tags=run_tags,
+            skip_tags=skip_tags,
             endpoint=host == args["plan"].get("endpoint_host"),
         )
+        result["launch_selected"] = selected(PHASE_TAGS["launch"], run_tags, skip_tags)
         result["skipped_phases"] = skipped
         result["add_host"] = {"host_name": host, "groups": [skip_group(p) for p in skipped]}
         result["changed"] = bool(lines) and bool(self._play_context.check_mode)
