@@ -36,6 +36,7 @@ __all__ = [
     "selected",
     "skip_group",
     "skipped_phases",
+    "smoke_host",
 ]
 
 LOOKED_PHASES = ("launch",)
@@ -219,6 +220,12 @@ def selected(tag: str, run_tags: Sequence[str], skip_tags: Sequence[str]) -> boo
     return chosen and tag not in skip_tags
 
 
+def smoke_host(endpoint_host: str, play_hosts: Sequence[str]) -> str:
+    """The one host whose verify play runs the smoke test: the endpoint's host, or the play's
+    first host when --limit leaves the endpoint's host out (the test still asks the endpoint)."""
+    return endpoint_host if endpoint_host in play_hosts or not play_hosts else play_hosts[0]
+
+
 def skipped_phases(
     found: Mapping[str, list[str]],
     *,
@@ -227,7 +234,8 @@ def skipped_phases(
     endpoint: bool,
 ) -> list[str]:
     """The phases whose play leaves this host out: those the tags leave out, the looked-at
-    ones `found` converged here, and the smoke test (verify) unless this is the endpoint's host."""
+    ones `found` converged here, and the smoke test (verify) unless this host runs it
+    (`endpoint`: it is the :func:`smoke_host`)."""
     skipped = []
     for phase, tag in PHASE_TAGS.items():
         if (

@@ -26,6 +26,7 @@ from k2provision.plan.converge import (
     selected,
     skip_group,
     skipped_phases,
+    smoke_host,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -186,3 +187,8 @@ def test_each_phase_play_leaves_out_its_skip_group_and_carries_its_tag() -> None
         (play,) = yaml.safe_load((ROOT / "playbooks" / f"{phase}.yml").read_text())
         assert play["hosts"] == f"all:!{skip_group(phase)}", phase
         assert play["tags"] == [tag], phase
+
+
+def test_the_smoke_test_runs_from_the_endpoint_host_or_the_first_host_of_a_limited_play() -> None:
+    assert smoke_host("h1", ["h3", "h1"]) == "h1"
+    assert smoke_host("h1", ["h3", "h4"]) == "h3"

@@ -9,9 +9,10 @@ Returns (registered as k2_converge): full (bool); phases: {phase: [difference, .
 list: the phase is converged on this host and skips its tasks there); differences: the lines,
 named by phase; files, containers: the launch's repairs here (files to write, containers to
 recreate); docker (whether it answered), checkpoint (what the model directory lacks);
-launch_selected: whether the tags run the launch phase; skipped_phases: the phases whose play
-leaves this host out, as it joins their groups k2_skip_<phase> (each phase's play runs on
-all:!k2_skip_<phase>). Under --check it reports changed when anything differs.
+smoke_host: the host the smoke test runs from; launch_selected: whether the tags run the launch
+phase; skipped_phases: the phases whose play leaves this host out, as it joins their groups
+k2_skip_<phase> (each phase's play runs on all:!k2_skip_<phase>). Under --check it reports
+changed when anything differs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from k2provision.plan.converge import (
     selected,
     skip_group,
     skipped_phases,
+    smoke_host,
 )
 
 
@@ -65,12 +67,14 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         result.update(docker=bool(seen.get("docker")), checkpoint=seen.get("checkpoint") or [])
         run_tags = [str(t) for t in task_vars.get("ansible_run_tags") or ()]
         skip_tags = [str(t) for t in task_vars.get("ansible_skip_tags") or ()]
-        skipped = skipped_phases(
-            phases,
-            run_tags=run_tags,
-            skip_tags=skip_tags,
-            endpoint=host == args["plan"].get("endpoint_host"),
+        smoke = smoke_host(
+            str(args["plan"].get("endpoint_host")),
+            [str(h) for h in task_vars.get("ansible_play_hosts_all") or [host]],
         )
+        skipped = skipped_phases(
+            phases, run_tags=run_tags, skip_tags=skip_tags, endpoint=host == smoke
+        )
+        result["smoke_host"] = smoke
         result["launch_selected"] = selected(PHASE_TAGS["launch"], run_tags, skip_tags)
         result["skipped_phases"] = skipped
         result["add_host"] = {"host_name": host, "groups": [skip_group(p) for p in skipped]}
