@@ -192,3 +192,25 @@ def test_each_phase_play_leaves_out_its_skip_group_and_carries_its_tag() -> None
 def test_the_smoke_test_runs_from_the_endpoint_host_or_the_first_host_of_a_limited_play() -> None:
     assert smoke_host("h1", ["h3", "h1"]) == "h1"
     assert smoke_host("h1", ["h3", "h4"]) == "h3"
+
+
+def test_the_cli_shows_each_difference_the_look_found_with_its_host() -> None:
+    from k2provision.run import display
+    from k2provision.run.events import HostResult, parse_event
+
+    line = "launch: file /etc/k2provision/launch/[x].sh: content differs from the plan"
+    raw = {
+        "event": "runner_on_ok",
+        "event_data": {"host": "h2", "task": "What differs from the plan",
+                       "res": {"changed": True, "differences": [line]}},
+    }  # fmt: skip
+    event = parse_event(raw)
+    assert isinstance(event, HostResult)
+    assert event.differences == (line,)
+    view = display.RunView(["h2"])
+    with display.console.capture() as capture:
+        view.on_event(event)
+    assert f"h2: {line}" in capture.get()
+    quiet = parse_event({**raw, "event_data": {**raw["event_data"], "res": {"changed": False}}})
+    assert isinstance(quiet, HostResult)
+    assert quiet.differences == ()
