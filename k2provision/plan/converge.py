@@ -9,9 +9,9 @@ what differs; a phase whose list is empty is converged on that host and its task
 there. A phase the look does not cover is never called converged (it runs every task, as
 without the look).
 
-Each phase's play leaves out the hosts of group ``k2_skip_<phase>``, which the look fills
+Each phase's play first ends the hosts whose look named the phase in ``skipped_phases``
 (:func:`skipped_phases`): a host skips a phase its tags leave out, a looked-at phase it holds
-converged, and the smoke test unless it is the endpoint's host (the test runs once, there).
+converged, and the smoke test unless it runs it (the test runs once, from one host).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ __all__ = [
     "look_request",
     "repairs",
     "selected",
-    "skip_group",
     "skipped_phases",
     "smoke_host",
 ]
@@ -205,11 +204,6 @@ def repairs(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[str,
         "files": [p for p in sorted(expected.files) if f"file {p}" in differing],
         "containers": [c for c in sorted(expected.containers) if f"container {c}" in differing],
     }
-
-def skip_group(phase: str) -> str:
-    """The group whose hosts the play of `phase` leaves out."""
-    return f"k2_skip_{phase}"
-
 
 def selected(tag: str, run_tags: Sequence[str], skip_tags: Sequence[str]) -> bool:
     """Whether ``--tags`` / ``--skip-tags`` let a play tagged `tag` run (any special tag

@@ -24,7 +24,6 @@ from k2provision.plan.converge import (
     look_request,
     repairs,
     selected,
-    skip_group,
     skipped_phases,
     smoke_host,
 )
@@ -173,10 +172,9 @@ def test_a_host_skips_the_phases_the_tags_leave_out_and_a_converged_launch() -> 
     assert "weights" in skipped_phases(drifted, run_tags=[], skip_tags=["weights"], endpoint=True)
     assert selected("nccl", ["nccl"], [])
     assert not selected(PHASE_TAGS["launch"], ["verify"], [])
-    assert skip_group("launch") == "k2_skip_launch"
 
 
-def test_each_phase_play_leaves_out_its_skip_group_and_carries_its_tag() -> None:
+def test_each_phase_play_ends_the_hosts_the_look_names_and_carries_its_tag() -> None:
     import yaml
 
     site = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())
@@ -185,8 +183,11 @@ def test_each_phase_play_leaves_out_its_skip_group_and_carries_its_tag() -> None
     assert imported[2:] == [f"{phase}.yml" for phase in PHASE_TAGS]
     for phase, tag in PHASE_TAGS.items():
         (play,) = yaml.safe_load((ROOT / "playbooks" / f"{phase}.yml").read_text())
-        assert play["hosts"] == f"all:!{skip_group(phase)}", phase
         assert play["tags"] == [tag], phase
+        (first,) = play["pre_tasks"]
+        assert first["ansible.builtin.meta"] == "end_host", phase
+        assert first["tags"] == ["always"], phase
+        assert f"'{phase}' in k2_converge.skipped_phases" in first["when"], phase
 
 
 def test_the_smoke_test_runs_from_the_endpoint_host_or_the_first_host_of_a_limited_play() -> None:

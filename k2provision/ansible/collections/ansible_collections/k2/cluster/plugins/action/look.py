@@ -10,8 +10,8 @@ list: the phase is converged on this host and skips its tasks there); difference
 named by phase; files, containers: the launch's repairs here (files to write, containers to
 recreate); docker (whether it answered), checkpoint (what the model directory lacks);
 smoke_host: the host the smoke test runs from; launch_selected: whether the tags run the launch
-phase; skipped_phases: the phases whose play leaves this host out, as it joins their groups
-k2_skip_<phase> (each phase's play runs on all:!k2_skip_<phase>). Under --check it reports
+phase; skipped_phases: the phases whose play ends this host at its start (each phase's play
+begins with meta end_host for a host whose skipped_phases name it). Under --check it reports
 changed when anything differs.
 """
 
@@ -30,7 +30,6 @@ from k2provision.plan.converge import (
     look_request,
     repairs,
     selected,
-    skip_group,
     skipped_phases,
     smoke_host,
 )
@@ -77,6 +76,5 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         result["smoke_host"] = smoke
         result["launch_selected"] = selected(PHASE_TAGS["launch"], run_tags, skip_tags)
         result["skipped_phases"] = skipped
-        result["add_host"] = {"host_name": host, "groups": [skip_group(p) for p in skipped]}
         result["changed"] = bool(lines) and bool(self._play_context.check_mode)
         return result
