@@ -60,13 +60,13 @@ def script_and_container(state: Any, host: str) -> tuple[str, str]:
 
 
 def fingerprint(state: Any) -> dict[str, str]:
-    """Per host: the launch files' hashes and modes, and each k2 container's id and state."""
+    """Per host: the launch files' hashes and modes, and each running k2 container's id."""
     return {
         host.name: on_host(
             state,
             host.name,
             f"cd {SCRIPTS} && stat -c '%n %a' * && sha256sum *; "
-            "docker ps -a --filter name=k2- --format '{{.ID}} {{.Names}} {{.State}}' | sort",
+            "docker ps --filter name=k2- --format '{{.ID}} {{.Names}} running' | sort",
         )
         for host in state.hosts
     }
