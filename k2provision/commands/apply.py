@@ -8,6 +8,7 @@ from k2provision.commands.flow import HostRun, run_on_hosts
 from k2provision.commands.params import (
     CheckOpt,
     DiffOpt,
+    FullOpt,
     InventoryArg,
     KeepFailedOpt,
     LimitOpt,
@@ -23,6 +24,7 @@ def apply(
     limit: LimitOpt = None,
     tags: TagsOpt = None,
     keep_failed: KeepFailedOpt = False,
+    full: FullOpt = False,
 ) -> None:
     """Plan, then run playbooks/site.yml on the hosts with live progress and a summary."""
     run = HostRun(
@@ -33,6 +35,7 @@ def apply(
         check=check,
         diff=diff,
         keep_failed=keep_failed,
+        full=full,
     )
     raise typer.Exit(run_on_hosts(run))
 

@@ -117,6 +117,8 @@ class HostRun:
     diff: bool = False
     keep_failed: bool = False
     """A failed launch stage's containers are left running (k2_launch_keep_failed)."""
+    full: bool = False
+    """Every task runs, not only those of what the look found off the plan (k2_full_converge)."""
 
 
 class RunHooks:
@@ -261,6 +263,8 @@ def _flow(run: HostRun, hooks: RunHooks, loaded: LoadedPlan | None, record_: lis
         extravars = {"k2_expected_plan_digest": plan_digest(plan), **hooks.extravars(plan, record)}
         if run.keep_failed:
             extravars["k2_launch_keep_failed"] = True
+        if run.full:
+            extravars["k2_full_converge"] = True
         with hooks.view(plan, record) as view:
 
             def on_event(event: Event) -> None:

@@ -46,6 +46,14 @@ KeepFailedOpt = Annotated[
     ),
 ]
 
+FullOpt = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help="run every task on every host (default: only what the first look finds off the plan)",
+    ),
+]
+
 
 def split_tags(tags: str | None) -> tuple[str, ...]:
     """'launch, verify' -> ('launch', 'verify')."""

@@ -40,6 +40,8 @@ PLAYBOOK_VARS = (
     "k2_restart_set",
     "k2_cancel_relays",
     "k2_cancel_stage",
+    "k2_converge",
+    "k2_full_converge",
 )
 # A host list longer than this is shown by its ends and its count.
 HOSTS_SHOWN = 6

@@ -242,4 +242,6 @@ class RunView:
             self.tally.add(event)
             if event.status in {"failed", "unreachable"} and not event.ignored:
                 console.print(failure_line(event), soft_wrap=True)
+            for line in event.differences:
+                console.print(labelled(f"{event.host}:", "yellow", line), soft_wrap=True)
         self.live.update(self._render())

@@ -40,6 +40,8 @@ class HostResult:
     status: Status
     message: str = ""
     ignored: bool = False
+    differences: tuple[str, ...] = ()
+    """What the look (playbooks/look.yml) found off the plan on this host, one line each."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,12 @@ class Stats:
 
 
 Event = PlayStarted | TaskStarted | HostResult | Stats
+
+
+def _differences(res: Mapping[str, Any]) -> tuple[str, ...]:
+    """The look's lines of what differs from the plan (none for any other task)."""
+    lines = res.get("differences")
+    return tuple(str(line) for line in lines) if isinstance(lines, list) else ()
 
 
 def _message(res: Mapping[str, Any]) -> str:
@@ -80,6 +88,7 @@ def parse_event(raw: Mapping[str, Any]) -> Event | None:
             status=status,
             message=_message(res) if status in {"failed", "unreachable"} else "",
             ignored=bool(data.get("ignore_errors")),
+            differences=_differences(res),
         )
     if kind == "playbook_on_stats":
         hosts: dict[str, dict[str, int]] = {}

@@ -11,6 +11,7 @@ from k2provision.core.records import ContainerOptions, Plan, Process
 from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
+from k2provision.plan.converge import file_mode
 
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
@@ -83,6 +84,11 @@ def stale_containers(
     return stale
 
 
+def file_entries(files: dict[str, str], paths: list[str]) -> list[dict[str, str]]:
+    """The entries k2.cluster.write_files takes for `paths` of a host's rendered `files`."""
+    return [{"path": p, "content": files[p], "mode": file_mode(p)} for p in paths]
+
+
 def docker_exec_argv(process: dict[str, Any], config_dir: str) -> list[str]:
     """The `docker exec` argv for a process started inside a running container."""
     return exec_argv(Process.model_validate(process), config_dir)
@@ -142,6 +148,7 @@ class FilterModule:
             docker_run_argv,
             docker_spec_hash,
             docker_exec_argv,
+            file_entries,
             stale_containers,
             plan_stages,
             restart_set,

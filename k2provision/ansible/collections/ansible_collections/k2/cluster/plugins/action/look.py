@@ -1,0 +1,80 @@
+"""Action k2.cluster.look: what differs on this host from the plan, per phase (read-only).
+
+The first step of an apply. It asks the host in one module call (k2.cluster.host_look) about
+everything the looked-at phases place there and compares the answer with the plan
+(k2provision/plan/converge.py). With ``full`` it asks nothing and every phase runs every task.
+
+Options: plan (required): the plan registered by k2.cluster.plan; full (bool): run everything.
+Returns (registered as k2_converge): full (bool); phases: {phase: [difference, ...]} (an empty
+list: the phase is converged on this host and skips its tasks there); differences: the lines,
+named by phase; files, containers: the launch's repairs here (files to write, containers to
+recreate); docker (whether it answered), checkpoint (what the model directory lacks);
+smoke_host: the host the smoke test runs from; launch_selected: whether the tags run the launch
+phase; skipped_phases: the phases whose play ends this host at its start (each phase's play
+begins with meta end_host for a host whose skipped_phases name it). Under --check it reports
+changed when anything differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+
+from k2provision.core.inventory import plain_value
+from k2provision.core.records import Plan
+from k2provision.plan.converge import (
+    PHASE_TAGS,
+    differences,
+    expected_state,
+    look_request,
+    repairs,
+    selected,
+    skipped_phases,
+    smoke_host,
+)
+
+
+class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is untyped
+    """Look at the host once; the differences per phase."""
+
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        args = plain_value(dict(self._task.args))
+        result["changed"] = False
+        if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
+            return {**result, "full": True, "phases": {}, "differences": []}
+        host = str(task_vars["inventory_hostname"])
+        try:
+            expected = expected_state(Plan.model_validate(args["plan"]), host)
+        except (KeyError, ValueError) as error:
+            return {**result, "failed": True, "msg": f"{host}: {error}"}
+        seen = self._execute_module(
+            module_name="k2.cluster.host_look",
+            module_args=look_request(expected),
+            task_vars=task_vars,
+        )
+        if seen.get("failed") or seen.get("unreachable"):
+            return {**result, **seen}
+        phases = differences(expected, seen)
+        lines = [f"{phase}: {line}" for phase, found in phases.items() for line in found]
+        result.update(full=False, phases=phases, differences=lines, **repairs(expected, seen))
+        result.update(docker=bool(seen.get("docker")), checkpoint=seen.get("checkpoint") or [])
+        run_tags = [str(t) for t in task_vars.get("ansible_run_tags") or ()]
+        skip_tags = [str(t) for t in task_vars.get("ansible_skip_tags") or ()]
+        smoke = smoke_host(
+            str(args["plan"].get("endpoint_host")),
+            [str(h) for h in task_vars.get("ansible_play_hosts_all") or [host]],
+        )
+        skipped = skipped_phases(
+            phases, run_tags=run_tags, skip_tags=skip_tags, endpoint=host == smoke
+        )
+        result["smoke_host"] = smoke
+        result["launch_selected"] = selected(PHASE_TAGS["launch"], run_tags, skip_tags)
+        result["skipped_phases"] = skipped
+        result["changed"] = bool(lines) and bool(self._play_context.check_mode)
+        return result

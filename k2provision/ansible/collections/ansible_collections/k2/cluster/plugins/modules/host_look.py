@@ -1,0 +1,171 @@
+"""Module k2.cluster.host_look: what a host holds of its launch, in one call (read-only)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ..module_utils.k2_weights.checkpoint import checkpoint_problems
+
+DOCUMENTATION = r"""
+module: host_look
+short_description: What a host holds of its launch, in one call (read-only)
+description:
+  - The first step of an apply (action k2.cluster.look calls it): the state the launch phase
+    compares with the plan, read in one module call so a converged host costs one round trip.
+  - Reports raw facts only; the controller judges them (k2provision/plan/converge.py).
+options:
+  files:
+    description: Paths of the rendered files; each answers its sha256 and mode, or null.
+    type: list
+    elements: str
+    default: []
+  containers:
+    description: Container names; each present one answers whether it runs and its spec hash.
+    type: list
+    elements: str
+    default: []
+  execs:
+    description: Exec'd processes (name, container, pid_file); each answers whether it lives.
+    type: list
+    elements: dict
+    default: []
+  gates:
+    description: Health gates (name, url or command, container); each answers the HTTP status
+      of a GET of its url, or the exit status of its command in the container.
+    type: list
+    elements: dict
+    default: []
+  label:
+    description: The container label that carries the spec hash.
+    type: str
+    required: true
+  model_dir:
+    description: The model directory.
+    type: str
+    default: ""
+  need:
+    description: What the model directory must hold (checkpoint, directory or none).
+    type: str
+    choices: [checkpoint, directory, none]
+    default: none
+author: k2provision
+"""
+
+
+GATE_TIMEOUT_S = 5
+
+
+def _file(path: str) -> dict[str, str] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"sha256": digest.hexdigest(), "mode": f"{stat.S_IMODE(info.st_mode):04o}"}
+
+
+def _containers(names: list[str], label: str) -> dict[str, dict[str, Any]]:
+    """One `docker container inspect` for all names (missing ones are left out)."""
+    if not names:
+        return {}
+    out = subprocess.run(
+        ["docker", "container", "inspect", *names], capture_output=True, text=True, check=False
+    )
+    try:
+        infos = json.loads(out.stdout or "[]")
+    except ValueError:
+        infos = []
+    found = {}
+    for info in infos:
+        name = str(info.get("Name", "")).lstrip("/")
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        found[name] = {
+            "running": bool((info.get("State") or {}).get("Running")),
+            "hash": labels.get(label),
+        }
+    return found
+
+
+def _exec_alive(container: str, pid_file: str) -> bool:
+    out = subprocess.run(
+        ["docker", "exec", container, "sh", "-c", f'kill -0 "$(cat {pid_file})"'],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    return out.returncode == 0
+
+
+def _gate(gate: dict[str, Any]) -> str:
+    """What a health gate answers now: an HTTP status, a command's exit status, or why none."""
+    if gate.get("url"):
+        try:
+            with urllib.request.urlopen(str(gate["url"]), timeout=GATE_TIMEOUT_S) as reply:
+                return str(reply.status)
+        except urllib.error.HTTPError as error:
+            return str(error.code)
+        except (OSError, ValueError) as error:
+            return f"no answer ({getattr(error, 'reason', error)})"
+    argv = ["docker", "exec", str(gate["container"]), *[str(a) for a in gate["command"]]]
+    return str(subprocess.run(argv, capture_output=True, check=False).returncode)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "files": {"type": "list", "elements": "str", "default": []},
+            "containers": {"type": "list", "elements": "str", "default": []},
+            "execs": {"type": "list", "elements": "dict", "default": []},
+            "gates": {"type": "list", "elements": "dict", "default": []},
+            "label": {"type": "str", "required": True},
+            "model_dir": {"type": "str", "default": ""},
+            "need": {
+                "type": "str",
+                "choices": ["checkpoint", "directory", "none"],
+                "default": "none",
+            },
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    docker = shutil.which("docker") is not None
+    running = _containers(params["containers"], params["label"]) if docker else {}
+    execs = {
+        str(e["name"]): docker
+        and bool(running.get(str(e["container"]), {}).get("running"))
+        and _exec_alive(str(e["container"]), str(e["pid_file"]))
+        for e in params["execs"]
+    }
+    model_dir = params["model_dir"]
+    if params["need"] == "checkpoint":
+        problems = checkpoint_problems(model_dir)
+    elif params["need"] == "directory":
+        problems = [] if os.path.isdir(model_dir) else [f"{model_dir} does not exist"]
+    else:
+        problems = []
+    module.exit_json(
+        changed=False,
+        files={path: _file(path) for path in params["files"]},
+        docker=docker,
+        containers=running,
+        execs=execs,
+        gates={str(g["name"]): _gate(g) for g in params["gates"]},
+        checkpoint=problems,
+    )
+
+
+if __name__ == "__main__":
+    main()
