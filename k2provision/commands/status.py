@@ -312,15 +312,17 @@ def status(
     plan = loaded.plan
     address = endpoint_address(plan.endpoint)
     with contextlib.ExitStack() as stack:
-        if via_bastion or not reachable(address):
-            if plan.endpoint_host not in targets:
-                raise K2Error([f"{plan.endpoint_host}: the endpoint's host is not in the "
-                               "inventory's hosts; no SSH forward to it"])
-            local = stack.enter_context(port_forward(targets[plan.endpoint_host], address))
-            access = replace(access, dial=Dial(local))
-            err_console.print(f"endpoint {plan.endpoint}: read through an SSH port forward "
-                              f"to {plan.endpoint_host} (local {local[0]}:{local[1]})",
-                              soft_wrap=True)
+        if (via_bastion or not reachable(address)) and plan.endpoint_host in targets:
+            try:
+                local = stack.enter_context(port_forward(targets[plan.endpoint_host], address))
+            except K2Error as error:  # the hosts' table still comes; the endpoint says why
+                err_console.print(f"warning: endpoint {plan.endpoint}: {error}; asked "
+                                  "directly", soft_wrap=True, markup=False)
+            else:
+                access = replace(access, dial=Dial(local))
+                err_console.print(f"endpoint {plan.endpoint}: read through an SSH port "
+                                  f"forward to {plan.endpoint_host} (local "
+                                  f"{local[0]}:{local[1]})", soft_wrap=True)
         code = check_once(inventory, plan, targets, record, as_json, access)
         if watch is None:
             raise typer.Exit(code)
