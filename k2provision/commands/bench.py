@@ -48,6 +48,7 @@ from k2provision.ops.bench import (
     client_argv,
     client_env,
     client_for,
+    cluster_argv,
     cluster_run,
     cluster_script,
     concurrency_list,
@@ -349,7 +350,8 @@ def bench(
         out_dir.mkdir()
         spec = RunSpec(plan.endpoint, plan.served_model_name, tok, chosen, num_prompts,
                        level, out_dir)
-        argv = client_argv(client, python, spec)
+        argv = (cluster_argv(client, spec) if where is not None
+                else client_argv(client, python, spec))
         label = f"concurrency {tag} ({i}/{len(levels)})"
         log = out_dir / "client.log"
         try:

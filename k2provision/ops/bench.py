@@ -197,6 +197,13 @@ def cluster_run(plan: Plan) -> ClusterRun:
     return ClusterRun(host, images[0])
 
 
+def cluster_argv(client: Client, spec: RunSpec) -> list[str]:
+    """The client's argv inside its container on the cluster's host."""
+    inside = RunSpec(spec.base_url, spec.served_model_name, spec.tokenizer, spec.workload,
+                     spec.num_prompts, spec.concurrency, Path(CONTAINER_DIR, "out"), spec.seed)
+    return client_argv(client, CONTAINER_PYTHON, inside)
+
+
 def cluster_script(
     client: Client,
     run: ClusterRun,
@@ -209,9 +216,7 @@ def cluster_script(
     model's tokenizer mounted read-only. The API key comes on stdin into an env file of a
     private scratch directory (never an argv); the CA, public, comes in the command. The
     host prints the client's output, then `RESULT_MARK rc=N@@` and the result file."""
-    inside = RunSpec(spec.base_url, spec.served_model_name, spec.tokenizer, spec.workload,
-                     spec.num_prompts, spec.concurrency, Path(CONTAINER_DIR, "out"), spec.seed)
-    argv = client_argv(client, CONTAINER_PYTHON, inside)
+    argv = cluster_argv(client, spec)
     env = [f"--env={k}={v}" for k, v in client_env().items()]
     if ca_pem is not None:
         env.append(f"--env=SSL_CERT_FILE={CONTAINER_DIR}/ca.pem")

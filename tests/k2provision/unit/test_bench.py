@@ -29,6 +29,7 @@ from k2provision.ops.bench import (
     RunSpec,
     client_argv,
     client_for,
+    cluster_argv,
     cluster_run,
     cluster_script,
     concurrency_list,
@@ -483,3 +484,10 @@ def test_split_output_without_the_mark_is_no_rc() -> None:
     assert split_output("ssh: connect to host x port 22: refused\n").rc is None
     answer = split_output(f"log line\n\n{RESULT_MARK} rc=3@@\n{{}}\n")
     assert (answer.log, answer.rc, answer.result) == ("log line\n", 3, "{}\n")
+
+
+def test_the_in_cluster_argv_writes_into_the_containers_directory(tmp_path: Path) -> None:
+    argv = cluster_argv(sglang.BENCH_CLIENT, spec(tmp_path))
+    assert argv[:3] == ["python3", "-m", "sglang.benchmark.serving"]
+    assert opt(argv, "--output-file").startswith(f"{CONTAINER_DIR}/out/")
+    assert str(tmp_path) not in " ".join(argv)
