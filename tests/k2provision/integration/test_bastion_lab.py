@@ -1,7 +1,9 @@
 """A private cluster behind a bastion with a guarded endpoint: `lab up 2 --bastion` (the hosts
 accept SSH only from the bastion; the inventory reaches them with ProxyJump) and an API key and
 a TLS certificate signed by a lab CA for the router; then apply, status, logs, restart --limit
-and verify, each reaching the hosts through the bastion as Ansible does. The endpoint answers
+and verify, each reaching the hosts through the bastion as Ansible does; status reading the
+endpoint through an SSH port forward, and bench starting its client in the engine image on the
+router's host. The endpoint answers
 401 without the key and 200 with it, over TLS checked against the lab CA; neither the key nor
 the TLS private key is in any run record. A host that cannot be reached is named with the
 setting that failed.
