@@ -125,7 +125,8 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
     return lines[-n:]
 
 
-def run_client(argv: list[str], log: Path, label: str, stdin: bytes | None = None) -> int:
+def run_client(argv: list[str], log: Path, label: str, stdin: bytes | None = None,
+               *, says: str = "client") -> int:
     """The client, its output to `log`, a spinner meanwhile; its exit status. A stop signal
     ends the client and what it started (its own process group), then stops the command.
     `stdin`, when given, is written to the client's input (a secret never goes in argv)."""
@@ -142,7 +143,7 @@ def run_client(argv: list[str], log: Path, label: str, stdin: bytes | None = Non
         except Interrupted:
             end_child(proc)
             raise
-    console.print(f"{label}: client exited {rc} after {time.monotonic() - started:.0f} s")
+    console.print(f"{label}: {says} exited {rc} after {time.monotonic() - started:.0f} s")
     return rc
 
 
@@ -173,7 +174,8 @@ def run_in_cluster(
     script = cluster_script(client, where.run, spec, with_key=key is not None, ca_pem=ca)
     argv = ssh_command(where.target, script)
     raw = out_dir / "host-output.log"
-    rc = run_client(argv, raw, label, stdin=(key + "\n").encode() if key else b"")
+    rc = run_client(argv, raw, label, stdin=(key + "\n").encode() if key else b"",
+                    says=f"ssh to {where.run.host}")
     answer = split_output(raw.read_text(errors="replace"))
     raw.unlink()
     log = out_dir / "client.log"
@@ -184,10 +186,11 @@ def run_in_cluster(
         return rc if rc else 1
     if answer.rc == NO_CLIENT_RC:
         log.write_text(answer.log + f"{where.run.host}: `import {client.module}` fails in "
-                       f"{where.run.image}; the engine image carries its pinned client "
-                       f"({client.install}); fix: use the plan's engine image, or --client "
-                       "controller with --client-python\n")
+                       f"{where.run.image}, which lacks the engine's pinned client; fix: run "
+                       "the engine's own image there, or --client controller with "
+                       "--client-python\n")
         return answer.rc
+    console.print(f"{label}: the client exited {answer.rc} on {where.run.host}")
     log.write_text(answer.log)
     if answer.result.strip():
         (out_dir / client.result_name).write_text(answer.result)

@@ -186,7 +186,8 @@ def test_status_reads_the_endpoint_through_a_forward_and_bench_runs_on_the_route
     assert bench.returncode == 1, said[-4000:]
     assert f"in localhost/k2-standin:lab on lab1 against https://{state.host('lab1').address}" \
         in said
-    assert "lab1: `import sglang.benchmark.serving` fails in localhost/k2-standin:lab" in said
+    assert "lab1: `import sglang.benchmark.serving` fails in localhost/k2-standin:lab, which " \
+        "lacks the engine's pinned client" in said
 
 
 def ask(url: str, work: Path, key: str | None) -> int:
