@@ -1,8 +1,11 @@
 """`k2provision bench INVENTORY [--workload NAME] [--num-prompts N] [--concurrency C[,C...]]
-[--gpu-hour-price USD] [--input-len N --output-len N] [--tokenizer T] [--client-python PATH]`.
+[--gpu-hour-price USD] [--input-len N --output-len N] [--tokenizer T]
+[--client cluster|controller] [--client-python PATH]`.
 
 Runs the engine's own pinned benchmark client (k2provision/ops/bench.py picks it and builds its
-argv) from this machine against the plan's endpoint, once per concurrency value, and shows
+argv) against the plan's endpoint, once per concurrency value: by default inside the cluster, in
+the engine's image on the endpoint's host over SSH as Ansible connects (bastions included), where
+the client and the model's tokenizer are; with --client controller from this machine. It shows
 throughput (total, per node, per GPU, beside the published figure where one exists),
 TTFT / ITL / end-to-end p50, p90, p99 and the cost per 1M tokens. The run record holds
 bench.json (schema 1), bench.png (throughput and latency against concurrency), each run's
@@ -17,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -29,17 +33,24 @@ from k2provision.commands.params import InventoryArg
 from k2provision.core.records import Plan
 from k2provision.errors import ArgumentError, K2Error
 from k2provision.ops.bench import (
+    CLIENT_PLACES,
     DEFAULT_GPU_HOUR_USD,
     DEFAULT_NUM_PROMPTS,
     LAB_NOTICE,
+    NO_CLIENT_RC,
     WORKLOAD_NAMES,
     Client,
+    ClusterRun,
     Point,
     RunSpec,
     Throughput,
+    ca_text,
     client_argv,
     client_env,
     client_for,
+    cluster_argv,
+    cluster_run,
+    cluster_script,
     concurrency_list,
     document,
     parse_result,
@@ -47,8 +58,12 @@ from k2provision.ops.bench import (
     published_for,
     sanitized,
     scale_of,
+    split_output,
     workload,
 )
+from k2provision.ops.connect import SshTarget, ssh_command, unreachable_reason
+from k2provision.ops.endpoint_access import read_secret
+from k2provision.ops.remote import SSH_UNREACHABLE, ssh_inventory
 from k2provision.run.cancel import Interrupted, end_child, exit_code, signal_name, stopping
 from k2provision.run.display import console, err_console, print_warnings
 from k2provision.run.runner import new_record_dir
@@ -81,8 +96,13 @@ def check_client(python: str, client: Client) -> None:
                        "PATH of a Python that has it"])
 
 
+_KEY_ENV: dict[str, str] = {}
+"""The endpoint's key and CA for a controller-side client (OPENAI_API_KEY, SSL_CERT_FILE), which
+both pinned clients read from the environment."""
+
+
 def _env() -> dict[str, str]:
-    return {**os.environ, **client_env()}
+    return {**os.environ, **client_env(), **_KEY_ENV}
 
 
 def resolve_tokenizer(plan: Plan, tokenizer: str | None) -> str:
@@ -105,20 +125,76 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
     return lines[-n:]
 
 
-def run_client(argv: list[str], log: Path, label: str) -> int:
+def run_client(argv: list[str], log: Path, label: str, stdin: bytes | None = None,
+               *, says: str = "client") -> int:
     """The client, its output to `log`, a spinner meanwhile; its exit status. A stop signal
-    ends the client and what it started (its own process group), then stops the command."""
+    ends the client and what it started (its own process group), then stops the command.
+    `stdin`, when given, is written to the client's input (a secret never goes in argv)."""
     started = time.monotonic()
     with log.open("wb") as sink, console.status(f"{label}: running the client"), stopping():
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=_env(),
-                                start_new_session=True)
+                                start_new_session=True,
+                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE)
         try:
+            if proc.stdin is not None:
+                proc.stdin.write(stdin or b"")
+                proc.stdin.close()
             rc = proc.wait()
         except Interrupted:
             end_child(proc)
             raise
-    console.print(f"{label}: client exited {rc} after {time.monotonic() - started:.0f} s")
+    console.print(f"{label}: {says} exited {rc} after {time.monotonic() - started:.0f} s")
     return rc
+
+
+@dataclass(frozen=True)
+class InCluster:
+    """The host and image an in-cluster client runs in, and how to reach the host."""
+
+    run: ClusterRun
+    target: SshTarget
+
+
+def in_cluster_target(inventory: Path, plan: Plan) -> InCluster:
+    """The plan's client host with its connection settings from the inventory."""
+    run = cluster_run(plan)
+    _, targets = ssh_inventory(inventory)
+    if run.host not in targets:
+        raise K2Error([f"{run.host}: in the plan but not in the inventory's hosts"])
+    return InCluster(run, targets[run.host])
+
+
+def run_in_cluster(
+    where: InCluster, client: Client, spec: RunSpec, key: str | None, ca: str | None,
+    out_dir: Path, label: str,
+) -> int:
+    """One client run on the cluster's host: its log and result file land in `out_dir` as a
+    controller run leaves them; the exit status is the client's (SSH_UNREACHABLE with the
+    reason in the log when the host was not reached)."""
+    script = cluster_script(client, where.run, spec, with_key=key is not None, ca_pem=ca)
+    argv = ssh_command(where.target, script)
+    raw = out_dir / "host-output.log"
+    rc = run_client(argv, raw, label, stdin=(key + "\n").encode() if key else b"",
+                    says=f"ssh to {where.run.host}")
+    answer = split_output(raw.read_text(errors="replace"))
+    raw.unlink()
+    log = out_dir / "client.log"
+    if answer.rc is None:
+        reason = (unreachable_reason(where.target, argv, answer.log) if rc == SSH_UNREACHABLE
+                  else f"the host script ended with {rc} before the client ran")
+        log.write_text(answer.log + f"{where.run.host}: {reason}\n")
+        return rc if rc else 1
+    if answer.rc == NO_CLIENT_RC:
+        log.write_text(answer.log + f"{where.run.host}: `import {client.module}` fails in "
+                       f"{where.run.image}, which lacks the engine's pinned client; fix: run "
+                       "the engine's own image there, or --client controller with "
+                       "--client-python\n")
+        return answer.rc
+    console.print(f"{label}: the client exited {answer.rc} on {where.run.host}")
+    log.write_text(answer.log)
+    if answer.result.strip():
+        (out_dir / client.result_name).write_text(answer.result)
+    return answer.rc
 
 
 def _published(t: Throughput) -> tuple[str, str]:
@@ -211,11 +287,15 @@ def bench(
     output_len: Annotated[int | None, typer.Option(
         "--output-len", help="output tokens per request (--workload custom)")] = None,
     tokenizer: Annotated[str | None, typer.Option(
-        "--tokenizer", help="the model's directory on this machine, or a Hugging Face id in "
-        "the local cache (default: the plan's model directory, when it is here)")] = None,
+        "--tokenizer", help="the model's directory (on the client's machine), or a Hugging Face "
+        "id in its local cache (default: the plan's model directory)")] = None,
+    client_place: Annotated[str, typer.Option(
+        "--client", help="where the client runs: cluster (the engine's image on the "
+        "endpoint's host, over SSH as Ansible connects) or controller (this machine)")
+    ] = "cluster",
     client_python: Annotated[str | None, typer.Option(
-        "--client-python", help="the Python that runs the engine's benchmark client "
-        "(default: this one)")] = None,
+        "--client-python", help="with --client controller: the Python that runs the engine's "
+        "benchmark client (default: this one)")] = None,
 ) -> None:
     """Run the engine's own benchmark client against the endpoint: throughput per node and
     per GPU, TTFT / ITL / E2E percentiles, cost per 1M tokens; JSON and a chart in the run
@@ -234,16 +314,34 @@ def bench(
     plan = loaded.plan
     print_warnings(loaded.notices)
     client = client_for(plan)
+    if client_place not in CLIENT_PLACES:
+        raise ArgumentError([f"--client {client_place!r}: expected one of "
+                             f"{', '.join(CLIENT_PLACES)}"])
+    in_cluster = client_place == "cluster"
+    if in_cluster and client_python:
+        raise ArgumentError(["--client-python goes with --client controller (in the cluster "
+                             "the engine image's own Python runs the client)"])
     python = client_python or sys.executable
-    tok = resolve_tokenizer(plan, tokenizer)
-    check_client(python, client)
+    key = read_secret(loaded.tunables.api_key_file) if loaded.tunables.api_key_file else None
+    ca = ca_text(loaded.tunables)
+    where: InCluster | None = None
+    if in_cluster:
+        tok = tokenizer or str(plan.model_dir)
+        where = in_cluster_target(inventory, plan)
+    else:
+        tok = resolve_tokenizer(plan, tokenizer)
+        _KEY_ENV.update({"OPENAI_API_KEY": key} if key else {})
+        _KEY_ENV.update({"SSL_CERT_FILE": str(loaded.tunables.tls_ca_file)} if ca else {})
+        check_client(python, client)
 
     record = new_record_dir("bench")
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if plan.lab:
         console.print(Text(f"note: {LAB_NOTICE}", "yellow"), soft_wrap=True)
+    place = (f"in {where.run.image} on {where.run.host}" if where is not None
+             else "on this machine")
     console.print(f"bench {chosen.name} ({chosen.input_len} in / {chosen.output_len} out), "
-                  f"{num_prompts} prompts, {client.label} against {plan.endpoint}; "
+                  f"{num_prompts} prompts, {client.label} {place} against {plan.endpoint}; "
                   f"record: {record}", soft_wrap=True)
     scale = scale_of(plan)
     published = published_for(plan, chosen.name)
@@ -255,11 +353,15 @@ def bench(
         out_dir.mkdir()
         spec = RunSpec(plan.endpoint, plan.served_model_name, tok, chosen, num_prompts,
                        level, out_dir)
-        argv = client_argv(client, python, spec)
+        argv = (cluster_argv(client, spec) if where is not None
+                else client_argv(client, python, spec))
         label = f"concurrency {tag} ({i}/{len(levels)})"
         log = out_dir / "client.log"
         try:
-            rc = run_client(argv, log, label)
+            if where is not None:
+                rc = run_in_cluster(where, client, spec, key, ca, out_dir, label)
+            else:
+                rc = run_client(argv, log, label)
         except Interrupted as stop:
             summary = {"status": "cancelled", "cancelled": signal_name(stop.signum),
                        "rc": exit_code(stop.signum), "done": [_concurrency(p) for p in points],

@@ -10,14 +10,17 @@ naming what is wrong; 2 for bad input. Each run writes a record (status.json, su
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 from rich.table import Table
@@ -32,6 +35,7 @@ from k2provision.core.records import Plan
 from k2provision.errors import ArgumentError, K2Error
 from k2provision.ops.connect import SshTarget
 from k2provision.ops.endpoint_access import EndpointAccess, endpoint_access
+from k2provision.ops.forward import Dial, connection, endpoint_address, port_forward, reachable
 from k2provision.ops.remote import run_all, ssh_inventory
 from k2provision.ops.status_probe import (
     EndpointStatus,
@@ -45,7 +49,7 @@ from k2provision.ops.status_probe import (
 )
 from k2provision.plan.monitoring import where_line
 from k2provision.run.cancel import Interrupted, exit_code, stopping
-from k2provision.run.display import console, print_warnings
+from k2provision.run.display import console, err_console, print_warnings
 from k2provision.run.runner import new_record_dir
 
 SCHEMA_VERSION = 1
@@ -89,10 +93,13 @@ def _get_json(url: str, access: EndpointAccess) -> tuple[int | None, Any, str]:
     """GET `url` with the endpoint's key and CA -> (status, JSON body or None, error)."""
     request = urllib.request.Request(url, headers=access.headers)
     try:
-        with urllib.request.urlopen(
-            request, timeout=HTTP_TIMEOUT_S, context=access.context
-        ) as reply:
-            status, raw = int(reply.status), reply.read()
+        if access.dial is not None:
+            status, raw = _get_dialled(url, access)
+        else:
+            with urllib.request.urlopen(
+                request, timeout=HTTP_TIMEOUT_S, context=access.context
+            ) as reply:
+                status, raw = int(reply.status), reply.read()
     except urllib.error.HTTPError as error:
         status, raw = int(error.code), error.read()
     except (OSError, ValueError) as error:
@@ -102,6 +109,18 @@ def _get_json(url: str, access: EndpointAccess) -> tuple[int | None, Any, str]:
         return status, json.loads(raw), ""
     except ValueError:
         return status, None, ""
+
+
+def _get_dialled(url: str, access: EndpointAccess) -> tuple[int, bytes]:
+    """GET through the endpoint's SSH forward (the URL's host still named and checked)."""
+    conn = connection(url, HTTP_TIMEOUT_S, access.context, access.dial)
+    try:
+        parts = urlsplit(url)
+        conn.request("GET", parts.path or "/", headers=access.headers)
+        reply = conn.getresponse()
+        return int(reply.status), reply.read()
+    finally:
+        conn.close()
 
 
 def endpoint_status(plan: Plan, access: EndpointAccess) -> EndpointStatus:
@@ -277,6 +296,10 @@ def status(
             help=f"check again every SECONDS ({WATCH_DEFAULT_S:g} when not given) until Ctrl-C",
         ),
     ] = None,
+    via_bastion: Annotated[bool, typer.Option(
+        "--via-bastion", help="read the endpoint through an SSH port forward to its host, "
+        "connected as Ansible connects (ProxyJump included); automatic when the endpoint "
+        "does not answer from here")] = False,
 ) -> None:
     """Per host and planned process: state, uptime, drift, health gate, GPU memory, restarts,
     last error; then the endpoint. Exit 0 only when all runs as planned and the endpoint
@@ -291,21 +314,33 @@ def status(
     print_warnings(loaded.notices)
     record = new_record_dir("status")
     as_json = output_format is OutputFormat.json
-    monitoring = where_line(loaded.plan, read_inventory(inventory)[0].get("monitoring", []))
-    code = check_once(inventory, loaded.plan, targets, record, as_json, access, monitoring)
-    if watch is None:
-        raise typer.Exit(code)
-    try:
-        with stopping():  # a stop signal ends the watch; each check's SSH sessions close
-            while True:
-                time.sleep(watch)
-                if not as_json and sys.stdout.isatty():
-                    console.clear()
-                code = check_once(
-                    inventory, loaded.plan, targets, record, as_json, access, monitoring
-                )
-    except Interrupted as stop:
-        raise typer.Exit(exit_code(stop.signum)) from None
+    plan = loaded.plan
+    monitoring = where_line(plan, read_inventory(inventory)[0].get("monitoring", []))
+    address = endpoint_address(plan.endpoint)
+    with contextlib.ExitStack() as stack:
+        if (via_bastion or not reachable(address)) and plan.endpoint_host in targets:
+            try:
+                local = stack.enter_context(port_forward(targets[plan.endpoint_host], address))
+            except K2Error as error:  # the hosts' table still comes; the endpoint says why
+                err_console.print(f"warning: endpoint {plan.endpoint}: {error}; asked "
+                                  "directly", soft_wrap=True, markup=False)
+            else:
+                access = replace(access, dial=Dial(local))
+                err_console.print(f"endpoint {plan.endpoint}: read through an SSH port "
+                                  f"forward to {plan.endpoint_host} (local "
+                                  f"{local[0]}:{local[1]})", soft_wrap=True)
+        code = check_once(inventory, plan, targets, record, as_json, access, monitoring)
+        if watch is None:
+            raise typer.Exit(code)
+        try:
+            with stopping():  # a stop signal ends the watch; each check's SSH sessions close
+                while True:
+                    time.sleep(watch)
+                    if not as_json and sys.stdout.isatty():
+                        console.clear()
+                    code = check_once(inventory, plan, targets, record, as_json, access, monitoring)
+        except Interrupted as stop:
+            raise typer.Exit(exit_code(stop.signum)) from None
 
 
 def register(app: typer.Typer) -> None:

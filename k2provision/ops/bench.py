@@ -12,18 +12,24 @@
   per GPU, TTFT / ITL / end-to-end p50, p90, p99, cost per 1M tokens at a GPU-hour price, and
   the published figure for the same engine, layout and workload where one exists.
 
+- Where the client runs: by default inside the cluster, in the engine's own image on the
+  endpoint's host (the router's, or the first host), where the pinned client and the model's
+  tokenizer already are (`cluster_run`, `cluster_script`); or on the controller.
+
 No I/O here: the command (k2provision/commands/bench.py) runs the client and writes records.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k2provision.core.records import Plan
+from k2provision.core.records import Plan, Tunables
 from k2provision.engines import REGISTRY
 from k2provision.engines.base import BenchClient, PublishedFigure, ResultFormat
 from k2provision.errors import ArgumentError, K2Error
@@ -156,6 +162,125 @@ def client_env() -> dict[str, str]:
     """What the client's environment adds: never the network for tokenizers or datasets."""
     return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
             "VLLM_TARGET_DEVICE": "cpu", "PYTHONUNBUFFERED": "1"}
+
+
+# ---------------------------------------------------------------- in the cluster
+
+CLIENT_PLACES = ("cluster", "controller")
+CONTAINER_DIR = "/k2-bench"
+"""Where the run's scratch directory on the host appears inside the client's container."""
+CONTAINER_PYTHON = "python3"
+"""The engine images' Python (every pinned engine image, and the lab's stand-in, has it)."""
+RESULT_MARK = "@@k2provision-bench-result"
+"""The line after the client's output on the host: `MARK rc=N@@`, then the result file."""
+NO_CLIENT_RC = 97
+"""The host script's status when the client's module does not import in the image."""
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """Where an in-cluster client runs: a host of the plan and the engine's image there."""
+
+    host: str
+    image: str
+
+
+def cluster_run(plan: Plan) -> ClusterRun:
+    """The endpoint's host (the router's, or the single engine's) and the engine image: the
+    image of a GPU host's process (a router may run in an image without the client)."""
+    names = [h.name for h in plan.hosts]
+    host = plan.endpoint_host if plan.endpoint_host in names else names[0]
+    images = [p.image for h in plan.hosts if h.gpus > 0 for p in h.processes]
+    if not images:
+        raise K2Error([f"{plan.engine} {plan.layout}: no engine process in the plan, so no "
+                       "image to run the benchmark client in; fix: --client controller"])
+    return ClusterRun(host, images[0])
+
+
+def cluster_argv(client: Client, spec: RunSpec) -> list[str]:
+    """The client's argv inside its container on the cluster's host."""
+    inside = RunSpec(spec.base_url, spec.served_model_name, spec.tokenizer, spec.workload,
+                     spec.num_prompts, spec.concurrency, Path(CONTAINER_DIR, "out"), spec.seed)
+    return client_argv(client, CONTAINER_PYTHON, inside)
+
+
+def cluster_script(
+    client: Client,
+    run: ClusterRun,
+    spec: RunSpec,
+    *,
+    with_key: bool,
+    ca_pem: str | None,
+) -> str:
+    """The shell command that runs the client on `run.host` in the engine's image, with the
+    model's tokenizer mounted read-only. The API key comes on stdin into an env file of a
+    private scratch directory (never an argv); the CA, public, comes in the command. The
+    host prints the client's output, then `RESULT_MARK rc=N@@` and the result file."""
+    argv = cluster_argv(client, spec)
+    env = [f"--env={k}={v}" for k, v in client_env().items()]
+    if ca_pem is not None:
+        env.append(f"--env=SSL_CERT_FILE={CONTAINER_DIR}/ca.pem")
+    tokenizer = spec.tokenizer
+    mounts = [f"--volume={tokenizer}:{tokenizer}:ro"] if tokenizer.startswith("/") else []
+    docker = ["docker", "run", "--rm", "--network=host", "--env-file={d}/env", *env,
+              "--volume={d}:" + CONTAINER_DIR, *mounts, run.image]
+    # "{d}" stands for the scratch directory: fixed text of ours, left unquoted around "$d".
+    quoted = " ".join(a.replace("{d}", '"$d"') if "{d}" in a else shlex.quote(a)
+                      for a in docker)
+    check = shlex.join([CONTAINER_PYTHON, "-c", f"import {client.module}"])
+    lines = [
+        "umask 077",
+        "d=$(mktemp -d /tmp/k2-bench.XXXXXX) || exit 70",
+        "trap 'rm -rf \"$d\"' EXIT",
+        'mkdir "$d/out" && chmod 0777 "$d/out"',
+        ('{ printf "OPENAI_API_KEY="; head -n 1; echo; } > "$d/env"' if with_key
+         else ': > "$d/env"'),
+    ]
+    if ca_pem is not None:
+        encoded = base64.b64encode(ca_pem.encode()).decode()
+        lines.append(f'echo {encoded} | base64 -d > "$d/ca.pem" && chmod 0644 "$d/ca.pem"')
+    lines += [
+        f"{quoted} {check} > \"$d/check.log\" 2>&1 || {{ tail -n 5 \"$d/check.log\"; "
+        f"echo '{RESULT_MARK} rc={NO_CLIENT_RC}@@'; exit 0; }}",
+        f"{quoted} {shlex.join(argv)} 2>&1",
+        f"echo; echo \"{RESULT_MARK} rc=$?@@\"",
+        f'cat "$d/out/{client.result_name}" 2>/dev/null',
+        "exit 0",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ClusterOutput:
+    """The host's answer split: the client's log, its exit status and its result file
+    (rc None: the host script never got there, e.g. ssh could not connect)."""
+
+    log: str
+    rc: int | None
+    result: str
+
+
+def split_output(text: str) -> ClusterOutput:
+    """The host script's output -> the client's log, rc and result text."""
+    head, mark, tail = text.partition(RESULT_MARK)
+    if not mark:
+        return ClusterOutput(text, None, "")
+    status, _, rest = tail.partition("\n")
+    word = status.strip().removeprefix("rc=").removesuffix("@@")
+    rc = int(word) if word.lstrip("-").isdigit() else None
+    return ClusterOutput(head.rstrip("\n") + "\n", rc, rest)
+
+
+def ca_text(tunables: Tunables) -> str | None:
+    """The endpoint's CA certificate as the client must trust it (None: the default store).
+    Reads the controller's file."""
+    if not tunables.tls_ca_file:
+        return None
+    try:
+        return Path(tunables.tls_ca_file).read_text()
+    except OSError as error:
+        raise K2Error([f"k2_tls_ca_file {tunables.tls_ca_file}: {error.strerror}; fix: point "
+                       "it at the CA certificate that signed k2_tls_cert_file"]) from None
 
 
 # ---------------------------------------------------------------- results

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from k2provision.core.records import Tunables
 from k2provision.errors import K2Error
+from k2provision.ops.forward import Dial
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class EndpointAccess:
 
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     context: ssl.SSLContext | None = None
+    dial: Dial | None = None
+    """Set when the endpoint is reached through an SSH port forward: where to connect."""
 
 
 def read_secret(path: str) -> str:

@@ -1,7 +1,9 @@
 """A private cluster behind a bastion with a guarded endpoint: `lab up 2 --bastion` (the hosts
 accept SSH only from the bastion; the inventory reaches them with ProxyJump) and an API key and
 a TLS certificate signed by a lab CA for the router; then apply, status, logs, restart --limit
-and verify, each reaching the hosts through the bastion as Ansible does. The endpoint answers
+and verify, each reaching the hosts through the bastion as Ansible does; status reading the
+endpoint through an SSH port forward, and bench starting its client in the engine image on the
+router's host. The endpoint answers
 401 without the key and 200 with it, over TLS checked against the lab CA; neither the key nor
 the TLS private key is in any run record. A host that cannot be reached is named with the
 setting that failed.
@@ -36,12 +38,14 @@ from tests.runners import on_host
 pytestmark = pytest.mark.lab
 
 API_KEY = "k2lab-" + secrets.token_hex(16)
-# The lab's 2-host layout (k2lab/demo.py): an INT4 model that fits one prefill and one decode
-# host, synthetic weights written by the weights phase.
+# One prefill and one decode host: the FP8 model fits one node of 8 x B200 per pool (DeepEP,
+# which pd runs, has no kernel for the INT4 model's experts), synthetic weights written by the
+# weights phase.
 LAB_VARS: dict[str, lab_api.VarValue] = {
     "k2_engine": "sglang",
     "k2_layout": "pd",
-    "k2_model": "moonshotai/Kimi-K2-Thinking",
+    "k2_model": "moonshotai/Kimi-K2-Instruct",
+    "k2_gpu": "b200",
     "k2_context_length": 32768,
     "k2_weights_source": "synthetic",
 }
@@ -164,6 +168,26 @@ def test_status_logs_restart_and_verify_reach_the_hosts_through_the_bastion(
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-2000:]
     assert "tool call: ok" in verified.stdout
     assert "without the API key: ok HTTP 401" in verified.stdout
+
+
+def test_status_reads_the_endpoint_through_a_forward_and_bench_runs_on_the_router_host(
+    cluster: tuple[Any, Path, Path],
+) -> None:
+    state, inventory, work = cluster
+    status = cli(work, "status", str(inventory), "--via-bastion")
+    assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
+    assert "read through an SSH port forward to lab1" in " ".join(status.stderr.split())
+    assert "router readiness: ready (2/2 workers healthy)" in status.stdout
+    # The client runs in the engine image on lab1, reached through the bastion, with the key
+    # on stdin. The lab's stand-in image does not carry the pinned client (its imports are
+    # torch and the engine's own tree), so the run ends at the import check, naming it.
+    bench = cli(work, "bench", str(inventory), "--num-prompts", "2")
+    said = " ".join((bench.stdout + bench.stderr).split())
+    assert bench.returncode == 1, said[-4000:]
+    assert f"in localhost/k2-standin:lab on lab1 against https://{state.host('lab1').address}" \
+        in said
+    assert "lab1: `import sglang.benchmark.serving` fails in localhost/k2-standin:lab, which " \
+        "lacks the engine's pinned client" in said
 
 
 def ask(url: str, work: Path, key: str | None) -> int:

@@ -18,13 +18,20 @@ from k2provision.core.records import Plan
 from k2provision.engines import sglang, vllm
 from k2provision.errors import K2Error
 from k2provision.ops.bench import (
+    CONTAINER_DIR,
     LAB_NOTICE,
+    NO_CLIENT_RC,
     PRESETS,
+    RESULT_MARK,
     ClientResult,
+    ClusterRun,
     Percentiles,
     RunSpec,
     client_argv,
     client_for,
+    cluster_argv,
+    cluster_run,
+    cluster_script,
     concurrency_list,
     cost_per_million,
     document,
@@ -33,6 +40,7 @@ from k2provision.ops.bench import (
     published_for,
     sanitized,
     scale_of,
+    split_output,
     workload,
 )
 from k2provision.plan.assemble import build_plan
@@ -364,11 +372,13 @@ def k2_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         (("--workload", "nope"), "lmsys-2000-100, vllm-1000-512"),
         (("--concurrency", "4,x"), "--concurrency"),
         (("--num-prompts", "0"), "--num-prompts 0"),
-        ((), "--tokenizer"),  # prod's model directory is not on this machine
-        (("--tokenizer", "/tok", "--client-python", "/usr/bin/true-not-here"),
-         "--client-python /usr/bin/true-not-here"),
-        (("--tokenizer", "/tok", "--client-python", "/usr/bin/python3"),
-         "import sglang.benchmark.serving"),
+        (("--client", "controller"), "--tokenizer"),  # prod's model directory is not here
+        (("--client", "controller", "--tokenizer", "/tok", "--client-python",
+          "/usr/bin/true-not-here"), "--client-python /usr/bin/true-not-here"),
+        (("--client", "controller", "--tokenizer", "/tok", "--client-python",
+          "/usr/bin/python3"), "import sglang.benchmark.serving"),
+        (("--client", "laptop"), "--client 'laptop': expected one of cluster, controller"),
+        (("--client-python", "/usr/bin/python3"), "--client-python goes with --client controller"),
     ],
 )
 def test_bad_input_is_exit_2_before_any_run(
@@ -378,3 +388,106 @@ def test_bad_input_is_exit_2_before_any_run(
     assert out.returncode == 2, out.stdout + out.stderr
     assert named in " ".join(out.stderr.split())
     assert not (tmp_path / "runs").exists()  # no record: nothing ran
+
+
+# ---------------------------------------------------------------- the client in the cluster
+
+
+def test_the_in_cluster_client_runs_on_the_endpoints_host_in_the_engine_image(
+    prod: Plan,
+) -> None:
+    run = cluster_run(prod)
+    assert run.host == prod.endpoint_host
+    engine_images = {p.image for h in prod.hosts if h.gpus for p in h.processes}
+    assert run.image in engine_images
+
+
+def in_cluster(tmp: Path, *, with_key: bool, ca: str | None) -> str:
+    run = ClusterRun("h1", "registry/engine:1")
+    return cluster_script(sglang.BENCH_CLIENT, run, spec(tmp), with_key=with_key, ca_pem=ca)
+
+
+def test_the_in_cluster_script_takes_the_key_from_stdin_and_the_ca_as_a_file(
+    tmp_path: Path,
+) -> None:
+    script = in_cluster(tmp_path, with_key=True, ca="-----BEGIN CERTIFICATE-----\nxyz\n")
+    assert 'printf "OPENAI_API_KEY="; head -n 1' in script  # the key: stdin -> env file
+    assert '--env-file="$d"/env' in script
+    assert f"--env=SSL_CERT_FILE={CONTAINER_DIR}/ca.pem" in script
+    assert "--volume=/tok:/tok:ro" in script  # the tokenizer, mounted read-only
+    assert str(tmp_path) not in script  # the controller's directory means nothing there
+    assert f"{CONTAINER_DIR}/out" in script
+    assert "import sglang.benchmark.serving" in script
+    keyless = in_cluster(tmp_path, with_key=False, ca=None)
+    assert "OPENAI_API_KEY" not in keyless
+    assert "SSL_CERT_FILE" not in keyless
+
+
+def fake_docker(bin_dir: Path, import_ok: bool) -> None:
+    """`docker run ... IMAGE python3 ARGS`: runs ARGS on this machine's python3 with the
+    --env and --volume options applied, the import check passing or failing."""
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(f"""#!{sys.executable}
+import os, subprocess, sys
+args = sys.argv[1:]
+env = dict(os.environ)
+volumes = {{}}
+while not args[0].startswith("registry/"):
+    a = args.pop(0)
+    if a.startswith("--env="):
+        k, _, v = a[6:].partition("=")
+        env[k] = v
+    elif a.startswith("--env-file="):
+        for line in open(a[11:]).read().splitlines():
+            if line:
+                k, _, v = line.partition("=")
+                env[k] = v
+    elif a.startswith("--volume="):
+        src, dst = a[9:].split(":")[:2]
+        volumes[dst] = src
+args.pop(0)
+if args[:1] == ["python3"] and args[1:2] == ["-c"]:
+    sys.exit(0 if {import_ok!r} else 1)
+out = [a for a in args if a.startswith("/k2-bench")]
+out_dir = volumes["/k2-bench"] + "/out"
+with open(out_dir + "/result.jsonl", "w") as f:
+    ca = env.get("SSL_CERT_FILE", "/nope").replace("/k2-bench", volumes["/k2-bench"])
+    seen = str(os.path.exists(ca)).lower()
+    f.write('{{"key": "%s", "ca": %s}}\\n' % (env.get("OPENAI_API_KEY"), seen))
+print("client ran")
+""")
+    docker.chmod(0o755)
+
+
+@pytest.mark.parametrize("import_ok", [True, False])
+def test_the_in_cluster_script_runs_and_reports_as_split_output(
+    tmp_path: Path, import_ok: bool
+) -> None:
+    fake_docker(tmp_path / "bin", import_ok)
+    script = in_cluster(tmp_path, with_key=True, ca="CA PEM\n")
+    out = subprocess.run(
+        ["sh", "-c", script], input="s3cret\n", capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, check=True,
+    )
+    answer = split_output(out.stdout)
+    if not import_ok:
+        assert answer.rc == NO_CLIENT_RC
+        return
+    assert answer.rc == 0
+    assert "client ran" in answer.log
+    assert json.loads(answer.result) == {"key": "s3cret", "ca": True}
+    assert "s3cret" not in script
+
+
+def test_split_output_without_the_mark_is_no_rc() -> None:
+    assert split_output("ssh: connect to host x port 22: refused\n").rc is None
+    answer = split_output(f"log line\n\n{RESULT_MARK} rc=3@@\n{{}}\n")
+    assert (answer.log, answer.rc, answer.result) == ("log line\n", 3, "{}\n")
+
+
+def test_the_in_cluster_argv_writes_into_the_containers_directory(tmp_path: Path) -> None:
+    argv = cluster_argv(sglang.BENCH_CLIENT, spec(tmp_path))
+    assert argv[:3] == ["python3", "-m", "sglang.benchmark.serving"]
+    assert opt(argv, "--output-file").startswith(f"{CONTAINER_DIR}/out/")
+    assert str(tmp_path) not in " ".join(argv)

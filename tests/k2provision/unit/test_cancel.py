@@ -259,7 +259,7 @@ def test_bench_ends_its_client_and_what_the_client_started(tmp_path: Path) -> No
     )
     client.chmod(0o755)
     runs = tmp_path / "runs"
-    proc = start("bench", "inventory/prod.ini", "--tokenizer", "/tok",
+    proc = start("bench", "inventory/prod.ini", "--tokenizer", "/tok", "--client", "controller",
                  "--client-python", str(client), runs=runs)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
