@@ -69,6 +69,13 @@ def any_address(cluster: Cluster) -> str:
     return "::" if any(is_ipv6(a) for a in addresses) else "0.0.0.0"
 
 
+TCP_STORE_BINDS_ALL = (
+    "torch.distributed's store on rank 0 binds every interface: the tcp:// rendezvous passes "
+    "only a host for clients to dial (torch/distributed/rendezvous.py _tcp_rendezvous_handler) "
+    "and c10d's TCPStore server takes no bind address"
+)
+
+
 def http_gate(address: str, port: int, path: str, timeout_s: int) -> HealthGate:
     """A health gate on an HTTP endpoint of a host."""
     return HealthGate(url=http_url(address, port, path), timeout_s=timeout_s)

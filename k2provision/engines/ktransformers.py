@@ -109,7 +109,10 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         resolve=(*socket_values, *values),
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
-    port = listener(process, "k2_api_port", "the ktransformers server", t.api_port)
+    port = listener(
+        process, "k2_api_port", "the ktransformers server", t.api_port,
+        bind=any_address(cluster), public=True,
+    )
     return {pool.master: HostRender(processes=(process,), listeners=(port,))}
 
 

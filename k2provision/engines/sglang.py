@@ -49,6 +49,7 @@ from k2provision.engines.base import (
     listener,
 )
 from k2provision.engines.common import (
+    TCP_STORE_BINDS_ALL,
     any_address,
     fp8_kv_problems,
     host_port,
@@ -180,11 +181,18 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             stage=0,
             health=health,
         )
-        # Rank 0 serves HTTP and hosts the rendezvous; the other ranks bind nothing of theirs.
+        # Rank 0 serves HTTP (the endpoint: no router) and hosts the rendezvous; the other
+        # ranks bind nothing of theirs.
         listeners = (
             (
-                listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port),
-                listener(process, "k2_dist_port", "the rendezvous", t.dist_port),
+                listener(
+                    process, "k2_sglang_port", "the SGLang server", t.sglang_port,
+                    bind=any_address(cluster), public=True,
+                ),
+                listener(
+                    process, "k2_dist_port", "the rendezvous", t.dist_port,
+                    bind=any_address(cluster), wildcard_why=TCP_STORE_BINDS_ALL,
+                ),
             )
             if rank == 0
             else ()
@@ -321,18 +329,32 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
     )
 
 
-def _pd_listeners(process: Process, pool: PoolPlan, rank: int, t: Tunables) -> list[Listener]:
-    """What a PD server binds: on rank 0 its HTTP server, the prefill pool's KV bootstrap and
+def _pd_listeners(
+    process: Process, cluster: Cluster, pool: PoolPlan, rank: int, local_ip: str
+) -> list[Listener]:
+    """What a PD server binds: on rank 0 its HTTP server, the prefill pool's KV bootstrap (on
+    --host, the host's k2_local_ip) and
     the rendezvous with the ports DP attention takes after it (sglang 0.5.23
     srt/server_args.py PortArgs.init_new: port_base = dist_init_port + 1, detokenizer / rpc /
     metrics / scheduler / load-collector at port_base + 1..5)."""
+    t = cluster.tunables
     if rank != 0:
         return []
-    found = [listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port)]
+    found = [
+        listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port, bind=local_ip)
+    ]
     if pool.name == "prefill":
-        found.append(listener(process, "k2_bootstrap_port", "the KV bootstrap", t.bootstrap_port))
+        # The bootstrap server binds --host (srt/managers/disagg_service.py).
+        found.append(
+            listener(
+                process, "k2_bootstrap_port", "the KV bootstrap", t.bootstrap_port, bind=local_ip
+            )
+        )
     found.append(
-        listener(process, "k2_dist_port", "the rendezvous", t.dist_port, DIST_PORT_SPAN + 1)
+        listener(
+            process, "k2_dist_port", "the rendezvous", t.dist_port,
+            bind=any_address(cluster), count=DIST_PORT_SPAN + 1, wildcard_why=TCP_STORE_BINDS_ALL,
+        )
     )
     return found
 
@@ -416,6 +438,12 @@ def _router(deployment: Deployment) -> Process:
         any_address(deployment.cluster),
         "--port",
         str(t.api_port),
+        # Prometheus: sglang-router 0.3.2 binds 0.0.0.0:29000 unless told otherwise
+        # (router_args.py --prometheus-host / --prometheus-port).
+        "--prometheus-host",
+        router.local_ip,
+        "--prometheus-port",
+        str(t.router_metrics_port),
         *guard,
     )
     health = HealthGate(
@@ -450,11 +478,22 @@ def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
         for rank, name in enumerate(pool.hosts):
             server = _pd_server(deployment, pool, cluster.host(name), rank)
             processes.setdefault(name, []).append(server)
-            listeners.setdefault(name, []).extend(_pd_listeners(server, pool, rank, t))
+            listeners.setdefault(name, []).extend(
+                _pd_listeners(server, cluster, pool, rank, cluster.host(name).local_ip)
+            )
     router_host, router = _router_host(deployment).name, _router(deployment)
     processes.setdefault(router_host, []).append(router)
-    listeners.setdefault(router_host, []).append(
-        listener(router, "k2_api_port", "the PD router", t.api_port)
+    listeners.setdefault(router_host, []).extend(
+        (
+            listener(
+                router, "k2_api_port", "the PD router", t.api_port,
+                bind=any_address(cluster), public=True,
+            ),
+            listener(
+                router, "k2_router_metrics_port", "the PD router's metrics",
+                t.router_metrics_port, bind=_router_host(deployment).local_ip,
+            ),
+        )
     )
     return {
         name: HostRender(processes=tuple(procs), listeners=tuple(listeners[name]))

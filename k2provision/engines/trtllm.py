@@ -57,6 +57,7 @@ from k2provision.engines.base import (
 )
 from k2provision.engines.common import (
     SUBNET,
+    any_address,
     http_gate,
     http_url,
     multi_host,
@@ -258,7 +259,7 @@ def mpirun_argv(
         "mpirun",
         "--allow-run-as-root",
         "-np", str(len(hosts) * gpn),
-        "-H", ",".join(f"{h.address}:{gpn}" for h in hosts),
+        "-H", ",".join(f"{h.local_ip}:{gpn}" for h in hosts),
         # One argv element: Open MPI passes it to ssh as its arguments.
         "-mca", "plm_rsh_args", f"-p {t.ssh_port} -F {paths.ssh_config}",
     ]
@@ -279,7 +280,7 @@ def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[st
     return (
         "trtllm-serve", "serve", deployment.cluster.model_dir,
         "--backend", "pytorch",
-        "--host", "0.0.0.0",
+        "--host", any_address(deployment.cluster),
         "--port", str(t.api_port),
         "--tp_size", str(p.tp),
         "--ep_size", str(p.ep),
@@ -337,16 +338,23 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
-    serve_port = listener(serve, "k2_api_port", "trtllm-serve", t.api_port)
-    sshd_port = listener(sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port)
-    return {
-        h.name: HostRender(
-            processes=(sshd, serve) if h.name == pool.master else (sshd,),
+    serve_port = listener(
+        serve, "k2_api_port", "trtllm-serve", t.api_port, bind=any_address(cluster), public=True
+    )
+    out: dict[str, HostRender] = {}
+    for h in hosts:
+        # sshd for mpirun listens on the host's k2_local_ip only (`-o ListenAddress`), where
+        # mpirun dials it (-H).
+        host_sshd = sshd.model_copy(update={"argv": (*sshd.argv, h.local_ip)})
+        sshd_port = listener(
+            host_sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port, bind=h.local_ip
+        )
+        out[h.name] = HostRender(
+            processes=(host_sshd, serve) if h.name == pool.master else (host_sshd,),
             files=dict(files),
             listeners=(serve_port, sshd_port) if h.name == pool.master else (sshd_port,),
         )
-        for h in hosts
-    }
+    return out
 
 
 def endpoint(deployment: Deployment) -> str:

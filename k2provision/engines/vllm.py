@@ -33,10 +33,11 @@ Layout `dp_ep` (no Ray; the API servers on the head, engine cores on every host)
   --eplb-config '{"num_redundant_experts": N}'`; vLLM refuses spare slots without EPLB,
   vllm/config/parallel.py).
 
-Workers always point at the head's inventory address; each host announces its own `local_ip`
-(`--node-ip-address`, VLLM_HOST_IP). Every process waits for its engine cores as long as the
-launch gate does (`VLLM_ENGINE_READY_TIMEOUT_S`, 600 s in vLLM 0.33.0: less than a cold
-load of about 1 TB of weights can take).
+Ray workers point at the head's inventory address; each host announces its own `local_ip`
+(`--node-ip-address`, VLLM_HOST_IP). The DP handshake binds the head's `local_ip`
+(`--data-parallel-address`), the headless ranks dial it there. Every process waits for its
+engine cores as long as the launch gate does (`VLLM_ENGINE_READY_TIMEOUT_S`, 600 s in vLLM
+0.33.0: less than a cold load of about 1 TB of weights can take).
 """
 
 from __future__ import annotations
@@ -128,6 +129,13 @@ def endpoint(deployment: Deployment) -> str:
     """The head's OpenAI-compatible base URL."""
     pool = deployment.pool("nodes")
     return http_url(pool.master_address, deployment.cluster.tunables.api_port)
+
+
+RAY_BINDS_ALL = (
+    "Ray 2.60's GCS and raylet choose their own bind address: `ray start` has "
+    "--node-ip-address (what the node announces, k2_local_ip) but no bind option "
+    "(ray/scripts/scripts.py); its dashboard stays on localhost (--dashboard-host default)"
+)
 
 
 def _env(deployment: Deployment, host: HostSpec) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
@@ -274,8 +282,14 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
     out[head.name] = HostRender(
         processes=(head_ray, serve),
         listeners=(
-            listener(head_ray, "k2_ray_port", "the Ray head", t.ray_port),
-            listener(serve, "k2_api_port", "the vLLM API server", t.api_port),
+            listener(
+                head_ray, "k2_ray_port", "the Ray head", t.ray_port,
+                bind=any_address(deployment.cluster), wildcard_why=RAY_BINDS_ALL,
+            ),
+            listener(
+                serve, "k2_api_port", "the vLLM API server", t.api_port,
+                bind=any_address(deployment.cluster), public=True,
+            ),
         ),
     )
     for host in hosts[1:]:
@@ -332,7 +346,7 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
             "--data-parallel-size-local",
             str(local),
             "--data-parallel-address",
-            pool.master_address,
+            hosts[0].local_ip,
             "--data-parallel-rpc-port",
             str(t.dp_rpc_port),
             *expert_args(deployment, pool),
@@ -366,8 +380,16 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
         )
         listeners = (
             (
-                listener(process, "k2_api_port", "the vLLM API server", t.api_port),
-                listener(process, "k2_dp_rpc_port", "the DP RPC", t.dp_rpc_port),
+                listener(
+                    process, "k2_api_port", "the vLLM API server", t.api_port,
+                    bind=any_address(deployment.cluster), public=True,
+                ),
+                # The DP handshake binds --data-parallel-address (v1/engine/utils.py
+                # get_engine_client_zmq_addr(host=data_parallel_address)).
+                listener(
+                    process, "k2_dp_rpc_port", "the DP RPC", t.dp_rpc_port,
+                    bind=hosts[0].local_ip,
+                ),
             )
             if head
             else ()

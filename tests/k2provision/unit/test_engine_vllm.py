@@ -257,7 +257,9 @@ def test_vllm_host_ip_is_each_hosts_own_address(layout: str) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_local_ip_is_announced_and_the_head_address_is_dialled(layout: str) -> None:
+def test_local_ip_is_announced_and_the_head_is_dialled_where_it_binds(layout: str) -> None:
+    """Ray workers dial the head's inventory address (Ray binds every interface); headless DP
+    ranks dial the head's k2_local_ip, the one address its DP handshake binds."""
     local = ("192.168.0.1", "192.168.0.2")
     p = plan(layout, local_ips=local, socket_ifname="ib0")
     for i, h in enumerate(p.hosts):
@@ -269,7 +271,8 @@ def test_local_ip_is_announced_and_the_head_address_is_dialled(layout: str) -> N
                 assert opt(proc.argv, "--node-ip-address") == local[i]
     worker = p.hosts[1].processes[0]
     if layout == "dp_ep":
-        assert opt(worker.argv, "--data-parallel-address") == ADDRESSES[0]
+        assert opt(worker.argv, "--data-parallel-address") == local[0]
+        assert opt(p.hosts[0].processes[0].argv, "--data-parallel-address") == local[0]
     else:
         assert opt(worker.argv, "--address") == f"{ADDRESSES[0]}:6379"
 
