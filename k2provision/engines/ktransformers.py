@@ -51,6 +51,7 @@ from k2provision.engines.common import (
     inventory_served_name,
     kv_cache_dtype,
     no_fp8_kv_problems,
+    open_endpoint_warnings,
     own_tunables,
 )
 from k2provision.engines.memory import (
@@ -178,6 +179,7 @@ def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> 
         f"{spec.quantization.routed_experts.label} experts kt-kernel reads from the model "
         "directory; preflight checks it"
     ]
+    warnings += open_endpoint_warnings(cluster, "k2provision's ktransformers launch")
     if not cluster.tunables.image and not cluster.lab:
         warnings.append(
             f"{release.image} is built here, not pulled: build containers/ktransformers "

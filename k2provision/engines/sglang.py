@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
-from k2provision.core.endpoint_guard import API_KEY, TLS_CERT, TLS_KEY, guard_path
+from k2provision.core.endpoint_guard import API_KEY_YAML, TLS_CERT, TLS_KEY, guard_path
 from k2provision.core.records import (
     Cluster,
     HealthGate,
@@ -51,6 +51,7 @@ from k2provision.engines.base import (
 from k2provision.engines.common import (
     TCP_STORE_BINDS_ALL,
     any_address,
+    api_key_value,
     fp8_kv_problems,
     host_port,
     http_gate,
@@ -144,6 +145,17 @@ def _dist_args(pool: PoolPlan, master: HostSpec, rank: int, t: Tunables) -> tupl
 # ---------------------------------------------------------------- layout tp
 
 
+def _server_key(t: Tunables) -> tuple[str, ...]:
+    """The endpoint's API key for a server that is the endpoint itself: sglang 0.5.23 takes
+    the key only as --api-key (srt/arg_groups/fields/serving.py), but reads any option from
+    `--config FILE.yaml` (srt/server_args.py, srt/utils/server_args_config_parser.py), so the
+    key comes from the launch phase's YAML file and stays out of the process's argv. /health
+    needs no key (srt/utils/auth.py), so the launch gate still reads it."""
+    if not t.api_key_file:
+        return ()
+    return ("--config", guard_path(t.config_dir, API_KEY_YAML))
+
+
 def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
     cluster = deployment.cluster
     t = cluster.tunables
@@ -163,6 +175,7 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             str(t.sglang_port),
             "--mem-fraction-static",
             str(pool.mem_fraction),
+            *(_server_key(t) if rank == 0 else ()),
         )
         # Only rank 0 runs the HTTP server; the other ranks have nothing to poll.
         health = (
@@ -370,9 +383,6 @@ def _pool_url(deployment: Deployment, name: PoolName) -> str:
     return http_url(master.local_ip, deployment.cluster.tunables.sglang_port)
 
 
-API_KEY_VALUE = "K2_API_KEY"
-
-
 def _decode_capacity(deployment: Deployment) -> int:
     """Requests the decode pool runs at once (its --max-running-requests)."""
     dp = deployment.pool("decode").parallel.dp
@@ -394,10 +404,7 @@ def _router_guard(deployment: Deployment) -> tuple[tuple[str, ...], tuple[Launch
         str(t.router_queue_timeout_s),
     )
     resolve: tuple[LaunchValue, ...] = ()
-    if t.api_key_file:
-        key = LaunchValue(
-            name=API_KEY_VALUE, kind="secret-file", arg=guard_path(t.config_dir, API_KEY)
-        )
+    if key := api_key_value(t):
         argv += ("--api-key", key.ref)
         resolve = (key,)
     if t.tls_cert_file:

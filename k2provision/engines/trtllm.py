@@ -61,6 +61,7 @@ from k2provision.engines.common import (
     http_gate,
     http_url,
     multi_host,
+    open_endpoint_warnings,
     own_tunables,
     parser_args,
     socket_env,
@@ -447,12 +448,14 @@ def served_name(cluster: Cluster) -> str:
 
 
 def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
-    """The pulled image has no sshd for the mpirun mesh."""
+    """The pulled image has no sshd for the mpirun mesh; an API key trtllm-serve cannot take."""
+    warnings = open_endpoint_warnings(cluster, "trtllm-serve 1.2 (tensorrt_llm/commands/serve.py)")
     if cluster.tunables.image or cluster.lab:
-        return []
+        return warnings
     return [
+        *warnings,
         f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
-        "build containers/trtllm from it and set k2_image to the result"
+        "build containers/trtllm from it and set k2_image to the result",
     ]
 
 

@@ -73,6 +73,7 @@ from k2provision.engines.base import (
 )
 from k2provision.engines.common import (
     any_address,
+    api_key_value,
     fp8_kv_problems,
     host_port,
     http_gate,
@@ -129,6 +130,19 @@ def endpoint(deployment: Deployment) -> str:
     """The head's OpenAI-compatible base URL."""
     pool = deployment.pool("nodes")
     return http_url(pool.master_address, deployment.cluster.tunables.api_port)
+
+
+def _api_key(
+    deployment: Deployment, env: dict[str, str], values: tuple[LaunchValue, ...]
+) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
+    """The API server's `env` and host `values` with the endpoint's key: vLLM 0.33.0 reads it
+    from VLLM_API_KEY when --api-key is not given (vllm/envs.py,
+    entrypoints/serve/middleware/register.py), so it never enters the process's argv; the
+    middleware guards /v1 only, and the launch gate's /health stays open."""
+    key = api_key_value(deployment.cluster.tunables)
+    if key is None:
+        return env, values
+    return {**env, "VLLM_API_KEY": key.ref}, (*values, key)
 
 
 RAY_BINDS_ALL = (
@@ -268,13 +282,14 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
         parallel += ["--pipeline-parallel-size", str(p.pp)]
     parallel += ["--distributed-executor-backend", "ray"]
     serve_argv = _serve_args(deployment, pool, parallel)
+    serve_env, serve_values = _api_key(deployment, head_env, head_values)
     serve = Process(
         name="vllm-serve",
         container=CONTAINER,
         image=deployment.image,
         argv=tuple(serve_argv),
-        env=head_env,
-        resolve=head_values,
+        env=serve_env,
+        resolve=serve_values,
         stage=2,
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
@@ -364,6 +379,8 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
         argv = shared if head else [*shared, "--data-parallel-start-rank", str(rank * local),
                                     "--headless"]
         env, values = _env(deployment, host)
+        if head:
+            env, values = _api_key(deployment, env, values)
         process = Process(
             name="vllm-serve" if head else "vllm-headless",
             container=CONTAINER,
