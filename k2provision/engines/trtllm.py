@@ -311,7 +311,6 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     }
     files = {
         paths.extra_options: options_yaml(extra_llm_api_options(deployment)),
-        paths.sshd_start: render_template("trtllm/sshd-start.sh.j2", **template_vars),
         **mesh_ssh_configs(paths.ssh_dir, t.ssh_port, CONTAINER, SSH_SESSION_ENV),
     }
     sshd = Process(
@@ -344,15 +343,15 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     )
     out: dict[str, HostRender] = {}
     for h in hosts:
-        # sshd for mpirun listens on the host's k2_local_ip only (`-o ListenAddress`), where
-        # mpirun dials it (-H).
-        host_sshd = sshd.model_copy(update={"argv": (*sshd.argv, h.local_ip)})
+        # sshd for mpirun listens on the host's k2_local_ip only (its start script's
+        # `-o ListenAddress`), where mpirun dials it (-H); the process is every host's same.
+        start = render_template("trtllm/sshd-start.sh.j2", **template_vars, listen=h.local_ip)
         sshd_port = listener(
-            host_sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port, bind=h.local_ip
+            sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port, bind=h.local_ip
         )
         out[h.name] = HostRender(
-            processes=(host_sshd, serve) if h.name == pool.master else (host_sshd,),
-            files=dict(files),
+            processes=(sshd, serve) if h.name == pool.master else (sshd,),
+            files={**files, paths.sshd_start: start},
             listeners=(serve_port, sshd_port) if h.name == pool.master else (sshd_port,),
         )
     return out

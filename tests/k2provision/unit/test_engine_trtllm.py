@@ -261,16 +261,15 @@ def test_every_host_runs_sshd_as_its_container_main_command() -> None:
         assert proc.exec_in is False
         assert proc.health is None
         assert proc.container == trtllm.CONTAINER
-        # Its one argument is the address sshd listens on: the host's k2_local_ip.
-        assert proc.argv == ("/bin/sh", "/etc/k2provision/trtllm/sshd-start.sh", h.local_ip)
+        assert proc.argv == ("/bin/sh", "/etc/k2provision/trtllm/sshd-start.sh")
         assert "/etc/k2provision/trtllm/sshd-start.sh" in h.files
 
 
 def test_sshd_start_script_execs_sshd_in_the_foreground() -> None:
     script = plan().hosts[1].files["/etc/k2provision/trtllm/sshd-start.sh"]
-    assert (
-        f'exec /usr/sbin/sshd -D -e -f {SSH_DIR}/sshd_config -o ListenAddress="$1"' in script
-    )
+    # It listens on its host's k2_local_ip only.
+    listen = plan().hosts[1].local_ip
+    assert f"exec /usr/sbin/sshd -D -e -f {SSH_DIR}/sshd_config -o ListenAddress={listen}" in script
     assert "mkdir -p /run/sshd" in script
     sh = shutil.which("sh")
     if sh:

@@ -159,6 +159,7 @@ def test_ports_are_those_each_host_binds(prod: Plan) -> None:
         "k2_bootstrap_port": 8998,
         "k2_dist_port": 5757,
         "k2_api_port": 8000,
+        "k2_router_metrics_port": 29000,
     }
     assert planned_ports(prod, "gpu-p02") == {}  # prefill rank 1 serves no port of its own
     assert planned_ports(prod, "gpu-d01") == {"k2_sglang_port": 30000, "k2_dist_port": 5757}
