@@ -8,6 +8,8 @@ from __future__ import annotations
 
 API_KEY = "secrets/api_key"
 """The key alone (mode 0600): the router's launch script reads it (LaunchValue secret-file)."""
+API_KEY_YAML = "secrets/api_key.yaml"
+"""`api-key: KEY` (mode 0600): for a server that reads the key from a YAML options file."""
 API_KEY_HEADER = "secrets/api_key.header"
 """`Authorization: Bearer KEY` (mode 0600): what the host-side probes send."""
 TLS_CERT = "tls/cert.pem"

@@ -109,11 +109,11 @@ class Tunables(Record):
         "takes the next 6 ports",
     )
     bootstrap_port: Port = Field(default=8998, description="SGLang PD's KV bootstrap server")
-    router_metrics_port: Port = Field(
-        default=29000, description="the SGLang PD router's Prometheus metrics"
-    )
     ray_port: Port = Field(default=6379, description="the vLLM Ray head")
     dp_rpc_port: Port = Field(default=13345, description="vLLM data-parallel RPC on the head")
+    router_metrics_port: Port = Field(
+        default=29000, description="the PD router's Prometheus metrics, on its k2_local_ip"
+    )
     ssh_port: Port = Field(
         default=2233, description="sshd inside engine containers, for mpirun (TensorRT-LLM)"
     )
@@ -718,6 +718,12 @@ class PortBinding(Record):
     process: str
     container: str
     """The container that holds the port once it runs (a converged host's ports are its own)."""
+    bind: str
+    """The address it binds: the host's k2_local_ip, or a wildcard (every interface)."""
+    public: bool = False
+    """The endpoint, the one port users reach; every other port serves the cluster itself."""
+    wildcard_why: str = ""
+    """Why a port other than the endpoint binds every interface (the pinned engine fixes it)."""
 
 
 class HostPlan(Record):

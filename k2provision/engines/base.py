@@ -60,6 +60,14 @@ class Listener(Record):
     process: str
     container: str
     """The container that holds the port once it runs."""
+    bind: str
+    """The address the process is told to bind: the host's k2_local_ip, or a wildcard (every
+    interface) for the endpoint and where the pinned engine offers no choice."""
+    public: bool = False
+    """The endpoint: the one listener users reach, on every interface."""
+    wildcard_why: str = ""
+    """Why a listener other than the endpoint binds every interface (the pinned release's
+    source that fixes it); empty where it binds k2_local_ip."""
 
     @property
     def last(self) -> int:
@@ -72,8 +80,18 @@ class Listener(Record):
         return f"{self.setting}={self.port} ({self.what}{run})"
 
 
-def listener(process: Process, setting: str, what: str, port: int, count: int = 1) -> Listener:
-    """What `process` binds: `count` ports from `port`, set by `setting`."""
+def listener(
+    process: Process,
+    setting: str,
+    what: str,
+    port: int,
+    *,
+    bind: str,
+    count: int = 1,
+    public: bool = False,
+    wildcard_why: str = "",
+) -> Listener:
+    """What `process` binds: `count` ports from `port` on `bind`, set by `setting`."""
     return Listener(
         setting=setting,
         what=what,
@@ -81,6 +99,9 @@ def listener(process: Process, setting: str, what: str, port: int, count: int = 
         count=count,
         process=process.name,
         container=process.container,
+        bind=bind,
+        public=public,
+        wildcard_why=wildcard_why,
     )
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from k2provision.core.endpoint_guard import API_KEY, guard_path
 from k2provision.core.records import (
     Cluster,
     EngineRelease,
@@ -67,6 +68,34 @@ def any_address(cluster: Cluster) -> str:
     """The wildcard a server binds to be reachable at any of the cluster's addresses."""
     addresses = [a for h in cluster.hosts for a in (h.address, h.local_ip)]
     return "::" if any(is_ipv6(a) for a in addresses) else "0.0.0.0"
+
+
+def api_key_value(tunables: Tunables) -> LaunchValue | None:
+    """The endpoint's API key as a host value its launch script reads from the launch phase's
+    file (never a plan's, a render's or a record's text), None without k2_api_key_file."""
+    if not tunables.api_key_file:
+        return None
+    return LaunchValue(
+        name="K2_API_KEY", kind="secret-file", arg=guard_path(tunables.config_dir, API_KEY)
+    )
+
+
+def open_endpoint_warnings(cluster: Cluster, server: str) -> list[str]:
+    """A warning where k2_api_key_file is set but `server`, the endpoint, takes no key."""
+    if not cluster.tunables.api_key_file:
+        return []
+    return [
+        f"k2_api_key_file is set, but {server} has no API key option: the endpoint answers "
+        "without a key (verify reports it); fix: unset k2_api_key_file, or guard the endpoint "
+        "with a proxy of your own"
+    ]
+
+
+TCP_STORE_BINDS_ALL = (
+    "torch.distributed's store on rank 0 binds every interface: the tcp:// rendezvous passes "
+    "only a host for clients to dial (torch/distributed/rendezvous.py _tcp_rendezvous_handler) "
+    "and c10d's TCPStore server takes no bind address"
+)
 
 
 def http_gate(address: str, port: int, path: str, timeout_s: int) -> HealthGate:

@@ -51,6 +51,7 @@ from k2provision.engines.common import (
     inventory_served_name,
     kv_cache_dtype,
     no_fp8_kv_problems,
+    open_endpoint_warnings,
     own_tunables,
 )
 from k2provision.engines.memory import (
@@ -116,7 +117,10 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         resolve=(*socket_values, *values),
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
-    port = listener(process, "k2_api_port", "the ktransformers server", t.api_port)
+    port = listener(
+        process, "k2_api_port", "the ktransformers server", t.api_port,
+        bind=any_address(cluster), public=True,
+    )
     return {pool.master: HostRender(processes=(process,), listeners=(port,))}
 
 
@@ -197,6 +201,7 @@ def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> 
         f"{spec.quantization.routed_experts.label} experts kt-kernel reads from the model "
         "directory; preflight checks it"
     ]
+    warnings += open_endpoint_warnings(cluster, "k2provision's ktransformers launch")
     if not cluster.tunables.image and not cluster.lab:
         warnings.append(
             f"{release.image} is built here, not pulled: build containers/ktransformers "

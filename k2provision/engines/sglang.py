@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
-from k2provision.core.endpoint_guard import API_KEY, TLS_CERT, TLS_KEY, guard_path
+from k2provision.core.endpoint_guard import API_KEY_YAML, TLS_CERT, TLS_KEY, guard_path
 from k2provision.core.records import (
     Cluster,
     HealthGate,
@@ -49,7 +49,9 @@ from k2provision.engines.base import (
     listener,
 )
 from k2provision.engines.common import (
+    TCP_STORE_BINDS_ALL,
     any_address,
+    api_key_value,
     fp8_kv_problems,
     host_port,
     http_gate,
@@ -177,6 +179,17 @@ def _dist_args(pool: PoolPlan, master: HostSpec, rank: int, t: Tunables) -> tupl
 # ---------------------------------------------------------------- layout tp
 
 
+def _server_key(t: Tunables) -> tuple[str, ...]:
+    """The endpoint's API key for a server that is the endpoint itself: sglang 0.5.23 takes
+    the key only as --api-key (srt/arg_groups/fields/serving.py), but reads any option from
+    `--config FILE.yaml` (srt/server_args.py, srt/utils/server_args_config_parser.py), so the
+    key comes from the launch phase's YAML file and stays out of the process's argv. /health
+    needs no key (srt/utils/auth.py), so the launch gate still reads it."""
+    if not t.api_key_file:
+        return ()
+    return ("--config", guard_path(t.config_dir, API_KEY_YAML))
+
+
 def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
     cluster = deployment.cluster
     t = cluster.tunables
@@ -197,6 +210,7 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             "--mem-fraction-static",
             str(pool.mem_fraction),
             *SERVER_METRICS_ARGS,
+            *(_server_key(t) if rank == 0 else ()),
         )
         # Only rank 0 runs the HTTP server; the other ranks have nothing to poll.
         health = (
@@ -215,11 +229,18 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             stage=0,
             health=health,
         )
-        # Rank 0 serves HTTP and hosts the rendezvous; the other ranks bind nothing of theirs.
+        # Rank 0 serves HTTP (the endpoint: no router) and hosts the rendezvous; the other
+        # ranks bind nothing of theirs.
         listeners = (
             (
-                listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port),
-                listener(process, "k2_dist_port", "the rendezvous", t.dist_port),
+                listener(
+                    process, "k2_sglang_port", "the SGLang server", t.sglang_port,
+                    bind=any_address(cluster), public=True,
+                ),
+                listener(
+                    process, "k2_dist_port", "the rendezvous", t.dist_port,
+                    bind=any_address(cluster), wildcard_why=TCP_STORE_BINDS_ALL,
+                ),
             )
             if rank == 0
             else ()
@@ -357,18 +378,32 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
     )
 
 
-def _pd_listeners(process: Process, pool: PoolPlan, rank: int, t: Tunables) -> list[Listener]:
-    """What a PD server binds: on rank 0 its HTTP server, the prefill pool's KV bootstrap and
+def _pd_listeners(
+    process: Process, cluster: Cluster, pool: PoolPlan, rank: int, local_ip: str
+) -> list[Listener]:
+    """What a PD server binds: on rank 0 its HTTP server, the prefill pool's KV bootstrap (on
+    --host, the host's k2_local_ip) and
     the rendezvous with the ports DP attention takes after it (sglang 0.5.23
     srt/server_args.py PortArgs.init_new: port_base = dist_init_port + 1, detokenizer / rpc /
     metrics / scheduler / load-collector at port_base + 1..5)."""
+    t = cluster.tunables
     if rank != 0:
         return []
-    found = [listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port)]
+    found = [
+        listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port, bind=local_ip)
+    ]
     if pool.name == "prefill":
-        found.append(listener(process, "k2_bootstrap_port", "the KV bootstrap", t.bootstrap_port))
+        # The bootstrap server binds --host (srt/managers/disagg_service.py).
+        found.append(
+            listener(
+                process, "k2_bootstrap_port", "the KV bootstrap", t.bootstrap_port, bind=local_ip
+            )
+        )
     found.append(
-        listener(process, "k2_dist_port", "the rendezvous", t.dist_port, DIST_PORT_SPAN + 1)
+        listener(
+            process, "k2_dist_port", "the rendezvous", t.dist_port,
+            bind=any_address(cluster), count=DIST_PORT_SPAN + 1, wildcard_why=TCP_STORE_BINDS_ALL,
+        )
     )
     return found
 
@@ -382,9 +417,6 @@ def _pool_url(deployment: Deployment, name: PoolName) -> str:
     """The HTTP URL of a pool's rank 0, on the address its server binds."""
     master = deployment.cluster.host(deployment.pool(name).master)
     return http_url(master.local_ip, deployment.cluster.tunables.sglang_port)
-
-
-API_KEY_VALUE = "K2_API_KEY"
 
 
 def _decode_capacity(deployment: Deployment) -> int:
@@ -408,10 +440,7 @@ def _router_guard(deployment: Deployment) -> tuple[tuple[str, ...], tuple[Launch
         str(t.router_queue_timeout_s),
     )
     resolve: tuple[LaunchValue, ...] = ()
-    if t.api_key_file:
-        key = LaunchValue(
-            name=API_KEY_VALUE, kind="secret-file", arg=guard_path(t.config_dir, API_KEY)
-        )
+    if key := api_key_value(t):
         argv += ("--api-key", key.ref)
         resolve = (key,)
     if t.tls_cert_file:
@@ -452,8 +481,10 @@ def _router(deployment: Deployment) -> Process:
         any_address(deployment.cluster),
         "--port",
         str(t.api_port),
+        # Prometheus: sglang-router 0.3.2 binds 0.0.0.0:29000 unless told otherwise
+        # (router_args.py --prometheus-host / --prometheus-port).
         "--prometheus-host",
-        any_address(deployment.cluster),
+        router.local_ip,
         "--prometheus-port",
         str(t.router_metrics_port),
         *guard,
@@ -490,14 +521,22 @@ def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
         for rank, name in enumerate(pool.hosts):
             server = _pd_server(deployment, pool, cluster.host(name), rank)
             processes.setdefault(name, []).append(server)
-            listeners.setdefault(name, []).extend(_pd_listeners(server, pool, rank, t))
+            listeners.setdefault(name, []).extend(
+                _pd_listeners(server, cluster, pool, rank, cluster.host(name).local_ip)
+            )
     router_host, router = _router_host(deployment).name, _router(deployment)
     processes.setdefault(router_host, []).append(router)
-    listeners.setdefault(router_host, []).append(
-        listener(router, "k2_api_port", "the PD router", t.api_port)
-    )
-    listeners[router_host].append(
-        listener(router, "k2_router_metrics_port", "the PD router's metrics", t.router_metrics_port)
+    listeners.setdefault(router_host, []).extend(
+        (
+            listener(
+                router, "k2_api_port", "the PD router", t.api_port,
+                bind=any_address(cluster), public=True,
+            ),
+            listener(
+                router, "k2_router_metrics_port", "the PD router's metrics",
+                t.router_metrics_port, bind=_router_host(deployment).local_ip,
+            ),
+        )
     )
     return {
         name: HostRender(processes=tuple(procs), listeners=tuple(listeners[name]))

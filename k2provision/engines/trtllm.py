@@ -57,9 +57,11 @@ from k2provision.engines.base import (
 )
 from k2provision.engines.common import (
     SUBNET,
+    any_address,
     http_gate,
     http_url,
     multi_host,
+    open_endpoint_warnings,
     own_tunables,
     parser_args,
     socket_env,
@@ -258,7 +260,7 @@ def mpirun_argv(
         "mpirun",
         "--allow-run-as-root",
         "-np", str(len(hosts) * gpn),
-        "-H", ",".join(f"{h.address}:{gpn}" for h in hosts),
+        "-H", ",".join(f"{h.local_ip}:{gpn}" for h in hosts),
         # One argv element: Open MPI passes it to ssh as its arguments.
         "-mca", "plm_rsh_args", f"-p {t.ssh_port} -F {paths.ssh_config}",
     ]
@@ -279,7 +281,7 @@ def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[st
     return (
         "trtllm-serve", "serve", deployment.cluster.model_dir,
         "--backend", "pytorch",
-        "--host", "0.0.0.0",
+        "--host", any_address(deployment.cluster),
         "--port", str(t.api_port),
         "--tp_size", str(p.tp),
         "--ep_size", str(p.ep),
@@ -309,7 +311,6 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     }
     files = {
         paths.extra_options: options_yaml(extra_llm_api_options(deployment)),
-        paths.sshd_start: render_template("trtllm/sshd-start.sh.j2", **template_vars),
         **mesh_ssh_configs(paths.ssh_dir, t.ssh_port, CONTAINER, SSH_SESSION_ENV),
     }
     sshd = Process(
@@ -342,16 +343,23 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
-    serve_port = listener(serve, "k2_api_port", "trtllm-serve", t.api_port)
-    sshd_port = listener(sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port)
-    return {
-        h.name: HostRender(
+    serve_port = listener(
+        serve, "k2_api_port", "trtllm-serve", t.api_port, bind=any_address(cluster), public=True
+    )
+    out: dict[str, HostRender] = {}
+    for h in hosts:
+        # sshd for mpirun listens on the host's k2_local_ip only (its start script's
+        # `-o ListenAddress`), where mpirun dials it (-H); the process is every host's same.
+        start = render_template("trtllm/sshd-start.sh.j2", **template_vars, listen=h.local_ip)
+        sshd_port = listener(
+            sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port, bind=h.local_ip
+        )
+        out[h.name] = HostRender(
             processes=(sshd, serve) if h.name == pool.master else (sshd,),
-            files=dict(files),
+            files={**files, paths.sshd_start: start},
             listeners=(serve_port, sshd_port) if h.name == pool.master else (sshd_port,),
         )
-        for h in hosts
-    }
+    return out
 
 
 def endpoint(deployment: Deployment) -> str:
@@ -462,12 +470,14 @@ def served_name(cluster: Cluster) -> str:
 
 
 def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
-    """The pulled image has no sshd for the mpirun mesh."""
+    """The pulled image has no sshd for the mpirun mesh; an API key trtllm-serve cannot take."""
+    warnings = open_endpoint_warnings(cluster, "trtllm-serve 1.2 (tensorrt_llm/commands/serve.py)")
     if cluster.tunables.image or cluster.lab:
-        return []
+        return warnings
     return [
+        *warnings,
         f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
-        "build containers/trtllm from it and set k2_image to the result"
+        "build containers/trtllm from it and set k2_image to the result",
     ]
 
 

@@ -36,10 +36,11 @@ Layout `dp_ep` (no Ray; the API servers on the head, engine cores on every host)
   --eplb-config '{"num_redundant_experts": N}'`; vLLM refuses spare slots without EPLB,
   vllm/config/parallel.py).
 
-Workers always point at the head's inventory address; each host announces its own `local_ip`
-(`--node-ip-address`, VLLM_HOST_IP). Every process waits for its engine cores as long as the
-launch gate does (`VLLM_ENGINE_READY_TIMEOUT_S`, 600 s in vLLM 0.33.0: less than a cold
-load of about 1 TB of weights can take).
+Ray workers point at the head's inventory address; each host announces its own `local_ip`
+(`--node-ip-address`, VLLM_HOST_IP). The DP handshake binds the head's `local_ip`
+(`--data-parallel-address`), the headless ranks dial it there. Every process waits for its
+engine cores as long as the launch gate does (`VLLM_ENGINE_READY_TIMEOUT_S`, 600 s in vLLM
+0.33.0: less than a cold load of about 1 TB of weights can take).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from k2provision.engines.base import (
 )
 from k2provision.engines.common import (
     any_address,
+    api_key_value,
     fp8_kv_problems,
     host_port,
     http_gate,
@@ -133,6 +135,26 @@ def endpoint(deployment: Deployment) -> str:
     """The head's OpenAI-compatible base URL."""
     pool = deployment.pool("nodes")
     return http_url(pool.master_address, deployment.cluster.tunables.api_port)
+
+
+def _api_key(
+    deployment: Deployment, env: dict[str, str], values: tuple[LaunchValue, ...]
+) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
+    """The API server's `env` and host `values` with the endpoint's key: vLLM 0.33.0 reads it
+    from VLLM_API_KEY when --api-key is not given (vllm/envs.py,
+    entrypoints/serve/middleware/register.py), so it never enters the process's argv; the
+    middleware guards /v1 only, and the launch gate's /health stays open."""
+    key = api_key_value(deployment.cluster.tunables)
+    if key is None:
+        return env, values
+    return {**env, "VLLM_API_KEY": key.ref}, (*values, key)
+
+
+RAY_BINDS_ALL = (
+    "Ray 2.60's GCS and raylet choose their own bind address: `ray start` has "
+    "--node-ip-address (what the node announces, k2_local_ip) but no bind option "
+    "(ray/scripts/scripts.py); its dashboard stays on localhost (--dashboard-host default)"
+)
 
 
 def _env(deployment: Deployment, host: HostSpec) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
@@ -252,7 +274,7 @@ def _render_one_node(deployment: Deployment) -> dict[str, HostRender]:
     pool = deployment.pool("nodes")
     t = deployment.cluster.tunables
     (host,) = _hosts(deployment, pool)
-    env, values = _env(deployment, host)
+    env, values = _api_key(deployment, *_env(deployment, host))
     serve = Process(
         name="vllm-serve",
         container=CONTAINER,
@@ -266,7 +288,12 @@ def _render_one_node(deployment: Deployment) -> dict[str, HostRender]:
     return {
         host.name: HostRender(
             processes=(serve,),
-            listeners=(listener(serve, "k2_api_port", "the vLLM API server", t.api_port),),
+            listeners=(
+                listener(
+                    serve, "k2_api_port", "the vLLM API server", t.api_port,
+                    bind=any_address(deployment.cluster), public=True,
+                ),
+            ),
         )
     }
 
@@ -303,13 +330,14 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
     )
     parallel = [*_tp_pp_args(pool), "--distributed-executor-backend", "ray"]
     serve_argv = _serve_args(deployment, pool, parallel)
+    serve_env, serve_values = _api_key(deployment, head_env, head_values)
     serve = Process(
         name="vllm-serve",
         container=CONTAINER,
         image=deployment.image,
         argv=tuple(serve_argv),
-        env=head_env,
-        resolve=head_values,
+        env=serve_env,
+        resolve=serve_values,
         stage=2,
         exec_in=True,
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
@@ -317,8 +345,14 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
     out[head.name] = HostRender(
         processes=(head_ray, serve),
         listeners=(
-            listener(head_ray, "k2_ray_port", "the Ray head", t.ray_port),
-            listener(serve, "k2_api_port", "the vLLM API server", t.api_port),
+            listener(
+                head_ray, "k2_ray_port", "the Ray head", t.ray_port,
+                bind=any_address(deployment.cluster), wildcard_why=RAY_BINDS_ALL,
+            ),
+            listener(
+                serve, "k2_api_port", "the vLLM API server", t.api_port,
+                bind=any_address(deployment.cluster), public=True,
+            ),
         ),
     )
     for host in hosts[1:]:
@@ -375,7 +409,7 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
             "--data-parallel-size-local",
             str(local),
             "--data-parallel-address",
-            pool.master_address,
+            hosts[0].local_ip,
             "--data-parallel-rpc-port",
             str(t.dp_rpc_port),
             *expert_args(deployment, pool),
@@ -393,6 +427,8 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
         argv = shared if head else [*shared, "--data-parallel-start-rank", str(rank * local),
                                     "--headless"]
         env, values = _env(deployment, host)
+        if head:
+            env, values = _api_key(deployment, env, values)
         process = Process(
             name="vllm-serve" if head else "vllm-headless",
             container=CONTAINER,
@@ -409,8 +445,16 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
         )
         listeners = (
             (
-                listener(process, "k2_api_port", "the vLLM API server", t.api_port),
-                listener(process, "k2_dp_rpc_port", "the DP RPC", t.dp_rpc_port),
+                listener(
+                    process, "k2_api_port", "the vLLM API server", t.api_port,
+                    bind=any_address(deployment.cluster), public=True,
+                ),
+                # The DP handshake binds --data-parallel-address (v1/engine/utils.py
+                # get_engine_client_zmq_addr(host=data_parallel_address)).
+                listener(
+                    process, "k2_dp_rpc_port", "the DP RPC", t.dp_rpc_port,
+                    bind=hosts[0].local_ip,
+                ),
             )
             if head
             else ()

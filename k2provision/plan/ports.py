@@ -22,7 +22,7 @@ __all__ = ["host_ports", "port_clashes"]
 def host_ports(listeners: Sequence[Listener]) -> tuple[PortBinding, ...]:
     """Every port the processes of one host bind, as the plan records them."""
     return tuple(
-        PortBinding(setting=x.setting, port=x.port, process=x.process, container=x.container)
+        PortBinding.model_validate(x.model_dump(exclude={"what", "count"}))
         for x in listeners
     )
 
@@ -37,6 +37,9 @@ def _relay(host: HostSpec) -> list[Listener]:
             port=host.weights_port,
             process="weights-relay",
             container="",
+            bind="0.0.0.0",
+            wildcard_why="the weights relay (roles/k2_weights) listens on every interface while "
+            "it distributes the checkpoint",
         )
     ]
 

@@ -78,6 +78,7 @@ FIELDS = (
     "trust_remote_code",
     "host",
     "port",
+    "api_key",
     "device",
     "tp_size",
     "pp_size",

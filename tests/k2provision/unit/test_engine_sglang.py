@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -525,5 +526,21 @@ def test_the_launch_role_writes_the_guard_files_where_the_render_reads_them() ->
 
     guard = (Path(__file__).resolve().parents[3] / "roles/k2_launch/tasks/guard.yml").read_text()
     for relative in (endpoint_guard.API_KEY, endpoint_guard.API_KEY_HEADER,
-                     endpoint_guard.TLS_CERT, endpoint_guard.TLS_KEY, endpoint_guard.TLS_CA):
+                     endpoint_guard.API_KEY_YAML, endpoint_guard.TLS_CERT,
+                     endpoint_guard.TLS_KEY, endpoint_guard.TLS_CA):
         assert f"{{{{ k2_launch_plan.config_dir }}}}/{relative}\"" in guard, relative
+
+
+def test_tp_server_reads_the_api_key_from_the_launch_phases_options_file() -> None:
+    """With no router the rank-0 server is the endpoint: `--config` names the YAML file the
+    launch phase writes (the key itself is in no argv); the other ranks take no key."""
+    from k2provision.core.endpoint_guard import API_KEY_YAML, guard_path
+
+    plan = build_plan(tp_cluster(api_key_file="/secret/key"))
+    rank0, rank1 = (procs(plan, name)["sglang"] for name in ("n0", "n1"))
+    assert flag(rank0.argv, "--config") == guard_path("/etc/k2provision", API_KEY_YAML)
+    assert "--config" not in rank1.argv
+    for proc in (rank0, rank1):
+        assert "--api-key" not in proc.argv
+    assert "--config" not in procs(build_plan(tp_cluster()), "n0")["sglang"].argv
+    assert "/secret/key" not in json.dumps(plan.model_dump(mode="json"))

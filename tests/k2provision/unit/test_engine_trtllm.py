@@ -267,7 +267,9 @@ def test_every_host_runs_sshd_as_its_container_main_command() -> None:
 
 def test_sshd_start_script_execs_sshd_in_the_foreground() -> None:
     script = plan().hosts[1].files["/etc/k2provision/trtllm/sshd-start.sh"]
-    assert f"exec /usr/sbin/sshd -D -e -f {SSH_DIR}/sshd_config" in script
+    # It listens on its host's k2_local_ip only.
+    listen = plan().hosts[1].local_ip
+    assert f"exec /usr/sbin/sshd -D -e -f {SSH_DIR}/sshd_config -o ListenAddress={listen}" in script
     assert "mkdir -p /run/sshd" in script
     sh = shutil.which("sh")
     if sh:
@@ -349,3 +351,12 @@ def test_sshd_config_passes_sshd_test_mode(tmp_path: Path) -> None:
     config.write_text(p.hosts[0].files[str(config)])
     assert SSHD is not None
     subprocess.run([SSHD, "-t", "-f", str(config)], check=True)
+
+
+def test_an_api_key_trtllm_serve_cannot_take_is_a_warning_not_an_argument() -> None:
+    keyed = plan(api_key_file="/secret/key")
+    (warning,) = [w for w in keyed.warnings if "k2_api_key_file" in w]
+    assert "trtllm-serve 1.2" in warning
+    assert "answers without a key" in warning
+    assert not [w for w in plan().warnings if "k2_api_key_file" in w]
+    assert "/secret/key" not in keyed.model_dump_json()

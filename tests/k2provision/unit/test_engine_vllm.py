@@ -257,7 +257,9 @@ def test_vllm_host_ip_is_each_hosts_own_address(layout: str) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_local_ip_is_announced_and_the_head_address_is_dialled(layout: str) -> None:
+def test_local_ip_is_announced_and_the_head_is_dialled_where_it_binds(layout: str) -> None:
+    """Ray workers dial the head's inventory address (Ray binds every interface); headless DP
+    ranks dial the head's k2_local_ip, the one address its DP handshake binds."""
     local = ("192.168.0.1", "192.168.0.2")
     p = plan(layout, local_ips=local, socket_ifname="ib0")
     for i, h in enumerate(p.hosts):
@@ -269,7 +271,8 @@ def test_local_ip_is_announced_and_the_head_address_is_dialled(layout: str) -> N
                 assert opt(proc.argv, "--node-ip-address") == local[i]
     worker = p.hosts[1].processes[0]
     if layout == "dp_ep":
-        assert opt(worker.argv, "--data-parallel-address") == ADDRESSES[0]
+        assert opt(worker.argv, "--data-parallel-address") == local[0]
+        assert opt(p.hosts[0].processes[0].argv, "--data-parallel-address") == local[0]
     else:
         assert opt(worker.argv, "--address") == f"{ADDRESSES[0]}:6379"
 
@@ -377,3 +380,22 @@ def test_health_gate_kinds() -> None:
         HealthGate()
     with pytest.raises(ValueError, match="exactly one"):
         HealthGate(url="http://h:1/", command=("true",))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_api_key_reaches_the_api_server_through_its_environment(layout: str) -> None:
+    """k2_api_key_file: the API server's launch script reads the launch phase's key file into
+    VLLM_API_KEY; no argv, no other process and no render holds the key or its source."""
+    p = plan(layout, api_key_file="/secret/key")
+    (server,) = [proc for _, proc in procs(p) if proc.name == "vllm-serve"]
+    assert server.env["VLLM_API_KEY"] == "${K2_API_KEY}"
+    key = next(v for v in server.resolve if v.name == "K2_API_KEY")
+    assert (key.kind, key.arg) == ("secret-file", "/etc/k2provision/secrets/api_key")
+    for _, proc in procs(p):
+        assert "--api-key" not in proc.argv
+        if proc is not server:
+            assert "VLLM_API_KEY" not in proc.env
+    script = p.hosts[0].files["/etc/k2provision/launch/vllm-serve.sh"]
+    assert 'export VLLM_API_KEY="${K2_API_KEY}"' in script
+    assert "/secret/key" not in json.dumps(p.model_dump(mode="json"))
+    assert "VLLM_API_KEY" not in json.dumps(plan(layout).model_dump(mode="json"))
