@@ -53,7 +53,10 @@ def test_one_h100_node_is_refused_with_the_smallest_fit(tmp_path: Path) -> None:
     # TP 32 would cut each FP8 expert into 64-wide slices: no tp size fits an H100 fleet.
     assert "(tp 32;" not in line
     assert "sglang tp fits" not in line
-    assert "k2_layout=pd on 4 nodes [prefill]" in line
+    # PD's DeepEP decode reserve (calibrated to a published measurement) leaves no KV cache on
+    # an 80 GB GPU at the default decode batch either: no SGLang layout fits H100s.
+    assert "no change near this sglang layout fits h100 GPUs" in line
+    assert line.endswith("fix: choose larger GPUs or another engine")
     # The weights and reserve alone exceed an H100: a shorter context cannot help.
     assert "k2_context_length" not in line
 
