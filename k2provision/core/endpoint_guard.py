@@ -1,8 +1,8 @@
-"""Where the launch phase puts the endpoint's API key and TLS files on the router host: under
-the plan's config_dir, which every engine container mounts read-only. One home for the paths
-the router's render names, the launch role writes (roles/k2_launch/tasks/guard.yml, kept in
-step by a test) and status reads. The files' contents never enter a plan, a render or a run
-record: only these paths do."""
+"""Where the launch phase puts the endpoint's API key and TLS files on the endpoint's host (the
+router's, or the single server's rank 0): under the plan's config_dir, which every engine
+container mounts read-only. One home for the paths the renders name, the launch role writes
+(roles/k2_launch/tasks/guard.yml, kept in step by a test) and status reads. The files'
+contents never enter a plan, a render or a run record: only these paths do."""
 
 from __future__ import annotations
 

@@ -265,12 +265,12 @@ class Tunables(Record):
     api_key_file: AbsolutePath | None = Field(
         default=None,
         description="a file on the controller holding the endpoint's API key (it may be "
-        "ansible-vault encrypted); the PD router then refuses requests without "
+        "ansible-vault encrypted); the endpoint then refuses requests without "
         "`Authorization: Bearer KEY`",
     )
     tls_cert_file: AbsolutePath | None = Field(
         default=None,
-        description="a PEM certificate (chain) on the controller the PD router serves TLS with",
+        description="a PEM certificate (chain) on the controller the endpoint serves TLS with",
     )
     tls_key_file: AbsolutePath | None = Field(
         default=None,
@@ -309,7 +309,7 @@ class Tunables(Record):
     def _tls_pair(self) -> Tunables:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError(
-                "k2_tls_cert_file and k2_tls_key_file go together: set both (the router "
+                "k2_tls_cert_file and k2_tls_key_file go together: set both (the endpoint "
                 "serves TLS with them) or neither"
             )
         return self

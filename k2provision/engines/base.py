@@ -230,6 +230,10 @@ class Engine(Protocol):
     DIST_PORT_SPAN: int
     NO_IPV6: str | None
     """Why the engine cannot be wired with IPv6 literal addresses; None when it can."""
+    NO_API_KEY: str | None
+    """Why the endpoint cannot take k2_api_key_file (the plan refuses it); None when it can."""
+    NO_TLS: str | None
+    """Why the endpoint cannot serve k2_tls_cert_file (the plan refuses it); None when it can."""
     """The ports after k2_dist_port the engine also takes (0: only that one)."""
 
     def render(self, deployment: Deployment) -> dict[str, HostRender]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from k2provision.core.endpoint_guard import API_KEY, guard_path
+from k2provision.core.endpoint_guard import API_KEY, TLS_CERT, TLS_KEY, guard_path
 from k2provision.core.records import (
     Cluster,
     EngineRelease,
@@ -80,15 +80,57 @@ def api_key_value(tunables: Tunables) -> LaunchValue | None:
     )
 
 
-def open_endpoint_warnings(cluster: Cluster, server: str) -> list[str]:
-    """A warning where k2_api_key_file is set but `server`, the endpoint, takes no key."""
-    if not cluster.tunables.api_key_file:
-        return []
-    return [
-        f"k2_api_key_file is set, but {server} has no API key option: the endpoint answers "
-        "without a key (verify reports it); fix: unset k2_api_key_file, or guard the endpoint "
-        "with a proxy of your own"
-    ]
+def tls_args(tunables: Tunables, cert_option: str, key_option: str) -> tuple[str, ...]:
+    """The endpoint server's certificate and key options on the launch phase's files (on the
+    endpoint's host only: roles/k2_launch/tasks/guard.yml); () without k2_tls_cert_file."""
+    if not tunables.tls_cert_file:
+        return ()
+    return (
+        cert_option,
+        guard_path(tunables.config_dir, TLS_CERT),
+        key_option,
+        guard_path(tunables.config_dir, TLS_KEY),
+    )
+
+
+def endpoint_url(tunables: Tunables, address: str, port: int, path: str = "") -> str:
+    """The endpoint's URL: https where it serves k2_tls_cert_file."""
+    url = http_url(address, port, path)
+    return "https" + url.removeprefix("http") if tunables.tls_cert_file else url
+
+
+def endpoint_gate(tunables: Tunables, address: str, port: int, path: str) -> HealthGate:
+    """The endpoint's health gate, https where it serves TLS: the probe asks whether it
+    answers, not whether its certificate is trusted (ops/host_probe.py; verify checks that
+    against k2_tls_ca_file)."""
+    return HealthGate(
+        url=endpoint_url(tunables, address, port, path), timeout_s=tunables.health_timeout_s
+    )
+
+
+def unguarded_endpoint_problems(
+    cluster: Cluster, no_key: str | None, no_tls: str | None
+) -> list[str]:
+    """Refusals where the inventory guards the endpoint but the engine cannot: `no_key` /
+    `no_tls` say why it takes no API key / serves no TLS (its NO_API_KEY / NO_TLS; None: it
+    does). An endpoint the inventory means guarded that answers unguarded would be a silent
+    security failure."""
+    t = cluster.tunables
+    choose = "choose k2_engine=sglang (its server, or its router with layout pd) or vllm"
+    found = []
+    if t.api_key_file and no_key:
+        found.append(
+            f"k2_api_key_file={t.api_key_file}: {cluster.engine} takes no API key "
+            f"({no_key}), so the endpoint would answer without one; fix: {choose}, or unset "
+            "k2_api_key_file and put a proxy of your own that checks the key in front of it"
+        )
+    if t.tls_cert_file and no_tls:
+        found.append(
+            f"k2_tls_cert_file={t.tls_cert_file}: {cluster.engine} serves no TLS ({no_tls}), "
+            f"so the endpoint would be plain http; fix: {choose}, or unset k2_tls_cert_file "
+            "and k2_tls_key_file and put a TLS-terminating proxy of your own in front of it"
+        )
+    return found
 
 
 TCP_STORE_BINDS_ALL = (

@@ -51,7 +51,6 @@ from k2provision.engines.common import (
     inventory_served_name,
     kv_cache_dtype,
     no_fp8_kv_problems,
-    open_endpoint_warnings,
     own_tunables,
 )
 from k2provision.engines.memory import (
@@ -68,6 +67,7 @@ from k2provision.engines.sglang import (
     SERVER_METRICS_ARGS,
     model_args,
     server_env,
+    server_key,
 )
 
 CONTAINER = "k2-ktransformers"
@@ -106,6 +106,9 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         *SERVER_METRICS_ARGS,
         "--host", any_address(cluster),
         "--port", str(t.api_port),
+        # The key as SGLang's server takes it: sglang-kt 0.7.2 has the same --api-key and
+        # --config (sglang/srt/server_args.py) and leaves /health open (srt/utils/auth.py).
+        *server_key(t),
     )
     env, socket_values = server_env(deployment, cluster.host(pool.master))
     process = Process(
@@ -163,6 +166,10 @@ CONTAINER_NEEDS = ContainerNeeds(
 # Tunables only KTransformers reads, each with the layouts that read it.
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_ktransformers_", LAYOUTS)
 NO_IPV6: str | None = None
+NO_API_KEY: str | None = None
+NO_TLS: str | None = (
+    "sglang-kt 0.7.2, kt-kernel's SGLang, has no --ssl-certfile, sglang/srt/server_args.py"
+)
 DIST_PORT_SPAN = 0
 kv_dtype = kv_cache_dtype
 served_name = inventory_served_name
@@ -201,7 +208,6 @@ def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> 
         f"{spec.quantization.routed_experts.label} experts kt-kernel reads from the model "
         "directory; preflight checks it"
     ]
-    warnings += open_endpoint_warnings(cluster, "k2provision's ktransformers launch")
     if not cluster.tunables.image and not cluster.lab:
         warnings.append(
             f"{release.image} is built here, not pulled: build containers/ktransformers "

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
-from k2provision.core.endpoint_guard import API_KEY_YAML, TLS_CERT, TLS_KEY, guard_path
+from k2provision.core.endpoint_guard import API_KEY_YAML, guard_path
 from k2provision.core.records import (
     Cluster,
-    HealthGate,
     HostSpec,
     LaunchValue,
     MemoryReserve,
@@ -52,6 +51,8 @@ from k2provision.engines.common import (
     TCP_STORE_BINDS_ALL,
     any_address,
     api_key_value,
+    endpoint_gate,
+    endpoint_url,
     fp8_kv_problems,
     host_port,
     http_gate,
@@ -62,6 +63,7 @@ from k2provision.engines.common import (
     parser_args,
     socket_env,
     socket_ifname,
+    tls_args,
 )
 from k2provision.engines.memory import (
     DEEPEP_NORMAL_GIB,
@@ -179,7 +181,7 @@ def _dist_args(pool: PoolPlan, master: HostSpec, rank: int, t: Tunables) -> tupl
 # ---------------------------------------------------------------- layout tp
 
 
-def _server_key(t: Tunables) -> tuple[str, ...]:
+def server_key(t: Tunables) -> tuple[str, ...]:
     """The endpoint's API key for a server that is the endpoint itself: sglang 0.5.23 takes
     the key only as --api-key (srt/arg_groups/fields/serving.py), but reads any option from
     `--config FILE.yaml` (srt/server_args.py, srt/utils/server_args_config_parser.py), so the
@@ -188,6 +190,17 @@ def _server_key(t: Tunables) -> tuple[str, ...]:
     if not t.api_key_file:
         return ()
     return ("--config", guard_path(t.config_dir, API_KEY_YAML))
+
+
+def _server_tls(t: Tunables) -> tuple[str, ...]:
+    """TLS on a server that is the endpoint itself: sglang 0.5.23's --ssl-certfile /
+    --ssl-keyfile (srt/arg_groups/fields/serving.py, handed to uvicorn by
+    srt/entrypoints/http_server.py; srt/arg_groups/serving_hook.py handle_ssl_validation
+    refuses a missing file). Its own warm-up request then goes to https (ServerArgs.url) and,
+    without --ssl-ca-certs, skips checking the certificate (serving_hook.py ssl_verify_of),
+    which names the endpoint's address, not the loopback the warm-up may use: no CA is
+    passed. /health answers over the same TLS."""
+    return tls_args(t, "--ssl-certfile", "--ssl-keyfile")
 
 
 def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
@@ -210,11 +223,13 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             "--mem-fraction-static",
             str(pool.mem_fraction),
             *SERVER_METRICS_ARGS,
-            *(_server_key(t) if rank == 0 else ()),
+            # The guard's files are on the endpoint's host only (guard.yml), and only rank 0
+            # serves HTTP.
+            *((*server_key(t), *_server_tls(t)) if rank == 0 else ()),
         )
         # Only rank 0 runs the HTTP server; the other ranks have nothing to poll.
         health = (
-            http_gate(pool.master_address, t.sglang_port, SERVER_HEALTH_PATH, t.health_timeout_s)
+            endpoint_gate(t, pool.master_address, t.sglang_port, SERVER_HEALTH_PATH)
             if rank == 0
             else None
         )
@@ -443,21 +458,8 @@ def _router_guard(deployment: Deployment) -> tuple[tuple[str, ...], tuple[Launch
     if key := api_key_value(t):
         argv += ("--api-key", key.ref)
         resolve = (key,)
-    if t.tls_cert_file:
-        argv += (
-            "--tls-cert-path",
-            guard_path(t.config_dir, TLS_CERT),
-            "--tls-key-path",
-            guard_path(t.config_dir, TLS_KEY),
-        )
+    argv += tls_args(t, "--tls-cert-path", "--tls-key-path")
     return argv, resolve
-
-
-def _router_url(deployment: Deployment, address: str, path: str = "") -> str:
-    """The router's URL: https when it serves TLS."""
-    t = deployment.cluster.tunables
-    url = http_url(address, t.api_port, path)
-    return "https" + url.removeprefix("http") if t.tls_cert_file else url
 
 
 def _router(deployment: Deployment) -> Process:
@@ -489,10 +491,7 @@ def _router(deployment: Deployment) -> Process:
         str(t.router_metrics_port),
         *guard,
     )
-    health = HealthGate(
-        url=_router_url(deployment, router.address, ROUTER_HEALTH_PATH),
-        timeout_s=t.health_timeout_s,
-    )
+    health = endpoint_gate(t, router.address, t.api_port, ROUTER_HEALTH_PATH)
     return Process(
         name="sglang-router",
         container=ROUTER_CONTAINER,
@@ -558,8 +557,8 @@ def endpoint(deployment: Deployment) -> str:
     """The OpenAI-compatible base URL: the router (pd) or rank 0's server (tp)."""
     t = deployment.cluster.tunables
     if deployment.cluster.layout == "pd":
-        return _router_url(deployment, _router_host(deployment).address)
-    return http_url(deployment.pool("nodes").master_address, t.sglang_port)
+        return endpoint_url(t, _router_host(deployment).address, t.api_port)
+    return endpoint_url(t, deployment.pool("nodes").master_address, t.sglang_port)
 
 
 # ---------------------------------------------------------------- what the plan asks
@@ -647,6 +646,8 @@ PD_TUNABLES = (
 OWN_TUNABLES: dict[str, tuple[str, ...]] = dict.fromkeys(PD_TUNABLES, ("pd",))
 # With DP attention it takes the dist port and the next 6 (see Tunables.dist_port).
 NO_IPV6: str | None = None
+NO_API_KEY: str | None = None
+NO_TLS: str | None = None
 DIST_PORT_SPAN = 6
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems

@@ -61,7 +61,6 @@ from k2provision.engines.common import (
     http_gate,
     http_url,
     multi_host,
-    open_endpoint_warnings,
     own_tunables,
     parser_args,
     socket_env,
@@ -419,6 +418,9 @@ CONTAINER_NEEDS = ContainerNeeds(
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_trtllm_", LAYOUTS)
 # mpirun takes its hosts as -H host:slots, where an IPv6 literal's colons break the list.
 NO_IPV6: str | None = "mpirun host list (-H host:slots) cannot carry an IPv6 literal"
+# The `serve` options (SERVE_OPTIONS) have neither a key nor a certificate.
+NO_API_KEY: str | None = "trtllm-serve 1.2 has no key option, tensorrt_llm/commands/serve.py"
+NO_TLS: str | None = "trtllm-serve 1.2 has no certificate option, tensorrt_llm/commands/serve.py"
 DIST_PORT_SPAN = 0
 
 
@@ -470,12 +472,10 @@ def served_name(cluster: Cluster) -> str:
 
 
 def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
-    """The pulled image has no sshd for the mpirun mesh; an API key trtllm-serve cannot take."""
-    warnings = open_endpoint_warnings(cluster, "trtllm-serve 1.2 (tensorrt_llm/commands/serve.py)")
+    """The pulled image has no sshd for the mpirun mesh."""
     if cluster.tunables.image or cluster.lab:
-        return warnings
+        return []
     return [
-        *warnings,
         f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
         "build containers/trtllm from it and set k2_image to the result",
     ]

@@ -77,10 +77,10 @@ from k2provision.engines.base import (
 from k2provision.engines.common import (
     any_address,
     api_key_value,
+    endpoint_gate,
+    endpoint_url,
     fp8_kv_problems,
     host_port,
-    http_gate,
-    http_url,
     inventory_served_name,
     kv_cache_dtype,
     no_warnings,
@@ -88,6 +88,7 @@ from k2provision.engines.common import (
     parser_args,
     socket_env,
     socket_ifname,
+    tls_args,
 )
 from k2provision.engines.memory import (
     RUNTIME_GIB,
@@ -134,7 +135,16 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
 def endpoint(deployment: Deployment) -> str:
     """The head's OpenAI-compatible base URL."""
     pool = deployment.pool("nodes")
-    return http_url(pool.master_address, deployment.cluster.tunables.api_port)
+    t = deployment.cluster.tunables
+    return endpoint_url(t, pool.master_address, t.api_port)
+
+
+def _tls(deployment: Deployment) -> tuple[str, ...]:
+    """TLS on the API server: vLLM 0.33.0's --ssl-certfile / --ssl-keyfile
+    (vllm/entrypoints/common/cli_args.py, handed to uvicorn by
+    entrypoints/launchers/api_server/entry.py); on the API server only, the one process on
+    the endpoint's host that has the launch phase's files."""
+    return tls_args(deployment.cluster.tunables, "--ssl-certfile", "--ssl-keyfile")
 
 
 def _api_key(
@@ -279,11 +289,11 @@ def _render_one_node(deployment: Deployment) -> dict[str, HostRender]:
         name="vllm-serve",
         container=CONTAINER,
         image=deployment.image,
-        argv=tuple(_serve_args(deployment, pool, _tp_pp_args(pool))),
+        argv=(*_serve_args(deployment, pool, _tp_pp_args(pool)), *_tls(deployment)),
         env=env,
         resolve=values,
         stage=0,
-        health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
+        health=endpoint_gate(t, pool.master_address, t.api_port, HEALTH_PATH),
     )
     return {
         host.name: HostRender(
@@ -335,12 +345,12 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
         name="vllm-serve",
         container=CONTAINER,
         image=deployment.image,
-        argv=tuple(serve_argv),
+        argv=(*serve_argv, *_tls(deployment)),
         env=serve_env,
         resolve=serve_values,
         stage=2,
         exec_in=True,
-        health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
+        health=endpoint_gate(t, pool.master_address, t.api_port, HEALTH_PATH),
     )
     out[head.name] = HostRender(
         processes=(head_ray, serve),
@@ -424,8 +434,9 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
         head = rank == 0
         # The head holds DP ranks 0..local-1 without a start rank (internal load balancing);
         # a start rank there would switch vLLM to hybrid mode, which refuses headless ranks.
-        argv = shared if head else [*shared, "--data-parallel-start-rank", str(rank * local),
-                                    "--headless"]
+        argv = [*shared, *_tls(deployment)] if head else [
+            *shared, "--data-parallel-start-rank", str(rank * local), "--headless"
+        ]
         env, values = _env(deployment, host)
         if head:
             env, values = _api_key(deployment, env, values)
@@ -438,7 +449,7 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
             resolve=values,
             stage=0,
             health=(
-                http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s)
+                endpoint_gate(t, pool.master_address, t.api_port, HEALTH_PATH)
                 if head
                 else None
             ),
@@ -519,6 +530,8 @@ CONTAINER_NEEDS = ContainerNeeds(
 # Tunables only vLLM reads (every layout), each with the layouts that read it.
 OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_vllm_", LAYOUTS)
 NO_IPV6: str | None = None
+NO_API_KEY: str | None = None
+NO_TLS: str | None = None
 DIST_PORT_SPAN = 0
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from functools import partial
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -46,6 +47,9 @@ class ScrapeTarget(Record):
     role: str
     host: str
     rank: int
+    scheme: Literal["http", "https"] = "http"
+    """https where the target is the endpoint serving TLS (a single server's metrics on its
+    API port)."""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -61,6 +65,8 @@ class ScrapeTarget(Record):
 def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
     """Every endpoint of the plan that serves Prometheus metrics, in host order."""
     engine = REGISTRY[plan.engine]
+    endpoint = urlsplit(plan.endpoint)
+    tls_at = (plan.endpoint_host, endpoint.port) if endpoint.scheme == "https" else None
     found: list[ScrapeTarget] = []
     for host in plan.hosts:
         target = partial(
@@ -82,6 +88,7 @@ def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
                         address=host_port(host.local_ip, binding.port),
                         path=engine.METRICS_PATH,
                         instance="router" if router else host.pool,
+                        scheme="https" if (host.name, binding.port) == tls_at else "http",
                     )
                 )
         exporters: list[tuple[Job, int]] = [("node", NODE_EXPORTER_PORT)]
@@ -114,17 +121,23 @@ def prometheus_config(
         mine = [t for t in targets if t.job == job]
         if not mine:
             continue
-        paths = {t.path for t in mine}
-        for path in sorted(paths):
-            jobs.append(
-                {
-                    "job_name": job if len(paths) == 1 else f"{job}{path.replace('/', '_')}",
-                    "metrics_path": path,
-                    "static_configs": [
-                        {"targets": [t.address], "labels": t.labels} for t in mine if t.path == path
-                    ],
-                }
-            )
+        kinds = {(t.path, t.scheme) for t in mine}
+        for path, scheme in sorted(kinds):
+            name = job if len(kinds) == 1 else f"{job}{path.replace('/', '_')}"
+            config: dict[str, Any] = {
+                "job_name": name if scheme == "http" or len(kinds) == 1 else f"{name}_https",
+                "metrics_path": path,
+            }
+            if scheme == "https":
+                # Whether the server answers its metrics, as the health gate asks: the target
+                # is the host's local address, which the certificate need not name.
+                config |= {"scheme": "https", "tls_config": {"insecure_skip_verify": True}}
+            config["static_configs"] = [
+                {"targets": [t.address], "labels": t.labels}
+                for t in mine
+                if (t.path, t.scheme) == (path, scheme)
+            ]
+            jobs.append(config)
     return {
         "global": {
             "scrape_interval": f"{scrape_interval_s}s",

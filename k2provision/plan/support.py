@@ -13,6 +13,7 @@ from k2provision.core.records import Cluster, EngineName, EngineRelease, GpuSpec
 from k2provision.core.variables import TUNABLE_VARS, shorten_hosts, show
 from k2provision.core.versions import version_at_least
 from k2provision.engines import REGISTRY
+from k2provision.engines.common import unguarded_endpoint_problems
 
 
 def resolve_model(cluster: Cluster) -> ModelSpec:
@@ -164,5 +165,12 @@ def ipv6_problems(cluster: Cluster) -> list[str]:
 
 def engine_setting_problems(cluster: Cluster) -> list[str]:
     """Inventory settings that only the chosen engine makes wrong: addresses it cannot take,
-    ports it takes past the last one, tunables it never reads."""
-    return [*ipv6_problems(cluster), *dist_port_span_problems(cluster), *foreign_tunables(cluster)]
+    ports it takes past the last one, tunables it never reads, an API key or TLS certificate
+    its endpoint cannot honour."""
+    engine = REGISTRY[cluster.engine]
+    return [
+        *ipv6_problems(cluster),
+        *dist_port_span_problems(cluster),
+        *foreign_tunables(cluster),
+        *unguarded_endpoint_problems(cluster, engine.NO_API_KEY, engine.NO_TLS),
+    ]

@@ -1,7 +1,8 @@
-"""The single SGLang server's API key, through the real sglang 0.5.23 parser: the rendered
+"""The single SGLang server's API key, through the real sglang 0.5.23 parser (and
+KTransformers' sglang-kt 0.7.2, which reads it the same way): the rendered
 `--config` file, written as the launch phase writes it (roles/k2_launch/tasks/guard.yml: the
 JSON of {"api-key": KEY}), sets the server's api_key, and the argv holds no key. Needs
-.venv-sglang from scripts/install-engine-parsers."""
+.venv-sglang and .venv-sglang-kt from scripts/install-engine-parsers."""
 
 from __future__ import annotations
 
@@ -22,8 +23,13 @@ pytestmark = pytest.mark.parsers
 KEY = "k2-test-key 0123: with a colon"  # YAML would misread it unquoted
 
 
-def test_the_tp_server_takes_the_key_from_its_config_file(tmp_path: Path) -> None:
-    cluster = goldens.cluster("sglang-tp")
+@pytest.mark.parametrize(
+    ("case", "engine"), [("sglang-tp", "sglang"), ("ktransformers", "sglang-kt")]
+)
+def test_the_sglang_server_takes_the_key_from_its_config_file(
+    case: str, engine: str, tmp_path: Path
+) -> None:
+    cluster = goldens.cluster(case)
     keyed = cluster.model_copy(
         update={"tunables": cluster.tunables.model_copy(update={"api_key_file": "/k"})}
     )
@@ -36,8 +42,8 @@ def test_the_tp_server_takes_the_key_from_its_config_file(tmp_path: Path) -> Non
     config = tmp_path / "api_key.yaml"
     config.write_text(json.dumps({"api-key": KEY}) + "\n")
     argv = [str(config) if a == on_host else a for a in proc.argv]
-    result = check("sglang", argv, dict(proc.env), options=goldens.OPTIONS["sglang"])
+    result = check(engine, argv, dict(proc.env), options=goldens.OPTIONS[engine])
     assert result.ok, f"{result.stage}: {result.error}"
     assert result.value("api_key") == KEY
-    unkeyed = goldens.verdict(goldens.Launch("sglang-tp", plan.hosts[0].name, proc.name))
+    unkeyed = goldens.verdict(goldens.Launch(case, plan.hosts[0].name, proc.name))
     assert unkeyed.value("api_key") is None

@@ -544,3 +544,25 @@ def test_tp_server_reads_the_api_key_from_the_launch_phases_options_file() -> No
         assert "--api-key" not in proc.argv
     assert "--config" not in procs(build_plan(tp_cluster()), "n0")["sglang"].argv
     assert "/secret/key" not in json.dumps(plan.model_dump(mode="json"))
+
+
+def test_tp_server_serves_tls_on_rank_0_and_its_gate_and_endpoint_are_https() -> None:
+    """Without a router rank 0's server is the endpoint: --ssl-certfile / --ssl-keyfile on the
+    launch phase's files (on its host only, so no other rank names them), no CA (its own
+    warm-up would check the certificate against the loopback address)."""
+    from k2provision.core.endpoint_guard import TLS_CERT, TLS_KEY, guard_path
+
+    plan = build_plan(tp_cluster(tls_cert_file="/c.pem", tls_key_file="/k.pem"))
+    rank0, rank1 = (procs(plan, name)["sglang"] for name in ("n0", "n1"))
+    assert flag(rank0.argv, "--ssl-certfile") == guard_path("/etc/k2provision", TLS_CERT)
+    assert flag(rank0.argv, "--ssl-keyfile") == guard_path("/etc/k2provision", TLS_KEY)
+    assert "--ssl-ca-certs" not in rank0.argv
+    assert not {"--ssl-certfile", "--ssl-keyfile"} & set(rank1.argv)
+    assert plan.endpoint.startswith("https://")
+    assert plan.endpoint_host == "n0"
+    assert rank0.health is not None
+    assert rank0.health.url is not None
+    assert rank0.health.url.startswith("https://")
+    plain = build_plan(tp_cluster())
+    assert "--ssl-certfile" not in procs(plain, "n0")["sglang"].argv
+    assert plain.endpoint.startswith("http://")

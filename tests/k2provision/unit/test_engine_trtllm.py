@@ -13,7 +13,7 @@ import yaml
 from k2provision.core.records import Cluster, HostSpec, Plan, Process, Tunables
 from k2provision.engines import trtllm
 from k2provision.engines.trtllm_schema import validate_extra_llm_api_options
-from k2provision.errors import PlanError
+from k2provision.errors import InventoryError, PlanError
 from k2provision.plan.assemble import build_plan
 
 ADDRESSES = ("10.2.0.7", "10.2.0.3", "10.2.0.5", "10.2.0.9")
@@ -353,10 +353,26 @@ def test_sshd_config_passes_sshd_test_mode(tmp_path: Path) -> None:
     subprocess.run([SSHD, "-t", "-f", str(config)], check=True)
 
 
-def test_an_api_key_trtllm_serve_cannot_take_is_a_warning_not_an_argument() -> None:
-    keyed = plan(api_key_file="/secret/key")
-    (warning,) = [w for w in keyed.warnings if "k2_api_key_file" in w]
-    assert "trtllm-serve 1.2" in warning
-    assert "answers without a key" in warning
+@pytest.mark.parametrize(
+    ("guard", "says"),
+    [
+        ({"api_key_file": "/secret/key"}, "k2_api_key_file=/secret/key: trtllm takes no API key"),
+        (
+            {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"},
+            "k2_tls_cert_file=/c.pem: trtllm serves no TLS",
+        ),
+    ],
+)
+def test_a_key_or_certificate_trtllm_serve_cannot_take_is_refused(
+    guard: dict[str, str], says: str
+) -> None:
+    """An endpoint the inventory guards must not answer unguarded: the plan refuses, naming
+    the release and the fix, instead of warning."""
+    with pytest.raises(InventoryError) as refused:
+        plan(**guard)
+    (problem,) = refused.value.problems
+    assert problem.startswith(says)
+    assert "trtllm-serve 1.2 has no" in problem
+    assert "fix: choose k2_engine=sglang" in problem
+    assert "proxy of your own" in problem
     assert not [w for w in plan().warnings if "k2_api_key_file" in w]
-    assert "/secret/key" not in keyed.model_dump_json()

@@ -398,4 +398,26 @@ def test_the_api_key_reaches_the_api_server_through_its_environment(layout: str)
     script = p.hosts[0].files["/etc/k2provision/launch/vllm-serve.sh"]
     assert 'export VLLM_API_KEY="${K2_API_KEY}"' in script
     assert "/secret/key" not in json.dumps(p.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tls_is_served_by_the_api_server_alone_and_makes_the_endpoint_https(layout: str) -> None:
+    """k2_tls_cert_file: the API server takes --ssl-certfile / --ssl-keyfile on the launch
+    phase's files (on the endpoint's host only); no other process names them; the health gate
+    and the endpoint are https."""
+    p = plan(layout, tls_cert_file="/c.pem", tls_key_file="/k.pem")
+    (server,) = [proc for _, proc in procs(p) if proc.name == "vllm-serve"]
+    argv = server.argv
+    assert argv[argv.index("--ssl-certfile") + 1] == "/etc/k2provision/tls/cert.pem"
+    assert argv[argv.index("--ssl-keyfile") + 1] == "/etc/k2provision/tls/key.pem"
+    for host, proc in procs(p):
+        if proc is not server:
+            assert "--ssl-certfile" not in proc.argv
+        else:
+            assert host == p.endpoint_host
+    assert p.endpoint.startswith("https://")
+    assert server.health is not None
+    assert server.health.url is not None
+    assert server.health.url.startswith("https://")
+    assert plan(layout).endpoint.startswith("http://")
     assert "VLLM_API_KEY" not in json.dumps(plan(layout).model_dump(mode="json"))

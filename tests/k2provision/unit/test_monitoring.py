@@ -79,6 +79,26 @@ def test_vllm_scrapes_the_api_port_of_its_head() -> None:
     ]
 
 
+def test_a_single_server_serving_tls_is_scraped_over_https() -> None:
+    """With k2_tls_cert_file the API port's metrics are https: Prometheus asks them so (not
+    checking the certificate, which need not name the local address); a router's own metrics
+    port stays http."""
+    cluster = load_cluster(GOLDEN / "vllm-tp16" / "inventory.ini")
+    tls = cluster.tunables.model_copy(update={"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"})
+    plan = build_plan(cluster.model_copy(update={"tunables": tls}))
+    (engine,) = [t for t in scrape_targets(plan) if t.job == "engine"]
+    assert engine.scheme == "https"
+    (job,) = [j for j in prometheus_config(plan)["scrape_configs"] if j["job_name"] == "engine"]
+    assert job["scheme"] == "https"
+    assert job["tls_config"] == {"insecure_skip_verify": True}
+    plain = prometheus_config(plan_of("vllm-tp16"))["scrape_configs"]
+    assert all("scheme" not in j for j in plain)
+    pd = load_cluster(GOLDEN / "sglang-pd-1p1d" / "inventory.ini")
+    pd_tls = pd.tunables.model_copy(update={"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"})
+    routed = build_plan(pd.model_copy(update={"tunables": pd_tls}))
+    assert {t.scheme for t in scrape_targets(routed)} == {"http"}
+
+
 def test_ktransformers_scrapes_its_sglang_server_with_metrics_on() -> None:
     plan = plan_of("ktransformers")
     engine = [t for t in scrape_targets(plan) if t.job == "engine"]
