@@ -39,14 +39,16 @@ pytestmark = pytest.mark.lab
 
 API_KEY = "k2lab-" + secrets.token_hex(16)
 # One prefill and one decode host: the FP8 model fits one node of 8 x B200 per pool (DeepEP,
-# which pd runs, has no kernel for the INT4 model's experts), synthetic weights written by the
-# weights phase.
+# which pd runs, has no kernel for the INT4 model's experts) with decode CUDA graphs to batch
+# 256 (the calibrated DeepEP reserve at the default 480 leaves one node no KV cache), synthetic
+# weights written by the weights phase.
 LAB_VARS: dict[str, lab_api.VarValue] = {
     "k2_engine": "sglang",
     "k2_layout": "pd",
     "k2_model": "moonshotai/Kimi-K2-Instruct",
     "k2_gpu": "b200",
     "k2_context_length": 32768,
+    "k2_cuda_graph_max_bs_decode": 256,
     "k2_weights_source": "synthetic",
 }
 
