@@ -142,7 +142,8 @@ def test_ansible_playbook_does_the_same_work_with_the_main_install_alone(
 def test_bad_inventory_touches_no_host(cluster: tuple[Any, Path], tmp_path: Path) -> None:
     _, inventory = cluster
     bad = tmp_path / "bad.ini"
-    text = inventory.read_text().replace("k2_layout=pd", "k2_layout=pd\nk2_gpu=h100")
+    # 96 GB GPUs: each pool needs more nodes than the lab has (the fix names how many).
+    text = inventory.read_text().replace("k2_layout=pd", "k2_layout=pd\nk2_gpu=h20")
     bad.write_text(text)
     started = time.monotonic()
     out = k2("apply", str(bad), runs=tmp_path / "runs")
@@ -179,8 +180,10 @@ def test_a_down_host_stops_the_run_before_launch_and_rerun_converges(
         assert victim in summary["failures"]
         assert victim in out.stdout
         for host in state.hosts[:3]:
-            running = on_host(state, host.name, "docker ps --format '{{.Names}}'")
-            assert "k2-" not in running, (host.name, running)
+            running = on_host(state, host.name, "docker ps --format '{{.Names}}'").split()
+            # No engine started; the monitoring phase's exporters outlive `stop` by design.
+            engines = [n for n in running if n.startswith("k2-") and not n.endswith("-exporter")]
+            assert engines == [], (host.name, running)
     finally:
         lab_api.start_host(victim)
     rerun = k2("apply", str(inventory), runs=tmp_path)
