@@ -57,10 +57,11 @@ from checker_io import (
     BadRequest,
     Rejected,
     argparse_errors_raise,
+    checked,
     clean,
     collect_warnings,
-    dedupe,
     internal_result,
+    new_result,
     pick,
     run_main,
     strip_launcher,
@@ -334,32 +335,20 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     legacy_launcher = "sglang.launch_server" in request["argv"][:3]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.update(request["env"])
-    result: dict[str, Any] = {
-        "ok": False,
-        "error": "",
-        "stage": None,
-        "parsed": {},
-        "warnings": [],
-        "notes": [],
-        "engine": "sglang",
-    }
+    result = new_result("sglang")
     if legacy_launcher:
         result["notes"].append(
             "python -m sglang.launch_server warns when it starts that "
             "'sglang serve' is the recommended entrypoint"
         )
-    try:
+
+    def run() -> None:
         import sglang
 
         result["version"] = sglang.__version__
         check(argv, request["options"], result)
-        result["ok"] = True
-    except Rejected as exc:
-        result["error"] = str(exc)
-    except Exception as exc:
-        return internal_result(exc)
-    result["warnings"] = dedupe(result["warnings"], HOST_ARTIFACTS)
-    return result
+
+    return checked(result, run, HOST_ARTIFACTS)
 
 
 def warm_up() -> None:

@@ -46,10 +46,11 @@ from checker_io import (
     BadRequest,
     Rejected,
     argparse_errors_raise,
+    checked,
     clean,
     collect_warnings,
-    dedupe,
     internal_result,
+    new_result,
     pick,
     run_main,
     strip_launcher,
@@ -216,25 +217,9 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         return internal_result(exc)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.update(request["env"])
-    result: dict[str, Any] = {
-        "ok": False,
-        "error": "",
-        "stage": None,
-        "parsed": {},
-        "warnings": [],
-        "notes": [],
-        "engine": DISTRIBUTION,
-        "version": f"{DISTRIBUTION} {fork}",
-    }
-    try:
-        check(argv, request["options"], result)
-        result["ok"] = True
-    except Rejected as exc:
-        result["error"] = str(exc)
-    except Exception as exc:
-        return internal_result(exc)
-    result["warnings"] = dedupe(result["warnings"], HOST_ARTIFACTS)
-    return result
+    result = new_result(DISTRIBUTION)
+    result["version"] = f"{DISTRIBUTION} {fork}"
+    return checked(result, lambda: check(argv, request["options"], result), HOST_ARTIFACTS)
 
 
 def warm_up() -> None:

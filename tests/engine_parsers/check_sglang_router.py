@@ -23,10 +23,11 @@ from checker_io import (
     BadRequest,
     Rejected,
     argparse_errors_raise,
+    checked,
     clean,
     collect_warnings,
-    dedupe,
     internal_result,
+    new_result,
     pick,
     run_main,
     strip_launcher,
@@ -90,27 +91,15 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     except BadRequest as exc:
         return internal_result(exc)
     os.environ.update(request["env"])
-    result: dict[str, Any] = {
-        "ok": False,
-        "error": "",
-        "stage": None,
-        "parsed": {},
-        "warnings": [],
-        "notes": [],
-        "engine": "sglang-router",
-    }
-    try:
+    result = new_result("sglang-router")
+
+    def run() -> None:
         from importlib.metadata import version
 
         result["version"] = version("sglang-router")
         check(argv, request["options"], result)
-        result["ok"] = True
-    except Rejected as exc:
-        result["error"] = str(exc)
-    except Exception as exc:
-        return internal_result(exc)
-    result["warnings"] = dedupe(result["warnings"])
-    return result
+
+    return checked(result, run)
 
 
 def warm_up() -> None:

@@ -56,10 +56,11 @@ from checker_io import (
     BadRequest,
     Rejected,
     argparse_errors_raise,
+    checked,
     clean,
     collect_warnings,
-    dedupe,
     internal_result,
+    new_result,
     pick,
     run_main,
     strip_launcher,
@@ -362,27 +363,15 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.update(request["env"])
-    result: dict[str, Any] = {
-        "ok": False,
-        "error": "",
-        "stage": None,
-        "parsed": {},
-        "warnings": [],
-        "notes": [],
-        "engine": "vllm",
-    }
-    try:
+    result = new_result("vllm")
+
+    def run() -> None:
         import vllm
 
         result["version"] = vllm.__version__
         check(argv, api_server, request["options"], result)
-        result["ok"] = True
-    except Rejected as exc:
-        result["error"] = str(exc)
-    except Exception as exc:
-        return internal_result(exc)
-    result["warnings"] = dedupe(result["warnings"], HOST_ARTIFACTS)
-    return result
+
+    return checked(result, run, HOST_ARTIFACTS)
 
 
 def warm_up() -> None:

@@ -215,6 +215,36 @@ def internal_result(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def new_result(engine: str) -> dict[str, Any]:
+    """A checker's result before its check ran: not ok, nothing parsed."""
+    return {
+        "ok": False,
+        "error": "",
+        "stage": None,
+        "parsed": {},
+        "warnings": [],
+        "notes": [],
+        "engine": engine,
+    }
+
+
+def checked(
+    result: dict[str, Any], run: Callable[[], None], drop: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`result` after `run` filled it: ok, or the engine's refusal (``Rejected``) as the error;
+    a checker that failed itself gives `internal_result` instead. Warnings deduplicated,
+    those naming any of `drop` left out."""
+    try:
+        run()
+        result["ok"] = True
+    except Rejected as exc:
+        result["error"] = str(exc)
+    except Exception as exc:
+        return internal_result(exc)
+    result["warnings"] = dedupe(result["warnings"], drop)
+    return result
+
+
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
