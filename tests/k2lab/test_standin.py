@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -801,3 +802,106 @@ def test_images_carry_the_catalogs_pins(containerfile: str, arg: str, pinned: st
     release = catalog.RELEASES["ktransformers"]
     want = catalog.ROUTER.version if pinned == "router" else release.version
     assert line == f"ARG {arg}={want}"
+
+
+# ---------------------------------------------------------------- draining on SIGTERM
+# The stand-ins drain on SIGTERM as SGLang and vLLM do (k2standin.drain), run directly on this
+# machine: a request in flight is answered whole, new ones and the health routes get 503, and
+# the process exits 0 once nothing is left; vLLM's default (`--shutdown-timeout 0`) cuts the
+# request off instead. Each server reports the spec it runs (`/server_info` standin_spec, and
+# `/v1/models` max_model_len as the engines do), so a smoke test can tell a new spec from the
+# old.
+
+# 1,500 tokens at 2 ms each: a stream about 3 s in flight.
+LONG_STREAM = {"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 1500}}
+PACE = {"K2_STANDIN_TOKEN_SECONDS": "0.002"}
+
+
+def send_in_background(url: str, body: dict[str, object]) -> tuple[threading.Thread, list[object]]:
+    """POST `body` from a thread; its (status, body) or the error lands in the list."""
+    outcome: list[object] = []
+
+    def send() -> None:
+        try:
+            outcome.append(http(url, body, timeout=30))
+        except OSError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def wait_in_flight(base: str, proc: Proc) -> None:
+    """Until the server has begun answering (the background request is in flight)."""
+    time.sleep(0.5)
+    assert proc.popen.poll() is None, proc.output()
+    assert http(f"{base}/health")[0] == 200
+
+
+def test_sglang_answers_what_is_in_flight_refuses_the_rest_then_exits(
+    env: Env, procs: list[Proc]
+) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start(procs, env, sglang_argv(env, port), PACE)
+    wait_status(f"{base}/health", proc)
+    began = time.monotonic()
+    thread, outcome = send_in_background(f"{base}/generate", LONG_STREAM)
+    wait_in_flight(base, proc)
+    proc.popen.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert proc.popen.poll() is None, "exited with a request in flight:\n" + proc.output()
+    assert http(f"{base}/health")[0] == 503
+    refused, body = http(f"{base}/generate", {"text": "new", "sampling_params": {}})
+    assert refused == 503
+    assert b"draining" in body
+    thread.join(30)
+    status, stream = outcome[0]  # type: ignore[misc]
+    assert status == 200
+    events = [line for line in stream.decode().splitlines() if line.startswith("data: {")]
+    assert len(events) == 1500
+    assert json.loads(events[-1][6:])["meta_info"]["completion_tokens"] == 1500
+    assert time.monotonic() - began >= 3.0
+    assert proc.wait_exit(10) == 0
+    assert "draining 1 request(s) in flight" in proc.output()
+
+
+def test_vllm_cuts_off_by_default_and_drains_with_a_shutdown_timeout(
+    env: Env, procs: list[Proc]
+) -> None:
+    chat = {"model": "kimi-k2", "stream": True, "max_tokens": 1500,
+            "messages": [{"role": "user", "content": "hi"}]}
+    for extra, drains in (((), False), (("--shutdown-timeout", "20"), True)):
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc = start(procs, env, vllm_argv(env, port, *extra), PACE)
+        wait_status(f"{base}/health", proc)
+        thread, outcome = send_in_background(f"{base}/v1/chat/completions", chat)
+        wait_in_flight(base, proc)
+        proc.popen.send_signal(signal.SIGTERM)
+        assert proc.wait_exit(10) == 0
+        thread.join(30)
+        if drains:
+            status, body = outcome[0]  # type: ignore[misc]
+            assert status == 200
+            assert body.rstrip().endswith(b"data: [DONE]")
+        else:
+            assert isinstance(outcome[0], OSError), outcome
+
+
+def test_a_server_reports_the_spec_it_runs(env: Env, procs: list[Proc]) -> None:
+    specs = []
+    for length in ("32768", "65536"):
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc = start(procs, env, sglang_argv(env, port, "--context-length", length))
+        wait_status(f"{base}/health", proc)
+        assert get_json(f"{base}/v1/models")["data"][0]["max_model_len"] == int(length)
+        specs.append(get_json(f"{base}/server_info")["standin_spec"])
+        assert proc.terminate() == 0
+    assert specs[0] != specs[1]
+    port = free_port()
+    proc = start(procs, env, vllm_argv(env, port, "--max-model-len", "4096"))
+    wait_status(f"http://127.0.0.1:{port}/health", proc)
+    assert get_json(f"http://127.0.0.1:{port}/v1/models")["data"][0]["max_model_len"] == 4096

@@ -7,6 +7,7 @@ argvs against the real parsers elsewhere); it only finds the options these check
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -20,9 +21,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k2standin import faults
+
+if TYPE_CHECKING:
+    from k2standin.drain import Drain
 
 RECORD_DIR_ENV = "K2_STANDIN_RECORD_DIR"
 DEFAULT_RECORD_DIR = "/run/k2-standin"
@@ -322,6 +326,12 @@ def write_record(entry: str, argv: Sequence[str], **extra: Any) -> Path | None:
     return path
 
 
+def spec_digest(argv: Sequence[str]) -> str:
+    """A short digest of a launch argv: the spec a server runs, as `/server_info` reports it
+    (`standin_spec`), so a smoke test tells a new spec from the old."""
+    return hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
+
+
 def log(entry: str, message: str) -> None:
     print(f"[k2-standin {entry}] {message}", file=sys.stderr, flush=True)
 
@@ -373,6 +383,32 @@ class Runtime:
             del frame
             log(self.entry, f"received {signal.Signals(signum).name}, exiting")
             self.stop.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def drain_on_sigterm(self, drain: Drain, timeout: float | None) -> None:
+        """On SIGTERM, drain first (k2standin.drain): stop taking requests, then stop once
+        those in flight are answered or `timeout` seconds passed (None: no limit; 0: at
+        once, the in-flight ones cut off). SIGINT, or a second SIGTERM, stops at once."""
+
+        def finish() -> None:
+            if not drain.wait_idle(timeout):
+                log(self.entry, f"drain timeout {timeout:g} s passed with {drain.inflight} "
+                                "request(s) in flight, exiting")
+            self.stop.set()
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            del frame
+            if signum != signal.SIGTERM or drain.draining or timeout == 0:
+                log(self.entry, f"received {signal.Signals(signum).name}, exiting")
+                self.stop.set()
+                return
+            inflight = drain.start()
+            limit = "no time limit" if timeout is None else f"at most {timeout:g} s"
+            log(self.entry, f"received SIGTERM, draining {inflight} request(s) in flight "
+                            f"({limit}), refusing new ones")
+            threading.Thread(target=finish, daemon=True).start()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)

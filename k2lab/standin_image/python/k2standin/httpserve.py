@@ -19,8 +19,10 @@ from typing import Any
 
 from k2standin import faults, metrics, openai_shapes, streaming
 from k2standin.common import StartError
+from k2standin.drain import Drain, decode_time
 
 STANDIN_REPLY = "ready (stand-in)"
+REPLY_TOKENS = 3  # the tokens of a non-streamed answer, for its time in flight
 
 
 @dataclass
@@ -45,12 +47,15 @@ PostRoute = Callable[[bytes], Response]
 
 
 class Api:
-    """Routes by exact path."""
+    """Routes by exact path; the POST routes in `drained` are counted in flight by `drain`
+    until their answer is written, and refused with 503 once it drains."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.get: dict[str, GetRoute] = {}
         self.post: dict[str, PostRoute] = {}
+        self.drained: set[str] = set()
+        self.drain = Drain()
 
 
 class _Server(ThreadingHTTPServer):
@@ -95,7 +100,17 @@ def _handler_class(api: Api) -> type[BaseHTTPRequestHandler]:
             if route is None:
                 self._send(error_response(404, f"no route POST {self._path()}", "NotFoundError"))
                 return
-            self._send(route(body))
+            if self._path() not in api.drained:
+                self._send(route(body))
+                return
+            if not api.drain.enter():
+                self._send(error_response(503, f"{api.name} stand-in is draining (SIGTERM)",
+                                          "ServiceUnavailableError"))
+                return
+            try:
+                self._send(route(body))
+            finally:
+                api.drain.leave()
 
     return Handler
 
@@ -186,6 +201,7 @@ class ModelServer:
         p["/v1/chat/completions"] = self.chat
         p["/v1/completions"] = self.completion
         p["/generate"] = self.generate
+        self.api.drained.update(p)
 
     def set_ready(self) -> None:
         self.reason = "ready"
@@ -205,6 +221,9 @@ class ModelServer:
     # ---------------------------------------------------------------- GET
 
     def health(self) -> Response:
+        if self.api.drain.draining:
+            return error_response(503, f"{self.engine} stand-in is draining (SIGTERM)",
+                                  "ServiceUnavailableError")
         if faults.active("never_healthy"):
             return error_response(503, "never healthy (K2_LAB_FAULT=never_healthy)",
                                   "ServiceUnavailableError")
@@ -225,6 +244,8 @@ class ModelServer:
                 "created": self.created,
                 "owned_by": f"{self.engine} (stand-in)",
                 "root": self.info.get("model_path"),
+                # SGLang's --context-length, vLLM's --max-model-len (None: the model's own).
+                "max_model_len": self.info.get("max_model_len", self.info.get("context_length")),
             }],
         })
 
@@ -285,8 +306,10 @@ class ModelServer:
             return json_response(200, faults.wrong_chat_body(self.model_id or ""))
         self.answered += 1
         if streaming.wants_stream(doc):
+            decode_time(streaming.token_budget(doc))
             return Response(200, streaming.chat_stream(doc, self.model_id or ""),
                             streaming.CONTENT_TYPE)
+        decode_time(REPLY_TOKENS)
         return json_response(200, openai_shapes.chat_completion(
             doc, self.flags, self.model_id or "", ident=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(time.time())))
@@ -304,8 +327,10 @@ class ModelServer:
         if bad_model is not None:
             return bad_model
         if streaming.wants_stream(doc):
+            decode_time(streaming.token_budget(doc))
             return Response(200, streaming.completion_stream(doc, self.model_id or ""),
                             streaming.CONTENT_TYPE)
+        decode_time(REPLY_TOKENS)
         return json_response(200, {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -324,11 +349,13 @@ class ModelServer:
         if isinstance(doc, Response):
             return doc
         if streaming.wants_stream(doc):
+            decode_time(streaming.token_budget(doc))
             return Response(200, streaming.generate_stream(doc), streaming.CONTENT_TYPE)
+        decode_time(REPLY_TOKENS)
         return json_response(200, {
             "text": STANDIN_REPLY,
             "meta_info": {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop"},
-                          "completion_tokens": 3},
+                          "completion_tokens": REPLY_TOKENS},
         })
 
 

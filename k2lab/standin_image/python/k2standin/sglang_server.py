@@ -38,6 +38,7 @@ from k2standin.common import (
     routed_experts,
     run_entry,
     scan,
+    spec_digest,
     write_record,
 )
 from k2standin.httpserve import Api, HttpServer, ModelServer, json_response, listen
@@ -106,9 +107,11 @@ class SglangArgs:
     port: int
     mode: str | None
     bootstrap_port: int
+    context_length: int | None = None
 
     def info(self) -> dict[str, Any]:
         return {
+            "context_length": self.context_length,
             "model_path": self.model_path,
             "served_model_name": self.served_model_name,
             "tp_size": self.tp,
@@ -209,6 +212,7 @@ def check(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Sgla
         port=port,
         mode=mode,
         bootstrap_port=bootstrap,
+        context_length=c.positive_int(opts, "--context-length"),
     )
 
 
@@ -232,7 +236,10 @@ def serve(argv: Sequence[str]) -> int:
     write_record(ENTRY, full_argv, ok=True, role=role, info=args.info())
     try:
         if args.node_rank == 0:
-            ms = ModelServer("sglang", args.served_model_name, args.info())
+            ms = ModelServer("sglang", args.served_model_name,
+                             {**args.info(), "standin_spec": spec_digest(full_argv)})
+            # SGLang drains with no time limit of its own (k2standin.drain).
+            rt.drain_on_sigterm(ms.api.drain, None)
             ms.flags = openai_shapes.server_flags("sglang", argv, args.model_path)
             servers.append(listen(ms.api, args.host, args.port))
             if args.mode == "prefill":

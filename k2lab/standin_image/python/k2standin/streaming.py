@@ -20,8 +20,9 @@ cache moves between stand-ins).
 A stream holds exactly as many tokens as the request asks (`max_new_tokens`, `max_tokens` or
 `max_completion_tokens`): a benchmark runs with ignore_eos, so a real engine does the same.
 Prompt tokens are counted as `input_ids` when given, else as the prompt's words (the lab's
-word-level tokenizer makes these agree). The whole stream is sent as one body: no model
-runs, so there is no time between tokens to show.
+word-level tokenizer makes these agree). The whole stream is sent as one body, once the time
+its tokens take has passed (`drain.decode_time`), so a request is in flight as long as a
+real one of its length would be at the stand-in's pace.
 """
 
 from __future__ import annotations

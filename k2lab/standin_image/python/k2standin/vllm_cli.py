@@ -44,6 +44,7 @@ from k2standin.common import (
     routed_experts,
     run_entry,
     scan,
+    spec_digest,
     write_record,
 )
 from k2standin.httpserve import HttpServer, ModelServer, listen
@@ -71,9 +72,13 @@ class VllmArgs:
     port: int
     hybrid_lb: bool = False
     experts: dict[str, Any] | None = None
+    max_model_len: int | None = None
+    shutdown_timeout: int = 0
 
     def info(self) -> dict[str, Any]:
         return {
+            "max_model_len": self.max_model_len,
+            "shutdown_timeout": self.shutdown_timeout,
             "model_path": self.model,
             "served_model_name": self.served,
             "tensor_parallel_size": self.tp,
@@ -189,11 +194,15 @@ def check(argv: Sequence[str]) -> VllmArgs:
         )
     host = c.host(opts, DEFAULT_HOST)
     port = c.port(opts, DEFAULT_PORT)
+    max_model_len = c.positive_int(opts, "--max-model-len")
+    # vllm/engine/arg_utils.py --shutdown-timeout: 0 (the default) aborts, N > 0 drains.
+    shutdown_timeout = _int(c, opts, ("--shutdown-timeout",), 0, 0)
     c.done()
     assert model is not None
     served = opts.values("--served-model-name")
     return VllmArgs(model, served[0] if served else model, tp, pp, dp, dp_local, start_rank,
-                    dp_address, headless, backend, host, port, hybrid_lb, experts)
+                    dp_address, headless, backend, host, port, hybrid_lb, experts,
+                    max_model_len, shutdown_timeout)
 
 
 def handshake_problem(head: VllmArgs, hello: dict[str, Any]) -> str | None:
@@ -269,7 +278,10 @@ def serve(argv: Sequence[str]) -> int:
             info_ray = {"ray_address": args_ray}
         else:
             info_ray = {}
-        ms = ModelServer("vllm", args.served, {**args.info(), **info_ray}, strict_model=True)
+        ms = ModelServer("vllm", args.served,
+                         {**args.info(), **info_ray, "standin_spec": spec_digest(full_argv)},
+                         strict_model=True)
+        rt.drain_on_sigterm(ms.api.drain, float(args.shutdown_timeout))
         ms.flags = openai_shapes.server_flags("vllm", argv, args.model)
         write_record(ENTRY, full_argv, ok=True, role="http", info=args.info())
         server = listen(ms.api, args.host, args.port)
