@@ -10,14 +10,10 @@ at once (one SSH channel each) until Ctrl-C, which ends the remote readers and e
 
 from __future__ import annotations
 
-import contextlib
 import re
-import signal
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
-from types import FrameType
 from typing import Annotated
 
 import typer
@@ -35,7 +31,7 @@ from k2provision.ops.remote import (
     ssh_inventory,
 )
 from k2provision.ops.status_probe import plain_line
-from k2provision.run.cancel import SIGNALS, exit_code
+from k2provision.run.cancel import Interrupted, exit_code, stopping
 from k2provision.run.display import print_warnings
 
 SNAPSHOT_TIMEOUT_S = 60.0
@@ -104,25 +100,6 @@ def snapshot(ask: LogRequest) -> int:
     return EXIT_FAILED if problems else EXIT_OK
 
 
-@contextlib.contextmanager
-def interrupt_ends_it() -> Iterator[list[int]]:
-    """Ctrl-C, SIGTERM or SIGHUP end a follow cleanly (every SSH session closed), even where
-    the shell started us with SIGINT ignored (a background job); the signal is yielded's."""
-    caught: list[int] = []
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        del frame
-        caught.append(signum)
-        raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, interrupt) for s in SIGNALS}
-    try:
-        yield caught
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def follow(ask: LogRequest) -> int:
     """Every process streamed at once until Ctrl-C (exit 0) or every stream ends."""
     pattern = ask.pattern
@@ -130,10 +107,13 @@ def follow(ask: LogRequest) -> int:
         s.label: Stream(ask.targets[s.host], log_command(s.process, ask.tail, ask.since, True))
         for s in ask.sources
     }
-    with interrupt_ends_it() as caught:
-        errors = follow_all(streams, lambda label, line: emit(label, line, pattern))
-    if caught:
-        return exit_code(caught[0])
+    # Ctrl-C, SIGTERM or SIGHUP end a follow cleanly: follow_all closes every SSH session on
+    # the way out, also where the shell started us with SIGINT ignored (a background job).
+    try:
+        with stopping():
+            errors = follow_all(streams, lambda label, line: emit(label, line, pattern))
+    except Interrupted as stop:
+        return exit_code(stop.signum)
     failed = [f"{label}: {reason}" for label, reason in errors.items() if reason]
     print_warnings(failed)
     return EXIT_FAILED if failed else EXIT_OK
