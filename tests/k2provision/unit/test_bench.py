@@ -44,8 +44,8 @@ from k2provision.ops.bench import (
     workload,
 )
 from k2provision.plan.assemble import build_plan
+from tests.runners import ROOT, k2
 
-ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "bench"
 SGLANG_RESULT = sglang.BENCH_CLIENT.result_format
 VLLM_RESULT = vllm.BENCH_CLIENT.result_format
@@ -359,11 +359,7 @@ def test_openai_streams_carry_usage_as_asked() -> None:
 
 
 def k2_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "k2provision.cli", "bench", "inventory/prod.ini", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "K2_RUNS_DIR": str(tmp_path / "runs")},
-    )
+    return k2("bench", "inventory/prod.ini", *args, runs=tmp_path / "runs", timeout=120)
 
 
 @pytest.mark.parametrize(
