@@ -12,6 +12,7 @@ from typer._click.core import Context, Parameter  # typer 0.26 vendors click (pi
 from typer.core import TyperOption
 
 from k2provision.core import vault
+from k2provision.errors import ArgumentError
 
 
 class OutputFormat(StrEnum):
@@ -55,9 +56,22 @@ FullOpt = Annotated[
 ]
 
 
+SITE_TAGS = ("preflight", "prepare", "ssh_mesh", "weights", "nccl", "launch", "verify",
+             "monitoring")
+"""The tags of playbooks/site.yml's phases, in their order (a test holds them to the plays)."""
+
+
 def split_tags(tags: str | None) -> tuple[str, ...]:
-    """'launch, verify' -> ('launch', 'verify')."""
-    return tuple(t.strip() for t in (tags or "").split(",") if t.strip())
+    """'launch, verify' -> ('launch', 'verify'); ArgumentError for a tag no phase carries
+    (ansible-playbook would run no task of it and call the run a success)."""
+    chosen = tuple(t.strip() for t in (tags or "").split(",") if t.strip())
+    unknown = [t for t in chosen if t not in SITE_TAGS]
+    if unknown:
+        raise ArgumentError([
+            f"--tags {t}: no phase carries that tag; expected one or more of "
+            f"{', '.join(SITE_TAGS)}, comma-separated" for t in unknown
+        ])
+    return chosen
 
 
 def _vault_setter(field: str) -> Callable[[Context, Parameter, Any], Any]:

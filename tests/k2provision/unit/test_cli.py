@@ -89,3 +89,26 @@ def test_unfit_hardware_exits_2_naming_the_fix(tmp_path: Path) -> None:
     # reserve leaves no KV cache on an 80 GB GPU: the fix names what does fit.
     assert "fix: choose larger GPUs or another engine" in out.stderr
     assert "sglang tp fits" not in out.stderr
+
+
+def test_site_tags_are_the_phases_plays_tags_in_order() -> None:
+    import yaml
+
+    from k2provision.commands.params import SITE_TAGS
+
+    playbooks = ROOT / "playbooks"
+    tags: list[str] = []
+    for entry in yaml.safe_load((playbooks / "site.yml").read_text()):
+        phase = playbooks / entry["ansible.builtin.import_playbook"]
+        for play in yaml.safe_load(phase.read_text()):
+            tags += [t for t in play.get("tags", []) if t != "always" and t not in tags]
+    assert tuple(tags) == SITE_TAGS
+
+
+def test_apply_refuses_a_tag_no_phase_carries(tmp_path: Path) -> None:
+    out = k2("apply", "inventory/prod.ini", "--tags", "launch,lanch", runs=tmp_path / "runs")
+    assert out.returncode == 2, out.stdout + out.stderr
+    said = " ".join(out.stderr.split())
+    assert "--tags lanch: no phase carries that tag" in said
+    assert "preflight, prepare, ssh_mesh, weights, nccl, launch, verify, monitoring" in said
+    assert not (tmp_path / "runs").exists()
