@@ -156,6 +156,27 @@ class PublishedFigure:
 
 
 @dataclass(frozen=True)
+class BatchTunable:
+    """A tunable whose smaller values leave more GPU memory (buffers and graphs sized for the
+    largest batch), at the cost of that batch: a fix hint offers the largest candidate below
+    the current value that makes the pool fit."""
+
+    field: str
+    """The Tunables field."""
+    layouts: tuple[str, ...]
+    pools: tuple[PoolName, ...]
+    candidates: tuple[int, ...]
+    """Values to try, largest first."""
+    effect: str
+    """What the value bounds, for the hint: `{value}` stands for it."""
+
+    @property
+    def variable(self) -> str:
+        """The inventory variable (k2_ and the field)."""
+        return f"k2_{self.field}"
+
+
+@dataclass(frozen=True)
 class BenchClient:
     """The pinned benchmark client that fits an engine, and how it is invoked."""
 
@@ -228,13 +249,16 @@ class Engine(Protocol):
     OWN_TUNABLES: dict[str, tuple[str, ...]]
     """Tunables (k2_ names) no other engine reads, each with this engine's layouts that do."""
     DIST_PORT_SPAN: int
+    """The ports after k2_dist_port the engine also takes (0: only that one)."""
     NO_IPV6: str | None
     """Why the engine cannot be wired with IPv6 literal addresses; None when it can."""
     NO_API_KEY: str | None
     """Why the endpoint cannot take k2_api_key_file (the plan refuses it); None when it can."""
     NO_TLS: str | None
     """Why the endpoint cannot serve k2_tls_cert_file (the plan refuses it); None when it can."""
-    """The ports after k2_dist_port the engine also takes (0: only that one)."""
+    BATCH_TUNABLES: tuple[BatchTunable, ...]
+    """Tunables that give up batch size for memory, which fix hints offer when a pool does
+    not fit."""
 
     def render(self, deployment: Deployment) -> dict[str, HostRender]:
         """Processes and files per host name."""

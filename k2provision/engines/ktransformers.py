@@ -37,6 +37,7 @@ from k2provision.core.records import (
     Tunables,
 )
 from k2provision.engines.base import (
+    BatchTunable,
     ContainerNeeds,
     Deployment,
     HostRender,
@@ -171,6 +172,7 @@ NO_TLS: str | None = (
     "sglang-kt 0.7.2, kt-kernel's SGLang, has no --ssl-certfile, sglang/srt/server_args.py"
 )
 DIST_PORT_SPAN = 0
+BATCH_TUNABLES: tuple[BatchTunable, ...] = ()
 kv_dtype = kv_cache_dtype
 served_name = inventory_served_name
 

@@ -37,6 +37,7 @@ from k2provision.core.records import (
     Tunables,
 )
 from k2provision.engines.base import (
+    BatchTunable,
     BenchClient,
     ContainerNeeds,
     Deployment,
@@ -649,6 +650,16 @@ NO_IPV6: str | None = None
 NO_API_KEY: str | None = None
 NO_TLS: str | None = None
 DIST_PORT_SPAN = 6
+# The decode reserve grows with the captured batch: CUDA graphs up to it, and DeepEP's
+# low-latency dispatch buffers sized by SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (set to
+# it, see the render). 480 is the production 4P12D value on H200; on 80 GB GPUs the decode
+# pool fits only with fewer.
+BATCH_TUNABLES: tuple[BatchTunable, ...] = (
+    BatchTunable(
+        "cuda_graph_max_bs_decode", ("pd",), ("decode",), (384, 256, 192, 128, 64, 32),
+        "decode CUDA graphs and DeepEP dispatch buffers for batches up to {value} per rank",
+    ),
+)
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name

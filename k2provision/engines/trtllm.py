@@ -48,6 +48,7 @@ from k2provision.core.records import (
 from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.core.templating import render_template
 from k2provision.engines.base import (
+    BatchTunable,
     ContainerNeeds,
     Deployment,
     HostRender,
@@ -422,6 +423,7 @@ NO_IPV6: str | None = "mpirun host list (-H host:slots) cannot carry an IPv6 lit
 NO_API_KEY: str | None = "trtllm-serve 1.2 has no key option, tensorrt_llm/commands/serve.py"
 NO_TLS: str | None = "trtllm-serve 1.2 has no certificate option, tensorrt_llm/commands/serve.py"
 DIST_PORT_SPAN = 0
+BATCH_TUNABLES: tuple[BatchTunable, ...] = ()
 
 
 def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:

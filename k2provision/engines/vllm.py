@@ -65,6 +65,7 @@ from k2provision.core.records import (
     Tunables,
 )
 from k2provision.engines.base import (
+    BatchTunable,
     BenchClient,
     ContainerNeeds,
     Deployment,
@@ -533,6 +534,7 @@ NO_IPV6: str | None = None
 NO_API_KEY: str | None = None
 NO_TLS: str | None = None
 DIST_PORT_SPAN = 0
+BATCH_TUNABLES: tuple[BatchTunable, ...] = ()
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from k2provision.core.records import LAYOUTS, Cluster, GpuSpec, ModelSpec, PoolName
 from k2provision.engines import REGISTRY
+from k2provision.engines.base import BatchTunable
 from k2provision.plan.shapes import (
     PoolShape,
     all_pools_fit,
@@ -127,6 +128,28 @@ def _poolall_pools_fit(
     return pool not in evaluate(cluster, counts, spec, gpu, context)[2]
 
 
+def _smaller_batch(
+    cluster: Cluster,
+    knob: BatchTunable,
+    pool: PoolName,
+    counts: dict[PoolName, int],
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    context: int,
+) -> str | None:
+    """The largest value of `knob` below the current one that makes `pool` fit, as a hint."""
+    if cluster.layout not in knob.layouts or pool not in knob.pools:
+        return None
+    t = cluster.tunables
+    current = getattr(t, knob.field)
+    for value in (v for v in knob.candidates if v < current):
+        trial = cluster.model_copy(update={"tunables": t.model_copy(update={knob.field: value})})
+        if _poolall_pools_fit(trial, pool, counts, spec, gpu, context):
+            return (f"{knob.variable}={value} ({knob.effect.format(value=value)}; "
+                    f"{current} now) on these {nodes_text(counts[pool])}")
+    return None
+
+
 def fixes(
     cluster: Cluster,
     counts: dict[PoolName, int],
@@ -172,6 +195,11 @@ def fixes(
                         f"slots over ep {ep}) on these {nodes_text(counts['decode'])}"
                     )
                     break
+        # A smaller largest batch, where the engine sizes buffers or graphs by it.
+        for knob in REGISTRY[cluster.engine].BATCH_TUNABLES:
+            hint = _smaller_batch(cluster, knob, pool, counts, spec, gpu, context)
+            if hint is not None:
+                out[pool].append(hint)
 
     shared: list[str] = []
     # GPUs per node, when the count given cannot split the model's heads or experts.

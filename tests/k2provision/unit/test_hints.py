@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from k2provision.core.inventory import load_cluster
+from k2provision.engines import sglang
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
 
@@ -93,6 +94,7 @@ SETUPS = {
     "vllm-dp-ep-1xh100": Setup("vllm", "dp_ep", {"nodes": 1}, {"k2_gpu": "h100"}),
     "sglang-pd-2p5d": Setup("sglang", "pd", {"prefill": 2, "decode": 5}),
     "sglang-pd-32p96d": Setup("sglang", "pd", {"prefill": 32, "decode": 96}),
+    "sglang-pd-4p12d-h100": Setup("sglang", "pd", {"prefill": 4, "decode": 12}, {"k2_gpu": "h100"}),
     "vllm-tp-1xh200-dcp-off": Setup(
         "vllm",
         "tp",
@@ -203,3 +205,20 @@ def test_decode_context_parallelism_is_offered_where_it_fixes(tmp_path: Path) ->
     (line,) = problems(SETUPS["vllm-tp-1xh200-dcp-off"], tmp_path)
     assert "k2_vllm_decode_context_parallel_size=8" in line
     assert "vllm tp fits on 2 nodes x 8 h200 (tp 16; 16 GPUs)" in line
+
+
+def test_pd_on_80_gb_gpus_is_offered_the_largest_decode_batch_that_fits(tmp_path: Path) -> None:
+    (decode,) = problems(SETUPS["sglang-pd-4p12d-h100"], tmp_path)
+    assert decode.startswith("[decode]")
+    (hint,) = [h for h in hints(decode) if h.startswith("k2_cuda_graph_max_bs_decode=")]
+    value = int(hint.split("=")[1].split()[0])
+    assert value < 480
+    setup = SETUPS["sglang-pd-4p12d-h100"]
+    assert plans(replace(setup, variables={**setup.variables,
+                                           "k2_cuda_graph_max_bs_decode": str(value)}), tmp_path)
+    # The next larger value tried does not fit: the hint is the largest batch that does.
+    (knob,) = sglang.BATCH_TUNABLES
+    bigger = min(v for v in (*knob.candidates, 480) if v > value)
+    assert not plans(replace(setup, variables={**setup.variables,
+                                               "k2_cuda_graph_max_bs_decode": str(bigger)}),
+                     tmp_path)
