@@ -288,8 +288,8 @@ class Tunables(Record):
         default=None,
         ge=1,
         le=10_000_000,
-        description="requests the PD router lets through at once (default: the decode pool's "
-        "running-request capacity)",
+        description="requests the router lets through at once (default: PD, the decode "
+        "instances' running-request capacity, summed; a fleet of replicas, no limit)",
     )
     router_queue_size: int | None = Field(
         default=None,

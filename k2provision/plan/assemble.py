@@ -65,8 +65,9 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         for pool_name, found in pool_problems.items():
             count = counts[pool_name]
             hints = suggestions.get(pool_name, [])
+            per = " (per instance)" if cluster.instance_count(pool_name) > 1 else ""
             fix = (
-                "; fix: " + ", or ".join(hints)
+                f"; fix{per}: " + ", or ".join(hints)
                 if hints
                 else (
                     f"; no change near this {cluster.engine} layout fits {gpu.key} GPUs; "
