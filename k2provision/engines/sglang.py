@@ -2,7 +2,9 @@
 
 Layout `tp`: every host of [nodes] runs one rank of a single `--tp-size N*8` server; rank 0
 serves HTTP. Layout `pd`: [prefill] and [decode] each form one DP-attention + DeepEP instance
-(tp = attention dp = ep = the pool's GPUs), and sglang-router joins them.
+(tp = attention dp = ep = the pool's GPUs), and sglang-router joins them. In a fleet
+(k2_instances, k2_prefill_instances, k2_decode_instances) each pool holds several such
+instances, each with its own rendezvous, and one sglang-router fronts them all.
 
 PD follows the production config for this very layout (sgl-project/ome
 config/runtimes/srt/kimi-k2-pd-rt.yaml, the 128-GPU deployment of the LMSYS write-up): EPLB on

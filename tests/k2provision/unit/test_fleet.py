@@ -11,8 +11,10 @@ import pytest
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan, Process
 from k2provision.errors import InventoryError, PlanError
+from k2provision.ops.restart import restart_set
 from k2provision.plan.assemble import build_plan, plan_digest
 from k2provision.plan.containers import spec_hash
+from k2provision.plan.monitoring import scrape_targets
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "inventory" / "examples"
 PD_FLEET = EXAMPLES / "sglang-pd-fleet-32.ini"
@@ -150,3 +152,19 @@ def test_an_engine_without_fleets_refuses_them_naming_what_works(tmp_path: Path)
     (line,) = caught.value.problems
     assert line.startswith("k2_instances=4: vLLM layout tp renders one instance")
     assert "SGLang tp, pd" in line
+
+
+def test_metrics_are_labelled_by_instance() -> None:
+    targets = scrape_targets(_plan(PD_FLEET))
+    engine = {t.instance for t in targets if t.job == "engine"}
+    assert engine == {"prefill-1", "prefill-2", "decode-1", "decode-2"}
+    assert {t.instance for t in targets if t.job == "router"} == {"router"}
+    assert {t.instance for t in targets if t.host == "gpu-d14"} == {"decode-2"}
+
+
+def test_restarting_a_host_widens_to_its_instance_only() -> None:
+    plan = _plan(PD_FLEET)
+    decode_2 = {f"gpu-d{n:02d}" for n in range(13, 25)}
+    assert set(restart_set(plan, ["gpu-d14"]).hosts) == decode_2
+    assert set(restart_set(plan, ["decode-2"]).hosts) == decode_2
+    assert set(restart_set(plan, ["decode"]).hosts) == {f"gpu-d{n:02d}" for n in range(1, 25)}
