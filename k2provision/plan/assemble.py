@@ -3,7 +3,9 @@
 Pure: no I/O beyond reading a k2_model_config_json. `build_plan` refuses a cluster that cannot
 serve the model, naming the numbers and only fixes that work (plan/fixes.py): every suggested
 change (node counts, layouts, redundant experts, GPUs per node, KV dtype, context) is planned
-again and offered only when that plan fits.
+again and offered only when that plan fits. A pool may hold several equal instances (a fleet,
+k2_instances and its PD forms): shapes and fits are per instance, and each instance is planned
+with its own hosts, master and URL (`pool_plan`) for the engine to render behind one router.
 """
 
 from __future__ import annotations
