@@ -25,6 +25,7 @@ from k2provision.core.inventory_checks import (
     cluster_values,
     host_name_problem,
     ib_devices,
+    instance_split_problem,
     ip_problem,
     lab_fault_problem,
     port_problem,
@@ -39,6 +40,7 @@ from k2provision.core.records import (
 )
 from k2provision.core.variables import (
     CLUSTER_VARS,
+    INSTANCE_VARS,
     TUNABLE_VARS,
     known_names,
     shorten_hosts,
@@ -372,7 +374,8 @@ def cluster_from_groups(
             f"of {', '.join(LAYOUTS[engine])}; fix: set k2_layout in [all:vars]"
         )
     else:
-        problems.extend(_check_groups(source, engine, layout, groups))
+        fleet = str(values.get("k2_instances", 1)) not in ("1", "")
+        problems.extend(_check_groups(source, engine, layout, groups, fleet))
 
     hosts, host_problems = _hosts(members, pools, hv)
     problems.extend(host_problems)
@@ -392,6 +395,9 @@ def cluster_from_groups(
         "gpu": str(values.get("k2_gpu", "h200")).lower(),
         "gpus_per_node": values.get("k2_gpus_per_node", 8),
         "context_length": values.get("k2_context_length"),
+        "instances": values.get("k2_instances", 1),
+        "prefill_instances": values.get("k2_prefill_instances", 1),
+        "decode_instances": values.get("k2_decode_instances", 1),
         "hosts": tuple(hosts),
         "router": router,
         "lab": values.get("k2_lab", False),
@@ -409,6 +415,7 @@ def cluster_from_groups(
             "(k2_lab is false); expected it only on lab hosts, where the stand-in engine runs; "
             "fix: remove k2_lab_fault"
         )
+    problems.extend(_instance_problems(source, cluster))
     if problems:
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
@@ -574,8 +581,31 @@ def _relay_ports(hv: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
     return ports
 
 
+def _instance_problems(source: str, cluster: Cluster) -> list[str]:
+    """Instance counts the layout has no pool for, and pools they do not split evenly."""
+    problems = []
+    names: tuple[PoolName, ...] = (
+        ("prefill", "decode") if cluster.layout == "pd" else ("nodes",)
+    )
+    for pool, variable in INSTANCE_VARS.items():
+        count = cluster.instance_count(pool)
+        if pool not in names:
+            if count != 1:
+                other = " and ".join(INSTANCE_VARS[n] for n in names)
+                problems.append(
+                    f"{source}: {variable}={count} counts the instances of [{pool}], which "
+                    f"layout {cluster.layout} does not have; fix: remove {variable} and set "
+                    f"{other}"
+                )
+            continue
+        hosts = [h.name for h in cluster.pool(pool)]
+        if hosts and (problem := instance_split_problem(pool, hosts, variable, count)):
+            problems.append(f"{source}: {problem}")
+    return problems
+
+
 def _check_groups(
-    source: str, engine: str, layout: str, groups: Mapping[str, list[str]]
+    source: str, engine: str, layout: str, groups: Mapping[str, list[str]], fleet: bool = False
 ) -> list[str]:
     """Which groups a layout needs, and which it must not have."""
     problems = []
@@ -609,11 +639,17 @@ def _check_groups(
                     f"{source}: [{extra}] is only for layout pd, but k2_layout={layout}; fix: "
                     "set k2_layout=pd or move the hosts into [nodes]"
                 )
-        if routers:
+        if routers and not fleet:
             problems.append(
-                f"{source}: [router] ({shorten_hosts(routers)}) is only for layout pd, and "
-                f"{engine} {layout} runs no router; fix: remove the [router] group, or set "
-                "k2_layout=pd"
+                f"{source}: [router] ({shorten_hosts(routers)}) is only for layout pd and "
+                f"fleets (k2_instances above 1), and one {engine} {layout} instance runs no "
+                "router; fix: remove the [router] group, or set k2_instances"
+            )
+        elif len(routers) > 1:
+            problems.append(
+                f"{source}: [router] has {len(routers)} hosts ({shorten_hosts(routers)}); "
+                "expected one, the host that runs the fleet's router; fix: keep one host in "
+                "[router]"
             )
         if layout == "single" and len(groups.get("nodes", [])) != 1:
             problems.append(

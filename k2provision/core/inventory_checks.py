@@ -176,3 +176,19 @@ def cluster_values(
 
 def _state(name: str, value: Any) -> str:
     return f"{name} unset" if value is _UNSET else f"{name}={show(value)}"
+
+
+def instance_split_problem(
+    pool: str, hosts: Sequence[str], variable: str, count: int
+) -> str | None:
+    """Why `count` instances cannot split the pool's hosts into equal, consecutive groups
+    (None when they can)."""
+    if count <= len(hosts) and len(hosts) % count == 0:
+        return None
+    working = [n for n in range(1, len(hosts) + 1) if len(hosts) % n == 0]
+    return (
+        f"[{pool}] ({shorten_hosts(hosts)}) has {len(hosts)} host{'s' if len(hosts) != 1 else ''}"
+        f", which {variable}={count} does not split into whole instances of equal size; "
+        f"expected one of {', '.join(map(str, working))}; fix: set {variable} to one of them, "
+        f"or list a multiple of {count} hosts in [{pool}]"
+    )

@@ -28,6 +28,8 @@ ENGINES: tuple[EngineName, ...] = ("sglang", "trtllm", "vllm", "ktransformers")
 # What a cluster whose inventory names no valid engine is validated as (its error names it).
 DEFAULT_ENGINE: EngineName = "sglang"
 # The lab stand-in's fault modes (k2_lab_fault; die_after takes =<seconds>).
+# The most serving instances one pool may hold (k2_instances and its PD forms).
+MAX_INSTANCES = 64
 LAB_FAULTS = ("exit_at_start", "never_healthy", "wrong_answer", "die_after")
 LAYOUTS: dict[str, tuple[str, ...]] = {
     "sglang": ("tp", "pd"),
@@ -286,8 +288,8 @@ class Tunables(Record):
         default=None,
         ge=1,
         le=10_000_000,
-        description="requests the PD router lets through at once (default: the decode pool's "
-        "running-request capacity)",
+        description="requests the router lets through at once (default: PD, the decode "
+        "instances' running-request capacity, summed; a fleet of replicas, no limit)",
     )
     router_queue_size: int | None = Field(
         default=None,
@@ -326,6 +328,12 @@ class Cluster(Record):
     gpu: str
     gpus_per_node: int = Field(ge=1, le=16)
     context_length: int | None = Field(default=None, ge=1, le=2097152)
+    # How many serving instances each pool holds: its hosts split in inventory order into
+    # this many equal, consecutive groups (k2_instances for [nodes], k2_prefill_instances and
+    # k2_decode_instances for PD's pools).
+    instances: int = Field(default=1, ge=1, le=MAX_INSTANCES)
+    prefill_instances: int = Field(default=1, ge=1, le=MAX_INSTANCES)
+    decode_instances: int = Field(default=1, ge=1, le=MAX_INSTANCES)
     hosts: tuple[HostSpec, ...]
     router: str | None = None
     lab: bool = False
@@ -339,6 +347,17 @@ class Cluster(Record):
     def pool(self, name: PoolName) -> tuple[HostSpec, ...]:
         """Hosts of one pool, in inventory order."""
         return tuple(h for h in self.hosts if h.pool == name)
+
+    def instance_count(self, name: PoolName) -> int:
+        """How many instances the pool `name` holds."""
+        return {"prefill": self.prefill_instances, "decode": self.decode_instances}.get(
+            name, self.instances
+        )
+
+    @property
+    def fleet(self) -> bool:
+        """Some pool holds more than one instance."""
+        return max(self.instances, self.prefill_instances, self.decode_instances) > 1
 
     def host(self, name: str) -> HostSpec:
         """The host called `name` (KeyError if absent)."""
@@ -544,7 +563,9 @@ class Parallel(Record):
 
 
 class PoolPlan(Record):
-    """One group of hosts that forms one serving instance (or the single pool)."""
+    """One pool of hosts: one serving instance, or a fleet of equal instances (`instances`,
+    each a PoolPlan of its own hosts, named `instance`). `gpus`, `parallel` and `mem_fraction`
+    are per instance; `hosts` and `master` are the pool's (its first instance's master)."""
 
     name: PoolName
     hosts: tuple[str, ...]
@@ -553,6 +574,39 @@ class PoolPlan(Record):
     gpus: int
     parallel: Parallel
     mem_fraction: float
+    instance: str = ""
+    """The instance's name (``prefill-2``); empty on a pool and on a single instance."""
+    url: str = ""
+    """Where the router reaches the instance; empty on a pool and on a single instance."""
+    instances: tuple[PoolPlan, ...] = ()
+    """The pool's instances when it holds more than one; empty: the pool is one instance."""
+
+    @model_serializer(mode="wrap")
+    def _no_empty_instance(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A single-instance pool serializes (and digests) as before fleets existed.
+        data: dict[str, Any] = handler(self)
+        for key in ("instance", "url", "instances"):
+            if not data.get(key):
+                data.pop(key, None)
+        return data
+
+    def members(self) -> tuple[PoolPlan, ...]:
+        """The pool's instances: itself when it is one."""
+        return self.instances or (self,)
+
+    def ref(self) -> InstanceRef | None:
+        """What names this instance to a container's spec (None for a single instance)."""
+        if not self.instance:
+            return None
+        return InstanceRef(name=self.instance, hosts=self.hosts, master=self.master)
+
+
+class InstanceRef(Record):
+    """The instance a process serves in a fleet: its name, hosts and master."""
+
+    name: str
+    hosts: tuple[str, ...]
+    master: str
 
 
 class MemoryReserve(Record):
@@ -673,14 +727,17 @@ class Process(Record):
     resolve: tuple[LaunchValue, ...] = ()
     # Lab plans only: K2_LAB_FAULT of the container (a stand-in fault mode; see k2_lab_fault).
     lab_fault: str | None = None
+    # Fleets only: the instance the process serves, so its container's spec hash names it.
+    instance: InstanceRef | None = None
 
     @model_serializer(mode="wrap")
     def _no_empty_resolve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if not self.resolve:
             data.pop("resolve", None)
-        if self.lab_fault is None:
-            data.pop("lab_fault", None)
+        for key in ("lab_fault", "instance"):
+            if getattr(self, key) is None:
+                data.pop(key, None)
         return data
 
 
@@ -739,10 +796,20 @@ class HostPlan(Record):
     role: Role
     pool: PoolName | Literal["router"]
     node_rank: int
+    """The host's rank in its instance."""
     gpus: int
     processes: tuple[Process, ...] = ()
     files: dict[str, str] = {}
     ports: tuple[PortBinding, ...] = ()
+    instance: str = ""
+    """Fleets only: the instance the host serves in (``decode-2``)."""
+
+    @model_serializer(mode="wrap")
+    def _no_empty_instance(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.instance:
+            data.pop("instance", None)
+        return data
 
 
 class Plan(Record):

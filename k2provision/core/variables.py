@@ -16,7 +16,7 @@ from annotated_types import Ge, Le
 from pydantic.fields import FieldInfo
 
 from k2provision.core import role_specs
-from k2provision.core.records import ENGINES, LAB_FAULTS, Cluster, Tunables
+from k2provision.core.records import ENGINES, LAB_FAULTS, Cluster, PoolName, Tunables
 
 # One value for the whole cluster ([all:vars] or group_vars/all), read into Cluster's fields.
 CLUSTER_VARS = (
@@ -27,8 +27,17 @@ CLUSTER_VARS = (
     "k2_gpu",
     "k2_gpus_per_node",
     "k2_context_length",
+    "k2_instances",
+    "k2_prefill_instances",
+    "k2_decode_instances",
     "k2_lab",
 )
+# The variable that says how many instances each pool holds.
+INSTANCE_VARS: dict[PoolName, str] = {
+    "nodes": "k2_instances",
+    "prefill": "k2_prefill_instances",
+    "decode": "k2_decode_instances",
+}
 # Per host.
 HOST_VARS = ("k2_ib_devices", "k2_local_ip", "k2_lab_fault")
 TUNABLE_VARS = tuple(f"k2_{name}" for name in Tunables.model_fields)

@@ -234,6 +234,9 @@ class Engine(Protocol):
     """k2_kv_cache_dtype=fp8 renders an FP8 KV cache for MLA."""
     DCP_LAYOUTS: tuple[str, ...]
     """Layouts with decode context parallelism."""
+    FLEET_LAYOUTS: tuple[str, ...]
+    """Layouts the engine renders as fleets (a pool of several instances behind one router);
+    the plan refuses k2_instances above 1 in the others."""
     HEALTH_PATH: str
     """The path of the HTTP health gate of the engine's servers."""
     METRICS_PATH: str | None
@@ -266,6 +269,10 @@ class Engine(Protocol):
 
     def endpoint(self, deployment: Deployment) -> str:
         """The OpenAI-compatible base URL clients use."""
+        ...
+
+    def instance_url(self, cluster: Cluster, instance: PoolPlan) -> str:
+        """Where a fleet's router reaches one instance (its master's server)."""
         ...
 
     def pool_shape(self, cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:

@@ -33,6 +33,7 @@ from k2provision.core.records import (
     ModelSpec,
     Parallel,
     PoolName,
+    PoolPlan,
     Process,
     Tunables,
 )
@@ -134,6 +135,11 @@ def endpoint(deployment: Deployment) -> str:
     return http_url(pool.master_address, deployment.cluster.tunables.api_port)
 
 
+def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
+    """Where a router would reach one instance (fleets do not render for this engine yet)."""
+    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
+
+
 # ---------------------------------------------------------------- what the plan asks
 
 DISPLAY_NAME = "KTransformers"
@@ -142,6 +148,7 @@ SINGLE_GPU = True
 ROUTED_EXPERTS_ON_HOST = True
 TEXT_ONLY = False
 FP8_KV = False
+FLEET_LAYOUTS: tuple[str, ...] = ()
 DCP_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = "/health"
 # sglang-kt 0.7.2 is SGLang's server: --enable-metrics mounts Prometheus' /metrics on its HTTP

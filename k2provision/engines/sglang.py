@@ -2,7 +2,9 @@
 
 Layout `tp`: every host of [nodes] runs one rank of a single `--tp-size N*8` server; rank 0
 serves HTTP. Layout `pd`: [prefill] and [decode] each form one DP-attention + DeepEP instance
-(tp = attention dp = ep = the pool's GPUs), and sglang-router joins them.
+(tp = attention dp = ep = the pool's GPUs), and sglang-router joins them. In a fleet
+(k2_instances, k2_prefill_instances, k2_decode_instances) each pool holds several such
+instances, each with its own rendezvous, and one sglang-router fronts them all.
 
 PD follows the production config for this very layout (sgl-project/ome
 config/runtimes/srt/kimi-k2-pd-rt.yaml, the 128-GPU deployment of the LMSYS write-up): EPLB on
@@ -102,6 +104,47 @@ SERVER_HEALTH_PATH = "/health"
 # Router readiness: /health is only liveness in sglang-router; /readiness turns 200 once the
 # router sees healthy prefill and decode workers.
 ROUTER_HEALTH_PATH = "/readiness"
+# A fleet's router: sglang-router 0.3.2's flags (sglang_router/router_args.py; the line of
+# each flag's RouterArgs default is given), set only where the router fronts several
+# instances so that a single instance's render stays as it was.
+# Long generations: the default request timeout (:63, 1800 s) ends a 128k-token answer
+# decoded at 20 tokens/s per request (6400 s); two hours leaves room for it.
+ROUTER_REQUEST_TIMEOUT_S = 7200
+FLEET_ROUTER_ARGS: tuple[str, ...] = (
+    # Health checks (:84-88): every 10 s (default 60) on the servers' own /health, a worker
+    # taken out after 3 failed checks (a dead instance serves errors for about 30 s at most)
+    # and put back after 2 good ones.
+    "--health-check-interval-secs", "10",
+    "--health-failure-threshold", "3",
+    "--health-success-threshold", "2",
+    "--health-check-timeout-secs", "5",
+    "--health-check-endpoint", "/health",
+    # Circuit breaker (:91-94): 5 failed requests within 60 s open a worker's circuit (no
+    # requests for 30 s), 2 good ones in half-open close it: faster than the 10 / 120 s
+    # defaults, since the other instances take the load meanwhile.
+    "--cb-failure-threshold", "5",
+    "--cb-success-threshold", "2",
+    "--cb-timeout-duration-secs", "30",
+    "--cb-window-duration-secs", "60",
+    # Retries (:77, default 5): a request the first worker failed goes to up to two others.
+    "--retry-max-retries", "3",
+    "--request-timeout-secs", str(ROUTER_REQUEST_TIMEOUT_S),
+)
+PD_FLEET_POLICIES: tuple[str, ...] = (
+    # Both pools run DP attention (--attn-dp-size): --dp-aware (:42, default off) sends each
+    # request to one DP rank of an instance (the worker's /get_server_info dp_size), so the
+    # ranks of every instance fill evenly instead of by the servers' own round robin.
+    "--dp-aware",
+    # Prefill: --policy (:28), which PD mode applies to prefill when --prefill-policy is not
+    # given (naming both per-pool policies draws a warning that --policy is ignored, :943).
+    # cache_aware balances by queue length once the instances' loads differ past the balance
+    # thresholds and otherwise keeps a shared prefix on the instance that saw it (the
+    # production PD router's prefill policy).
+    "--policy", "cache_aware",
+    # Decode (:30 decode_policy): power_of_two sends each request to the less loaded of two
+    # decode instances; a prefix tree buys decode nothing (its KV arrives from prefill).
+    "--decode-policy", "power_of_two",
+)
 # Prometheus metrics: sglang 0.5.23 serves /metrics on each HTTP server once --enable-metrics
 # is given (srt/arg_groups/fields/observability.py enable_metrics, default off); the router
 # (sglang-router 0.3.2) serves its own on --prometheus-port (router_args.py, default 29000).
@@ -205,12 +248,25 @@ def _server_tls(t: Tunables) -> tuple[str, ...]:
 
 
 def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
+    out: dict[str, HostRender] = {}
+    for instance in deployment.pool("nodes").members():
+        out.update(_render_tp_instance(deployment, instance))
+    if deployment.cluster.fleet:
+        _add_router(out, deployment)
+    return out
+
+
+def _render_tp_instance(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRender]:
+    """One TP instance. Alone it is the endpoint (rank 0 serves every interface, with the
+    endpoint's key and TLS); in a fleet the router is, and each instance's rank 0 serves on
+    its k2_local_ip as PD's servers do."""
     cluster = deployment.cluster
     t = cluster.tunables
-    pool = deployment.pool("nodes")
     master = cluster.host(pool.master)
+    fleet = bool(pool.instance)
     out: dict[str, HostRender] = {}
     for rank, name in enumerate(pool.hosts):
+        bind = cluster.host(name).local_ip if fleet else any_address(cluster)
         argv = (
             *LAUNCH_SERVER,
             *model_args(deployment),
@@ -218,7 +274,7 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             str(pool.parallel.tp),
             *_dist_args(pool, master, rank, t),
             "--host",
-            any_address(cluster),
+            bind,
             "--port",
             str(t.sglang_port),
             "--mem-fraction-static",
@@ -226,14 +282,16 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             *SERVER_METRICS_ARGS,
             # The guard's files are on the endpoint's host only (guard.yml), and only rank 0
             # serves HTTP.
-            *((*server_key(t), *_server_tls(t)) if rank == 0 else ()),
+            *((*server_key(t), *_server_tls(t)) if rank == 0 and not fleet else ()),
         )
         # Only rank 0 runs the HTTP server; the other ranks have nothing to poll.
-        health = (
-            endpoint_gate(t, pool.master_address, t.sglang_port, SERVER_HEALTH_PATH)
-            if rank == 0
-            else None
-        )
+        health = None
+        if rank == 0:
+            health = (
+                http_gate(master.local_ip, t.sglang_port, SERVER_HEALTH_PATH, t.health_timeout_s)
+                if fleet
+                else endpoint_gate(t, pool.master_address, t.sglang_port, SERVER_HEALTH_PATH)
+            )
         env, values = server_env(deployment, cluster.host(name))
         process = Process(
             name="sglang",
@@ -244,14 +302,15 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
             resolve=values,
             stage=0,
             health=health,
+            instance=pool.ref(),
         )
-        # Rank 0 serves HTTP (the endpoint: no router) and hosts the rendezvous; the other
-        # ranks bind nothing of theirs.
+        # Rank 0 serves HTTP (the endpoint, or an instance behind the router) and hosts the
+        # rendezvous; the other ranks bind nothing of theirs.
         listeners = (
             (
                 listener(
                     process, "k2_sglang_port", "the SGLang server", t.sglang_port,
-                    bind=any_address(cluster), public=True,
+                    bind=bind, public=not fleet,
                 ),
                 listener(
                     process, "k2_dist_port", "the rendezvous", t.dist_port,
@@ -391,6 +450,7 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
         resolve=values,
         stage=0,
         health=health,
+        instance=pool.ref(),
     )
 
 
@@ -426,35 +486,39 @@ def _pd_listeners(
 
 def _router_host(deployment: Deployment) -> HostSpec:
     cluster = deployment.cluster
-    return cluster.host(cluster.router or deployment.pool("prefill").master)
+    first: PoolName = "prefill" if cluster.layout == "pd" else "nodes"
+    return cluster.host(cluster.router or deployment.pool(first).master)
 
 
-def _pool_url(deployment: Deployment, name: PoolName) -> str:
-    """The HTTP URL of a pool's rank 0, on the address its server binds."""
-    master = deployment.cluster.host(deployment.pool(name).master)
-    return http_url(master.local_ip, deployment.cluster.tunables.sglang_port)
+def _pool_urls(deployment: Deployment, name: PoolName) -> list[str]:
+    """The HTTP URL of each instance's rank 0 in a pool, on the address its server binds."""
+    return [
+        instance_url(deployment.cluster, instance)
+        for instance in deployment.pool(name).members()
+    ]
 
 
 def _decode_capacity(deployment: Deployment) -> int:
-    """Requests the decode pool runs at once (its --max-running-requests)."""
-    dp = deployment.pool("decode").parallel.dp
-    return dp * deployment.cluster.tunables.cuda_graph_max_bs_decode
+    """Requests the decode instances run at once (their --max-running-requests, summed)."""
+    pool = deployment.pool("decode")
+    per_instance = pool.parallel.dp * deployment.cluster.tunables.cuda_graph_max_bs_decode
+    return len(pool.members()) * per_instance
 
 
 def _router_guard(deployment: Deployment) -> tuple[tuple[str, ...], tuple[LaunchValue, ...]]:
     """The router's limits, API key and TLS arguments, and the host value the key is (read
     from its file at launch: sglang-router 0.3.2 takes the key on its command line only)."""
     t = deployment.cluster.tunables
-    limit = t.router_max_concurrent_requests or _decode_capacity(deployment)
-    queue = limit if t.router_queue_size is None else t.router_queue_size
-    argv: tuple[str, ...] = (
-        "--max-concurrent-requests",
-        str(limit),
-        "--queue-size",
-        str(queue),
-        "--queue-timeout-secs",
-        str(t.router_queue_timeout_s),
-    )
+    argv: tuple[str, ...] = ()
+    # Replicas of layout tp set no --max-running-requests (SGLang sizes it from the KV cache at
+    # start), so a replica fleet's router limits only what the inventory asks.
+    pd = deployment.cluster.layout == "pd"
+    limit = t.router_max_concurrent_requests or (_decode_capacity(deployment) if pd else None)
+    if limit is not None:
+        queue = limit if t.router_queue_size is None else t.router_queue_size
+        argv += ("--max-concurrent-requests", str(limit), "--queue-size", str(queue))
+    if limit is not None or t.router_queue_size is not None:
+        argv += ("--queue-timeout-secs", str(t.router_queue_timeout_s))
     resolve: tuple[LaunchValue, ...] = ()
     if key := api_key_value(t):
         argv += ("--api-key", key.ref)
@@ -463,23 +527,34 @@ def _router_guard(deployment: Deployment) -> tuple[tuple[str, ...], tuple[Launch
     return argv, resolve
 
 
+def _workers(deployment: Deployment) -> tuple[str, ...]:
+    """The router's workers and how it picks among them."""
+    if deployment.cluster.layout != "pd":
+        # Replicas of layout tp keep SGLang's radix cache: cache-aware routing sends a
+        # request to the replica most likely to hold its prefix.
+        return ("--worker-urls", *_pool_urls(deployment, "nodes"), "--policy", "cache_aware")
+    bootstrap = str(deployment.cluster.tunables.bootstrap_port)
+    argv: tuple[str, ...] = ("--pd-disaggregation",)
+    for url in _pool_urls(deployment, "prefill"):
+        argv += ("--prefill", url, bootstrap)
+    for url in _pool_urls(deployment, "decode"):
+        argv += ("--decode", url)
+    if not deployment.cluster.fleet:
+        # One prefill and one decode worker (each a whole DP-attention instance): there is
+        # nothing to balance, and cache_aware's prefix tree buys nothing with the radix
+        # cache disabled on the servers.
+        return (*argv, "--policy", "round_robin")
+    return (*argv, *PD_FLEET_POLICIES)
+
+
 def _router(deployment: Deployment) -> Process:
     t = deployment.cluster.tunables
     router = _router_host(deployment)
     guard, resolve = _router_guard(deployment)
     argv = (
         *LAUNCH_ROUTER,
-        "--pd-disaggregation",
-        "--prefill",
-        _pool_url(deployment, "prefill"),
-        str(t.bootstrap_port),
-        "--decode",
-        _pool_url(deployment, "decode"),
-        # One prefill and one decode worker (each a whole DP-attention instance): there is
-        # nothing to balance, and cache_aware's prefix tree buys nothing with the radix
-        # cache disabled on the servers.
-        "--policy",
-        "round_robin",
+        *_workers(deployment),
+        *(FLEET_ROUTER_ARGS if deployment.cluster.fleet else ()),
         "--host",
         any_address(deployment.cluster),
         "--port",
@@ -513,38 +588,56 @@ def router_image(deployment: Deployment) -> str:
 
 def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
     cluster = deployment.cluster
-    t = cluster.tunables
     processes: dict[str, list[Process]] = {}
     listeners: dict[str, list[Listener]] = {}
     for pool_name in ("prefill", "decode"):
-        pool = deployment.pool(pool_name)
-        for rank, name in enumerate(pool.hosts):
-            server = _pd_server(deployment, pool, cluster.host(name), rank)
-            processes.setdefault(name, []).append(server)
-            listeners.setdefault(name, []).extend(
-                _pd_listeners(server, cluster, pool, rank, cluster.host(name).local_ip)
-            )
-    router_host, router = _router_host(deployment).name, _router(deployment)
-    processes.setdefault(router_host, []).append(router)
-    listeners.setdefault(router_host, []).extend(
-        (
-            listener(
-                router, "k2_api_port", "the PD router", t.api_port,
-                bind=any_address(cluster), public=True,
-            ),
-            listener(
-                router, "k2_router_metrics_port", "the PD router's metrics",
-                t.router_metrics_port, bind=_router_host(deployment).local_ip,
-            ),
-        )
-    )
-    return {
+        # Each instance is a DP-attention + DeepEP group of its own: its ranks meet at its own
+        # master, and its rank 0 serves HTTP (and, for prefill, the KV bootstrap).
+        for pool in deployment.pool(pool_name).members():
+            for rank, name in enumerate(pool.hosts):
+                server = _pd_server(deployment, pool, cluster.host(name), rank)
+                processes.setdefault(name, []).append(server)
+                listeners.setdefault(name, []).extend(
+                    _pd_listeners(server, cluster, pool, rank, cluster.host(name).local_ip)
+                )
+    out = {
         name: HostRender(processes=tuple(procs), listeners=tuple(listeners[name]))
         for name, procs in processes.items()
     }
+    _add_router(out, deployment)
+    return out
+
+
+def _add_router(out: dict[str, HostRender], deployment: Deployment) -> None:
+    """Put the router on its host, after what the host already runs."""
+    t = deployment.cluster.tunables
+    host = _router_host(deployment)
+    router = _router(deployment)
+    what = "the PD router" if deployment.cluster.layout == "pd" else "the fleet's router"
+    mine = (
+        listener(
+            router, "k2_api_port", what, t.api_port,
+            bind=any_address(deployment.cluster), public=True,
+        ),
+        listener(
+            router, "k2_router_metrics_port", f"{what}'s metrics",
+            t.router_metrics_port, bind=host.local_ip,
+        ),
+    )
+    before = out.get(host.name, HostRender())
+    out[host.name] = HostRender(
+        processes=(*before.processes, router),
+        files=before.files,
+        listeners=(*before.listeners, *mine),
+    )
 
 
 # ---------------------------------------------------------------- interface
+
+
+def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
+    """The HTTP URL of an instance's rank 0, on the address its server binds (k2_local_ip)."""
+    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.sglang_port)
 
 
 def render(deployment: Deployment) -> dict[str, HostRender]:
@@ -555,9 +648,9 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
 
 
 def endpoint(deployment: Deployment) -> str:
-    """The OpenAI-compatible base URL: the router (pd) or rank 0's server (tp)."""
+    """The OpenAI-compatible base URL: the router (pd, fleets) or rank 0's server (tp)."""
     t = deployment.cluster.tunables
-    if deployment.cluster.layout == "pd":
+    if deployment.cluster.layout == "pd" or deployment.cluster.fleet:
         return endpoint_url(t, _router_host(deployment).address, t.api_port)
     return endpoint_url(t, deployment.pool("nodes").master_address, t.sglang_port)
 
@@ -572,6 +665,9 @@ ROUTED_EXPERTS_ON_HOST = False
 # (server_args.py LANGUAGE_MODEL_ONLY_ARCHITECTURES).
 TEXT_ONLY = False
 FP8_KV = True  # --kv-cache-dtype fp8_e4m3
+# Both layouts render as fleets: every instance behind one sglang-router (PD: each prefill
+# and decode instance; tp: replicas, the router regular mode's --worker-urls).
+FLEET_LAYOUTS: tuple[str, ...] = ("tp", "pd")
 DCP_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = SERVER_HEALTH_PATH
 METRICS_PATH: str | None = "/metrics"

@@ -368,6 +368,11 @@ def endpoint(deployment: Deployment) -> str:
     return http_url(pool.master_address, deployment.cluster.tunables.api_port)
 
 
+def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
+    """Where a router would reach one instance (fleets do not render for this engine yet)."""
+    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
+
+
 # ---------------------------------------------------------------- what the plan asks
 
 DISPLAY_NAME = "TensorRT-LLM"
@@ -376,6 +381,7 @@ SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
 TEXT_ONLY = False
 FP8_KV = False  # its KV dtype is k2_trtllm_kv_cache_dtype (kv_cache_config.dtype)
+FLEET_LAYOUTS: tuple[str, ...] = ()
 DCP_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = "/health"
 # No Prometheus scrape: trtllm-serve's GET /metrics answers iteration stats as JSON

@@ -82,6 +82,7 @@ from k2provision.engines.common import (
     endpoint_url,
     fp8_kv_problems,
     host_port,
+    http_url,
     inventory_served_name,
     kv_cache_dtype,
     no_warnings,
@@ -138,6 +139,11 @@ def endpoint(deployment: Deployment) -> str:
     pool = deployment.pool("nodes")
     t = deployment.cluster.tunables
     return endpoint_url(t, pool.master_address, t.api_port)
+
+
+def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
+    """Where a router would reach one instance (fleets do not render for this engine yet)."""
+    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
 
 
 def _tls(deployment: Deployment) -> tuple[str, ...]:
@@ -484,6 +490,7 @@ ROUTED_EXPERTS_ON_HOST = False
 TEXT_ONLY = True  # --language-model-only
 FP8_KV = True  # --kv-cache-dtype fp8
 # Layouts that split attention with tensor parallelism (where DCP applies).
+FLEET_LAYOUTS: tuple[str, ...] = ()
 DCP_LAYOUTS: tuple[str, ...] = ("tp", "tp_pp")
 HEALTH_PATH = "/health"
 # vllm 0.33.0's API server always mounts Prometheus' /metrics

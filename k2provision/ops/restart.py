@@ -63,7 +63,9 @@ def _selected(plan: Plan, names: Sequence[str]) -> set[tuple[str, str]]:
     """(host, process) pairs `names` select: a host's every process, a pool's engine ranks,
     `router` the processes without GPUs (the PD router)."""
     hosts = {h.name: h for h in plan.hosts}
-    pools = {p.name: p.hosts for p in plan.pools}
+    pools: dict[str, tuple[str, ...]] = {p.name: p.hosts for p in plan.pools}
+    # A fleet's instances are named too (decode-2): a pool's engine ranks, one instance's.
+    pools.update({i.instance: i.hosts for p in plan.pools for i in p.instances})
     routers = {
         (h.name, p.name) for h in plan.hosts for p in h.processes if not _joins_instance(p)
     }
@@ -92,7 +94,8 @@ def _selected(plan: Plan, names: Sequence[str]) -> set[tuple[str, str]]:
 
 
 def _pool_of(plan: Plan, host: str) -> PoolPlan | None:
-    return next((p for p in plan.pools if host in p.hosts), None)
+    """The instance whose ranks `host` runs: its pool, or in a fleet its instance alone."""
+    return next((i for p in plan.pools for i in p.members() if host in i.hosts), None)
 
 
 def restart_set(plan: Plan, names: Sequence[str] | None = None) -> RestartSet:
@@ -118,7 +121,8 @@ def restart_set(plan: Plan, names: Sequence[str] | None = None) -> RestartSet:
         if pool is None or len(pool.hosts) < 2 or not joins:
             continue
         why = (
-            f"same {pool.name} instance as {host.name} ({sizes_text(pool.parallel)} over "
+            f"same {pool.instance or pool.name} instance as {host.name} "
+            f"({sizes_text(pool.parallel)} over "
             f"{', '.join(pool.hosts)}): its ranks only work together"
         )
         for other in pool.hosts:

@@ -3,7 +3,9 @@
 Pure: no I/O beyond reading a k2_model_config_json. `build_plan` refuses a cluster that cannot
 serve the model, naming the numbers and only fixes that work (plan/fixes.py): every suggested
 change (node counts, layouts, redundant experts, GPUs per node, KV dtype, context) is planned
-again and offered only when that plan fits.
+again and offered only when that plan fits. A pool may hold several equal instances (a fleet,
+k2_instances and its PD forms): shapes and fits are per instance, and each instance is planned
+with its own hosts, master and URL (`pool_plan`) for the engine to render behind one router.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from k2provision.core.records import (
     WeightsInfo,
 )
 from k2provision.core.templating import host_values_path, host_values_script, launch_script
+from k2provision.core.variables import INSTANCE_VARS as INSTANCE_VARIABLES
 from k2provision.engines import REGISTRY
 from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
@@ -31,7 +34,7 @@ from k2provision.plan.caches import compile_cache_dir, with_compile_caches
 from k2provision.plan.fit import edge_warnings
 from k2provision.plan.fixes import fixes
 from k2provision.plan.ports import host_ports, port_clashes
-from k2provision.plan.shapes import choices, evaluate, nodes_text, pool_names
+from k2provision.plan.shapes import PoolShape, choices, evaluate, nodes_text, pool_names
 from k2provision.plan.support import engine_setting_problems, model_problems, resolve_model
 
 LAB_IMAGE = "localhost/k2-standin:lab"
@@ -50,16 +53,23 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     if problems:
         raise PlanError(problems)
 
+    engine = REGISTRY[cluster.engine]
+    if problem := fleet_problem(cluster):
+        raise PlanError([problem])
     names = pool_names(cluster.layout)
-    counts: dict[PoolName, int] = {p: len(cluster.pool(p)) for p in names}
+    # Shapes and fits are per instance: every instance of a pool is alike.
+    counts: dict[PoolName, int] = {
+        p: len(cluster.pool(p)) // cluster.instance_count(p) for p in names
+    }
     shapes, reports, pool_problems = evaluate(cluster, counts, spec, gpu, context)
     if pool_problems:
         suggestions = fixes(cluster, counts, spec, gpu, context)
         for pool_name, found in pool_problems.items():
             count = counts[pool_name]
             hints = suggestions.get(pool_name, [])
+            per = " (per instance)" if cluster.instance_count(pool_name) > 1 else ""
             fix = (
-                "; fix: " + ", or ".join(hints)
+                f"; fix{per}: " + ", or ".join(hints)
                 if hints
                 else (
                     f"; no change near this {cluster.engine} layout fits {gpu.key} GPUs; "
@@ -67,9 +77,10 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
                 )
             )
             for problem in found:
+                each = " per instance" if cluster.instance_count(pool_name) > 1 else ""
                 problems.append(
-                    f"[{pool_name}] ({nodes_text(count)} x {cluster.gpus_per_node} {gpu.key}): "
-                    f"{problem}{fix}"
+                    f"[{pool_name}] ({nodes_text(count)}{each} x {cluster.gpus_per_node} "
+                    f"{gpu.key}): {problem}{fix}"
                 )
         raise PlanError(problems)
 
@@ -82,25 +93,18 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     ]
     warnings += edge_warnings(reports)
     warnings += socket_warnings(cluster)
-    if cluster.layout == "pd" and not cluster.tunables.router_image and not cluster.lab:
+    routed = cluster.layout == "pd" or cluster.fleet
+    if routed and not cluster.tunables.router_image and not cluster.lab:
+        which = "PD router" if cluster.layout == "pd" else "fleet's router"
         warnings.append(
-            f"the PD router runs in {cluster.tunables.image or release.image}, which is not "
+            f"the {which} runs in {cluster.tunables.image or release.image}, which is not "
             f"known to carry {catalog.ROUTER.package} {catalog.ROUTER.version}: build "
             "containers/router and set k2_router_image to the result"
         )
-    engine = REGISTRY[cluster.engine]
     warnings += engine.plan_warnings(cluster, spec, release)
 
     pools = tuple(
-        PoolPlan(
-            name=shape.name,
-            hosts=tuple(h.name for h in cluster.pool(shape.name)),
-            master=cluster.pool(shape.name)[0].name,
-            master_address=cluster.pool(shape.name)[0].address,
-            gpus=shape.gpus,
-            parallel=shape.parallel,
-            mem_fraction=report.mem_fraction,
-        )
+        pool_plan(cluster, shape, report.mem_fraction)
         for shape, report in zip(shapes, reports, strict=True)
     )
     image = cluster.tunables.image or (LAB_IMAGE if cluster.lab else release.image)
@@ -123,7 +127,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     host_plans = []
     for h in cluster.hosts:
         out = rendered.get(h.name)
-        pool = next((p for p in pools if h.name in p.hosts), None)
+        pool = next((i for p in pools for i in p.members() if h.name in i.hosts), None)
         files = dict(out.files) if out else {}
         processes = out.processes if out else ()
         if cluster.lab and h.lab_fault:
@@ -146,6 +150,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
                 processes=processes,
                 files=files,
                 ports=host_ports(out.listeners if out else ()),
+                instance=pool.instance if pool else "",
             )
         )
     return Plan(
@@ -174,6 +179,71 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         ),
         warnings=tuple(warnings),
         hosts=tuple(host_plans),
+    )
+
+
+# Instances are named after their pool: replica-1, prefill-2, decode-3.
+INSTANCE_LABELS: dict[PoolName, str] = {
+    "nodes": "replica",
+    "prefill": "prefill",
+    "decode": "decode",
+}
+
+
+def pool_plan(cluster: Cluster, shape: PoolShape, mem_fraction: float) -> PoolPlan:
+    """A pool and, when it holds several, its instances: its hosts in inventory order, split
+    into equal consecutive groups, each named, with its own master and URL."""
+    hosts = cluster.pool(shape.name)
+    count = cluster.instance_count(shape.name)
+    size = len(hosts) // count
+    sizes = {"name": shape.name, "gpus": shape.gpus, "parallel": shape.parallel}
+    instances: list[PoolPlan] = []
+    # In a fleet every pool's instances are named (a pool of one too), so the router's
+    # workers and each container's spec say which instance they are; a single-instance
+    # inventory plans as it always has.
+    for i in range(count if cluster.fleet else 0):
+        group = hosts[i * size : (i + 1) * size]
+        instance = PoolPlan(
+            **sizes,
+            hosts=tuple(h.name for h in group),
+            master=group[0].name,
+            master_address=group[0].address,
+            mem_fraction=mem_fraction,
+            instance=f"{INSTANCE_LABELS[shape.name]}-{i + 1}",
+        )
+        url = REGISTRY[cluster.engine].instance_url(cluster, instance)
+        instances.append(instance.model_copy(update={"url": url}))
+    return PoolPlan(
+        **sizes,
+        hosts=tuple(h.name for h in hosts),
+        master=hosts[0].name,
+        master_address=hosts[0].address,
+        mem_fraction=mem_fraction,
+        instances=tuple(instances),
+    )
+
+
+def fleet_problem(cluster: Cluster) -> str | None:
+    """Why the engine cannot render the fleet the inventory asks for (None when it can or
+    when no pool holds more than one instance)."""
+    engine = REGISTRY[cluster.engine]
+    if not cluster.fleet or cluster.layout in engine.FLEET_LAYOUTS:
+        return None
+    counts = ", ".join(
+        f"{INSTANCE_VARIABLES[p]}={cluster.instance_count(p)}"
+        for p in pool_names(cluster.layout)
+        if cluster.instance_count(p) > 1
+    )
+    working = "; ".join(
+        f"{e.DISPLAY_NAME} {', '.join(e.FLEET_LAYOUTS)}"
+        for e in REGISTRY.values()
+        if e.FLEET_LAYOUTS
+    )
+    return (
+        f"{counts}: {engine.DISPLAY_NAME} layout {cluster.layout} renders one instance per "
+        f"inventory (each host of its pools in one group); fleets of several instances behind "
+        f"one router render for: {working}; fix: set {counts.split('=')[0]}=1 (one "
+        "inventory per instance), or choose a layout that renders fleets"
     )
 
 

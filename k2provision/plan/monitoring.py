@@ -42,7 +42,8 @@ class ScrapeTarget(Record):
     """host:port, as Prometheus writes a target."""
     path: str
     instance: str
-    """The serving instance: the pool (``nodes``, ``prefill``, ``decode``) or ``router``."""
+    """The serving instance: the pool (``nodes``, ``prefill``, ``decode``), a fleet's instance
+    (``decode-2``) or ``router``."""
     pool: str
     role: str
     host: str
@@ -87,7 +88,7 @@ def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
                         job="router" if router else "engine",
                         address=host_port(host.local_ip, binding.port),
                         path=engine.METRICS_PATH,
-                        instance="router" if router else host.pool,
+                        instance="router" if router else (host.instance or host.pool),
                         scheme="https" if (host.name, binding.port) == tls_at else "http",
                     )
                 )
@@ -100,7 +101,7 @@ def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
                     job=job,
                     address=host_port(host.local_ip, port),
                     path=EXPORTER_PATH,
-                    instance=host.pool,
+                    instance=host.instance or host.pool,
                 )
             )
     return tuple(found)

@@ -79,12 +79,64 @@ def plan_table(plan: Plan) -> Table:
         title=f"{plan.model} on {plan.engine} {plan.engine_version} ({plan.layout})",
         title_justify="left",
     )
-    for column in ("host", "address", "role", "rank", "GPUs", "runs (stage)"):
+    fleet = any(p.instances for p in plan.pools)
+    columns = ("host", "address", "role", *(("instance",) if fleet else ()), "rank", "GPUs")
+    for column in (*columns, "runs (stage)"):
         table.add_column(column)
     for host in plan.hosts:
         runs = ", ".join(f"{p.name} ({p.stage})" for p in host.processes) or "-"
-        table.add_row(host.name, host.address, host.role, str(host.node_rank), str(host.gpus), runs)
+        instance = (host.instance or "-",) if fleet else ()
+        table.add_row(
+            host.name,
+            host.address,
+            host.role,
+            *instance,
+            str(host.node_rank),
+            str(host.gpus),
+            runs,
+        )
     return table
+
+
+def instance_table(plan: Plan) -> Table:
+    """A fleet's instances: hosts, layout, master (with the ports its rank 0 binds) and the
+    URL the router reaches each at."""
+    table = Table(title="instances (each behind the router)", title_justify="left")
+    for column in ("instance", "hosts", "parallel", "master", "master's ports", "URL"):
+        table.add_column(column)
+    hosts_by_name = {h.name: h for h in plan.hosts}
+    for pool in plan.pools:
+        for i in pool.members():
+            hosts = ", ".join(i.hosts) if len(i.hosts) <= 2 else f"{i.hosts[0]} … {i.hosts[-1]}"
+            master = hosts_by_name[i.master]
+            mine = {
+                p.name for p in master.processes if p.instance and p.instance.name == i.instance
+            }
+            bound = ", ".join(f"{b.setting}={b.port}" for b in master.ports if b.process in mine)
+            table.add_row(
+                i.instance or pool.name,
+                f"{hosts} ({len(i.hosts)})",
+                sizes_text(i.parallel),
+                f"{i.master} ({i.master_address})",
+                bound or "-",
+                i.url or "-",
+            )
+    return table
+
+
+def router_line(plan: Plan) -> Text | None:
+    """A fleet's router and its command line, which lists every instance (None: no fleet)."""
+    urls = [i.url for p in plan.pools for i in p.instances]
+    if not urls:
+        return None
+    for host in plan.hosts:
+        for process in host.processes:
+            if all(url in process.argv for url in urls):
+                return Text.assemble(
+                    "router: ", (f"{process.name} on {host.name}", "bold"), ": ",
+                    " ".join(process.argv),
+                )
+    return None
 
 
 def fit_table(plan: Plan) -> Table:
@@ -103,8 +155,9 @@ def fit_table(plan: Plan) -> Table:
     ):
         table.add_column(column)
     for r in plan.fit:
+        count = len(next(p for p in plan.pools if p.name == r.pool).instances)
         table.add_row(
-            r.pool,
+            f"{r.pool} (each of {count})" if count else r.pool,
             _sizes(plan, r.pool),
             f"{r.mem_fraction:g}",
             f"{r.weights_gib}",
@@ -172,6 +225,9 @@ def print_plan(plan: Plan) -> None:
     console.print(plan_table(plan))
     console.print(fit_table(plan))
     console.print(reserve_table(plan))
+    if router := router_line(plan):
+        console.print(instance_table(plan))
+        console.print(router, soft_wrap=True)
     console.print(Text.assemble("endpoint: ", (plan.endpoint, "bold")))
     if plan.container.compile_cache:
         console.print(

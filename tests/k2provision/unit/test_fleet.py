@@ -1,0 +1,170 @@
+"""Fleets: a pool of several serving instances behind one router (k2_instances,
+k2_prefill_instances, k2_decode_instances). Each instance has its own hosts, ranks and master;
+the router's command line lists every instance; single-instance inventories plan as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan, Process
+from k2provision.errors import InventoryError, PlanError
+from k2provision.ops.restart import restart_set
+from k2provision.plan.assemble import build_plan, plan_digest
+from k2provision.plan.containers import spec_hash
+from k2provision.plan.monitoring import scrape_targets
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "inventory" / "examples"
+PD_FLEET = EXAMPLES / "sglang-pd-fleet-32.ini"
+TP_FLEET = EXAMPLES / "sglang-tp-fleet.ini"
+ROUTER = ("python3", "-m", "sglang_router.launch_router")
+
+
+def _plan(path: Path) -> Plan:
+    return build_plan(load_cluster(path))
+
+
+def _edited(tmp_path: Path, source: Path, old: str, new: str) -> Path:
+    text = source.read_text()
+    assert old in text
+    path = tmp_path / "inventory.ini"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def _routers(plan: Plan) -> list[Process]:
+    return [p for h in plan.hosts for p in h.processes if p.argv[:3] == ROUTER]
+
+
+def _flag_values(argv: tuple[str, ...], flag: str, width: int) -> list[tuple[str, ...]]:
+    return [argv[i + 1 : i + 1 + width] for i, a in enumerate(argv) if a == flag]
+
+
+def test_the_32_node_example_is_two_prefill_and_two_decode_instances_behind_one_router() -> None:
+    plan = _plan(PD_FLEET)
+    prefill, decode = (next(p for p in plan.pools if p.name == n) for n in ("prefill", "decode"))
+    assert [i.instance for i in prefill.instances] == ["prefill-1", "prefill-2"]
+    assert [i.instance for i in decode.instances] == ["decode-1", "decode-2"]
+    assert [len(i.hosts) for i in (*prefill.instances, *decode.instances)] == [4, 4, 12, 12]
+    # Consecutive groups in inventory order.
+    assert prefill.instances[1].hosts == tuple(f"gpu-p{n:02d}" for n in range(5, 9))
+    assert decode.instances[1].master == "gpu-d13"
+    (router,) = _routers(plan)
+    assert _flag_values(router.argv, "--prefill", 2) == [
+        ("http://10.10.0.11:30000", "8998"),
+        ("http://10.10.0.15:30000", "8998"),
+    ]
+    assert _flag_values(router.argv, "--decode", 1) == [
+        ("http://10.10.0.31:30000",),
+        ("http://10.10.0.43:30000",),
+    ]
+    assert [i.url for i in (*prefill.instances, *decode.instances)] == [
+        "http://10.10.0.11:30000",
+        "http://10.10.0.15:30000",
+        "http://10.10.0.31:30000",
+        "http://10.10.0.43:30000",
+    ]
+    assert "--pd-disaggregation" in router.argv
+    assert "--dp-aware" in router.argv
+    assert plan.endpoint == "http://10.10.0.5:8000"
+
+
+def test_each_instance_ranks_meet_at_their_own_master() -> None:
+    plan = _plan(PD_FLEET)
+    for host in plan.hosts:
+        if host.pool == "router":
+            continue
+        instance = next(
+            i for p in plan.pools for i in p.instances if host.name in i.hosts
+        )
+        (server,) = host.processes
+        argv = server.argv
+        master = next(h.local_ip for h in plan.hosts if h.name == instance.master)
+        assert _flag_values(argv, "--dist-init-addr", 1) == [(f"{master}:5757",)], host.name
+        assert _flag_values(argv, "--nnodes", 1) == [(str(len(instance.hosts)),)], host.name
+        assert host.node_rank == instance.hosts.index(host.name)
+        assert _flag_values(argv, "--node-rank", 1) == [(str(host.node_rank),)]
+        assert host.instance == instance.instance
+        assert server.instance is not None
+        assert server.instance.name == instance.instance
+    # Every instance's rank 0 has a health gate of its own.
+    gated = [h.name for h in plan.hosts for p in h.processes if p.health and h.pool != "router"]
+    assert gated == ["gpu-p01", "gpu-p05", "gpu-d01", "gpu-d13"]
+
+
+def test_replica_fleet_routes_through_one_router_in_regular_mode() -> None:
+    plan = _plan(TP_FLEET)
+    (router,) = _routers(plan)
+    urls = [i.url for i in plan.pools[0].instances]
+    assert len(urls) == 4
+    i = router.argv.index("--worker-urls")
+    assert list(router.argv[i + 1 : i + 5]) == urls
+    assert "--pd-disaggregation" not in router.argv
+    assert plan.endpoint == "http://10.20.1.5:8000"
+    # The replicas are workers behind the router: none is the public endpoint.
+    served = [b for h in plan.hosts for b in h.ports if b.setting == "k2_sglang_port"]
+    assert [b.bind for b in served] == [plan.hosts[n].local_ip for n in (0, 2, 4, 6)]
+
+
+def test_the_spec_hash_names_the_instance() -> None:
+    plan = _plan(TP_FLEET)
+    host = plan.hosts[0]
+    (server,) = host.processes
+    assert server.instance is not None
+    bare = server.model_copy(update={"instance": None})
+    assert spec_hash(plan.container, server, host.files) != spec_hash(
+        plan.container, bare, host.files
+    )
+
+
+def test_one_instance_plans_exactly_as_without_the_variable(tmp_path: Path) -> None:
+    source = EXAMPLES / "sglang-tp.ini"
+    explicit = _edited(tmp_path, source, "k2_engine=sglang", "k2_engine=sglang\nk2_instances=1")
+    assert plan_digest(_plan(explicit)) == plan_digest(_plan(source))
+    assert "instance" not in _plan(source).model_dump(mode="json")["hosts"][0]
+
+
+def test_hosts_that_make_no_whole_instance_are_refused_with_the_counts_that_work(
+    tmp_path: Path,
+) -> None:
+    path = _edited(tmp_path, PD_FLEET, "k2_decode_instances=2", "k2_decode_instances=5")
+    with pytest.raises(InventoryError) as caught:
+        load_cluster(path)
+    (line,) = caught.value.problems
+    assert "[decode]" in line
+    assert "has 24 hosts" in line
+    assert "k2_decode_instances=5" in line
+    assert "expected one of 1, 2, 3, 4, 6, 8, 12, 24" in line
+
+
+def test_instance_counts_of_pools_the_layout_lacks_are_refused(tmp_path: Path) -> None:
+    path = _edited(tmp_path, TP_FLEET, "k2_instances=4", "k2_instances=4\nk2_decode_instances=2")
+    with pytest.raises(InventoryError, match="k2_decode_instances=2 counts the instances of"):
+        load_cluster(path)
+
+
+def test_an_engine_without_fleets_refuses_them_naming_what_works(tmp_path: Path) -> None:
+    path = _edited(tmp_path, TP_FLEET, "k2_engine=sglang", "k2_engine=vllm")
+    with pytest.raises(PlanError) as caught:
+        _plan(path)
+    (line,) = caught.value.problems
+    assert line.startswith("k2_instances=4: vLLM layout tp renders one instance")
+    assert "SGLang tp, pd" in line
+
+
+def test_metrics_are_labelled_by_instance() -> None:
+    targets = scrape_targets(_plan(PD_FLEET))
+    engine = {t.instance for t in targets if t.job == "engine"}
+    assert engine == {"prefill-1", "prefill-2", "decode-1", "decode-2"}
+    assert {t.instance for t in targets if t.job == "router"} == {"router"}
+    assert {t.instance for t in targets if t.host == "gpu-d14"} == {"decode-2"}
+
+
+def test_restarting_a_host_widens_to_its_instance_only() -> None:
+    plan = _plan(PD_FLEET)
+    decode_2 = {f"gpu-d{n:02d}" for n in range(13, 25)}
+    assert set(restart_set(plan, ["gpu-d14"]).hosts) == decode_2
+    assert set(restart_set(plan, ["decode-2"]).hosts) == decode_2
+    assert set(restart_set(plan, ["decode"]).hosts) == {f"gpu-d{n:02d}" for n in range(1, 25)}
