@@ -11,8 +11,10 @@ named by phase; files, containers: the launch's repairs here (files to write, co
 recreate); docker (whether it answered), checkpoint (what the model directory lacks);
 smoke_host: the host the smoke test runs from; launch_selected: whether the tags run the launch
 phase; skipped_phases: the phases whose play ends this host at its start (each phase's play
-begins with meta end_host for a host whose skipped_phases name it). Under --check it reports
-changed when anything differs.
+begins with meta end_host for a host whose skipped_phases name it; look.yml then keeps the
+cluster phases and checks only where every host skips them); stamps: {phase: digest} and
+stamp_dir: what prepare, ssh_mesh and weights record at their end (with full too). Under
+--check it reports changed when anything differs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from k2provision.core.inventory import plain_value
 from k2provision.core.records import Plan
 from k2provision.plan.converge import (
     PHASE_TAGS,
+    STAMP_DIR,
     differences,
     expected_state,
     look_request,
@@ -46,13 +49,14 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         task_vars = task_vars or {}
         args = plain_value(dict(self._task.args))
         result["changed"] = False
-        if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
-            return {**result, "full": True, "phases": {}, "differences": []}
         host = str(task_vars["inventory_hostname"])
         try:
-            expected = expected_state(Plan.model_validate(args["plan"]), host)
+            expected = expected_state(Plan.model_validate(args["plan"]), host, task_vars)
         except (KeyError, ValueError) as error:
             return {**result, "failed": True, "msg": f"{host}: {error}"}
+        result.update(stamps=dict(expected.stamps), stamp_dir=STAMP_DIR)
+        if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
+            return {**result, "full": True, "phases": {}, "differences": []}
         seen = self._execute_module(
             module_name="k2.cluster.host_look",
             module_args=look_request(expected),
