@@ -13,12 +13,13 @@ The same call reads what the other phases left: prepare, ssh_mesh and weights ea
 their end, a stamp (``STAMP_DIR/<phase>.json``) with the digest of their inputs (the plan and
 the inventory's variables of their roles, :func:`inputs_digest`) and what they hold: prepare
 the packages its roles installed and the kernel modules they loaded, weights the manifest it
-distributed. The look answers each stamp, whether each package is installed (and its version)
-and each module loaded, the mesh's keys and configurations (``<config_dir>/ssh``: the private
-key's public half, authorized_keys, this host's host key in known_hosts, sshd/ssh config
-hashes), and what the model directory holds of the weights manifest (sizes and the relay's
-verified stamps, no hashing). A changed input, package, module, key or shard names the phase.
-No role sets a sysctl, so the look reads none.
+distributed, ssh_mesh where the controller keeps the cluster's key pair. The look answers each
+stamp; whether each of those packages is installed and each module loaded; the mesh's keys
+and configurations in ``<config_dir>/ssh`` (the private key's public half, the controller's
+public key, authorized_keys, this host's host key in known_hosts, the sshd/ssh config hashes);
+and what the model directory holds of the weights manifest (sizes and the relay's verified
+stamps, no hashing). A changed input, package, module, key or shard names its phase. No role
+sets a sysctl, so the look reads none.
 
 Prepare, ssh_mesh and weights compare hosts with each other (one image ID everywhere, the
 all-pairs known_hosts, the chain from the seed): a difference on any host runs the phase on
@@ -39,6 +40,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from k2provision.core.records import HealthGate, HostPlan, Plan
@@ -150,12 +152,17 @@ class HostExpectation:
 
 def inputs_digest(plan: Plan, phase: str, variables: Mapping[str, Any]) -> str:
     """The digest of a stamped phase's inputs: the plan, and the variables of its roles the
-    inventory or the command line set (`variables`: the host's variables, unrendered)."""
+    inventory or the command line set (`variables`: the host's variables, unrendered); for the
+    mesh also the inventory file's name, which names the cluster's key pair."""
     own = {
         name: value
         for name, value in variables.items()
         if name.startswith(PHASE_ROLES[phase]) and name not in RUN_ONLY_VARIABLES
     }
+    if phase == "ssh_mesh":
+        # The cluster's key pair on the controller is named after the inventory file.
+        sources = variables.get("ansible_inventory_sources") or ()
+        own["inventory"] = [PurePath(str(source)).stem for source in sources]
     inputs = {"phase": phase, "plan": plan_digest(plan), "variables": own}
     text = json.dumps(inputs, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -359,6 +366,10 @@ def _mesh_differences(expected: HostExpectation, mesh: Mapping[str, Any]) -> lis
     key = _key(str(mesh.get("public") or ""))
     if not key or key != _key(str(mesh.get("private_public") or "")):
         lines.append(f"mesh {expected.mesh_dir}/id_ed25519: its public half is not id_ed25519.pub")
+    if "controller_public" in mesh and _key(str(mesh["controller_public"] or "")) != key:
+        lines.append(
+            f"mesh {expected.mesh_dir}/id_ed25519.pub: not the cluster's key on the controller"
+        )
     authorized = [_key(line.removeprefix("restrict ")) for line in _lines(mesh, "authorized_keys")]
     if authorized != [key]:
         lines.append(f"mesh {expected.mesh_dir}/authorized_keys: does not hold the mesh key only")

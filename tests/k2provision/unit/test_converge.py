@@ -80,6 +80,7 @@ def converged(expected: HostExpectation) -> dict[str, Any]:
                 },
             },
             "private_public": MESH_KEY.rsplit(" ", 1)[0],
+            "controller_public": MESH_KEY + "\n",
             "public": MESH_KEY + "\n",
             "authorized_keys": f"# managed\nrestrict {MESH_KEY}\n",
             "host_public": HOST_KEY,
@@ -113,6 +114,7 @@ def test_a_converged_host_differs_in_nothing_on_every_host(plan: Plan) -> None:
         ("ssh_mesh", "host key", "known_hosts: pins 15 host keys, planned 16 with this host's own"),
         ("ssh_mesh", "key mode", "authorized_keys: mode 0644, planned 0600"),
         ("ssh_mesh", "sshd config", "sshd_config: content differs from the plan"),
+        ("ssh_mesh", "controller key", "id_ed25519.pub: not the cluster's key on the controller"),
         ("weights", "shard", "model-00001-of-00004.safetensors: missing"),
         ("weights", "manifest", "weights: no manifest of an earlier distribution"),
         ("weights", "inputs", "weights.json: the plan or the phase's variables changed since"),
@@ -139,6 +141,8 @@ def test_each_kind_of_state_drifted_names_its_phase_on_its_host_only(
         mesh["known_hosts"] = "\n".join(mesh["known_hosts"].splitlines()[:-1])
     elif kind == "key mode":
         mesh["files"]["authorized_keys"]["mode"] = "0644"
+    elif kind == "controller key":
+        mesh["controller_public"] = "ssh-ed25519 AAAAnewkey k2provision-mesh-prod\n"
     elif kind == "sshd config":
         mesh["files"]["sshd_config"]["sha256"] = "0" * 64
     elif kind == "shard":
@@ -162,6 +166,9 @@ def test_a_phase_s_inputs_are_the_plan_and_its_roles_variables_only(plan: Plan) 
     assert inputs_digest(plan, "weights", {"k2_weights_record_dir": "/runs/1"}) == (
         inputs_digest(plan, "weights", {})
     )
+    mesh = inputs_digest(plan, "ssh_mesh", {"ansible_inventory_sources": ["/inv/prod.ini"]})
+    assert inputs_digest(plan, "ssh_mesh", {"ansible_inventory_sources": ["/x/prod.yml"]}) == mesh
+    assert inputs_digest(plan, "ssh_mesh", {"ansible_inventory_sources": ["/inv/lab.ini"]}) != mesh
     other = build_plan(load_cluster(ROOT / "inventory" / "examples" / "vllm-tp-pp.ini"))
     assert inputs_digest(other, "prepare", {}) != digest
     assert set(PHASE_ROLES) == set(CLUSTER_PHASES)

@@ -2,7 +2,8 @@
 
 The first step of an apply. It asks the host in one module call (k2.cluster.host_look) about
 everything the looked-at phases place there and compares the answer with the plan
-(k2provision/plan/converge.py). With ``full`` it asks nothing and every phase runs every task.
+(k2provision/plan/converge.py), with the cluster's mesh public key on the controller (where
+the mesh's stamp says it is). With ``full`` it asks nothing and every phase runs every task.
 
 Options: plan (required): the plan registered by k2.cluster.plan; full (bool): run everything.
 Returns (registered as k2_converge): full (bool); phases: {phase: [difference, ...]} (an empty
@@ -19,6 +20,7 @@ stamp_dir: what prepare, ssh_mesh and weights record at their end (with full too
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ansible.plugins.action import ActionBase
@@ -36,6 +38,14 @@ from k2provision.plan.converge import (
     skipped_phases,
     smoke_host,
 )
+
+
+def _text(path: str) -> str:
+    """A file on the controller, or empty where it is missing."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is untyped
@@ -64,6 +74,9 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         )
         if seen.get("failed") or seen.get("unreachable"):
             return {**result, **seen}
+        mesh_stamp = (seen.get("stamps") or {}).get("ssh_mesh") or {}
+        if mesh_stamp.get("key_dir") and isinstance(seen.get("mesh"), dict):
+            seen["mesh"]["controller_public"] = _text(f"{mesh_stamp['key_dir']}/id_ed25519.pub")
         phases = differences(expected, seen)
         lines = [f"{phase}: {line}" for phase, found in phases.items() for line in found]
         result.update(full=False, phases=phases, differences=lines, **repairs(expected, seen))
