@@ -26,8 +26,8 @@ all-pairs known_hosts, the chain from the seed): a difference on any host runs t
 every host (:func:`everywhere`), whose idempotent tasks change only the drifted host. The
 launch runs per host. Preflight and validate are checks, not state: they run on every host
 when any looked-at phase runs on any host (nothing changes otherwise, so there is nothing to
-guard), and not at all on a converged cluster. Verify runs as always: the smoke test, once,
-from one host.
+guard), and not at all on a converged cluster unless the tags name them. Verify runs as
+always: the smoke test, once, from one host.
 
 Each phase's play first ends the hosts whose look named the phase in ``skipped_phases``
 (:func:`skipped_phases`): a host skips a phase its tags leave out, a looked-at phase it holds
@@ -444,7 +444,8 @@ def skipped_phases(
     endpoint: bool,
 ) -> list[str]:
     """The phases whose play leaves this host out: those the tags leave out, the looked-at
-    ones `found` converged here, the checks when no looked-at phase runs here, and the smoke
+    ones `found` converged here, the checks when no looked-at phase runs here (unless the tags
+    name them), and the smoke
     test (verify) unless this host runs it (`endpoint`: it is the :func:`smoke_host`). The
     cluster phases and checks are then skipped only where every host skips them
     (:func:`everywhere`)."""
@@ -458,7 +459,7 @@ def skipped_phases(
         if (
             not selected(tag, run_tags, skip_tags)
             or (phase in LOOKED_PHASES and not found.get(phase))
-            or (phase in CHECK_PHASES and not runs)
+            or (phase in CHECK_PHASES and not runs and tag not in run_tags)
             or (phase == "verify" and not endpoint)
         ):
             skipped.append(phase)

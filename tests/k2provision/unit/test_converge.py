@@ -299,9 +299,13 @@ def test_a_host_skips_the_phases_the_tags_leave_out_and_the_converged_ones() -> 
     ]  # fmt: skip
     tagged = skipped_phases(drifted, run_tags=["launch", "verify"], skip_tags=[], endpoint=True)
     assert tagged == ["preflight", "prepare", "ssh_mesh", "weights", "validate"]
-    # The launch left out by the tags: a drifted launch is no change to guard.
-    mesh_only = skipped_phases(drifted, run_tags=["preflight"], skip_tags=[], endpoint=True)
-    assert "preflight" in mesh_only
+    # The launch left out by the tags: a drifted launch is no change to guard, but a check the
+    # tags name runs.
+    mesh_only = skipped_phases(drifted, run_tags=["ssh_mesh", "nccl"], skip_tags=[], endpoint=True)
+    assert {"preflight", "launch"} <= set(mesh_only)
+    assert "validate" not in mesh_only
+    asked = skipped_phases(NO_PHASE, run_tags=["preflight"], skip_tags=[], endpoint=True)
+    assert "preflight" not in asked
     assert "weights" in skipped_phases(drifted, run_tags=[], skip_tags=["weights"], endpoint=True)
     assert selected("nccl", ["nccl"], [])
     assert not selected(PHASE_TAGS["launch"], ["verify"], [])
