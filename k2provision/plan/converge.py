@@ -12,14 +12,15 @@ without the look).
 The same call reads what the other phases left: prepare, ssh_mesh and weights each write, at
 their end, a stamp (``STAMP_DIR/<phase>.json``) with the digest of their inputs (the plan and
 the inventory's variables of their roles, :func:`inputs_digest`) and what they hold: prepare
-the packages its roles installed and the kernel modules they loaded, weights the manifest it
-distributed, ssh_mesh where the controller keeps the cluster's key pair. The look answers each
-stamp; whether each of those packages is installed and each module loaded; the mesh's keys
-and configurations in ``<config_dir>/ssh`` (the private key's public half, the controller's
-public key, authorized_keys, this host's host key in known_hosts, the sshd/ssh config hashes);
-and what the model directory holds of the weights manifest (sizes and the relay's verified
-stamps, no hashing). A changed input, package, module, key or shard names its phase. No role
-sets a sysctl, so the look reads none.
+the packages its roles installed, the images (by ID) and the kernel modules they loaded,
+weights the manifest it distributed, ssh_mesh where the controller keeps the cluster's key
+pair. The look answers each stamp; whether each of those packages is installed, each image
+held and each module loaded; the mesh's keys and configurations in ``<config_dir>/ssh`` (the
+private key's public half, the controller's public key, authorized_keys, this host's host key
+in known_hosts, the sshd/ssh config hashes); and what the model directory holds of the
+weights manifest (sizes and the relay's verified stamps, no hashing). A changed input,
+package, image, module, key or shard names its phase. No role sets a sysctl, so the look
+reads none.
 
 Prepare, ssh_mesh and weights compare hosts with each other (one image ID everywhere, the
 all-pairs known_hosts, the chain from the seed): a difference on any host runs the phase on
@@ -321,7 +322,9 @@ def _stamp_differences(
 
 
 def _prepare_differences(stamp: Any, observed: Mapping[str, Any]) -> list[str]:
-    """The packages and kernel modules the prepare stamp says the phase holds, as found."""
+    """The packages, images and kernel modules the prepare stamp says the phase holds, as
+    found. A package counts by name: the roles install any version (``state: present``), so
+    a version the host moved to is not theirs to put back."""
     if not isinstance(stamp, Mapping):
         return []
     packages = observed.get("packages") or {}
@@ -331,6 +334,12 @@ def _prepare_differences(stamp: Any, observed: Mapping[str, Any]) -> list[str]:
         found = packages.get(name)
         if not isinstance(found, Mapping) or not str(found.get("status", "")).startswith("ii"):
             lines.append(f"package {name}: not installed")
+    images = observed.get("images") or {}
+    for ref, image_id in sorted((stamp.get("images") or {}).items()):
+        if ref not in images:
+            lines.append(f"image {ref}: missing")
+        elif images[ref] != image_id:
+            lines.append(f"image {ref}: ID {images[ref]}, held {image_id}")
     lines += [
         f"kernel module {name}: not loaded"
         for name in stamp.get("modules") or ()

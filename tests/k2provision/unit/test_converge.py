@@ -7,6 +7,7 @@ nowhere."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,14 @@ def converged(expected: HostExpectation) -> dict[str, Any]:
                 "digest": expected.stamps["prepare"],
                 "packages": ["rdma-core"],
                 "modules": ["ib_umad"],
+                "images": {"k2/standin:1": "sha256:aa"},
             },
             "ssh_mesh": {"digest": expected.stamps["ssh_mesh"]},
             "weights": {"digest": expected.stamps["weights"], "manifest": "/m/manifest.json"},
         },
         "packages": {"rdma-core": {"status": "ii", "version": "44.0-2"}},
         "modules": {"ib_umad": True},
+        "images": {"k2/standin:1": "sha256:aa"},
         "weights": {"missing": [], "wrong": [], "unverified": []},
         "mesh": {
             "files": {
@@ -108,6 +111,8 @@ def test_a_converged_host_differs_in_nothing_on_every_host(plan: Plan) -> None:
     [
         ("prepare", "package", "package rdma-core: not installed"),
         ("prepare", "module", "kernel module ib_umad: not loaded"),
+        ("prepare", "image gone", "image k2/standin:1: missing"),
+        ("prepare", "image moved", "image k2/standin:1: ID sha256:bb, held sha256:aa"),
         ("prepare", "stamp", "stamp /var/lib/k2provision/converged/prepare.json: missing"),
         ("ssh_mesh", "authorized key", "authorized_keys: does not hold the mesh key only"),
         ("ssh_mesh", "private key", "id_ed25519: its public half is not id_ed25519.pub"),
@@ -131,6 +136,10 @@ def test_each_kind_of_state_drifted_names_its_phase_on_its_host_only(
         seen["packages"] = {"rdma-core": {"status": "rc", "version": "44.0-2"}}
     elif kind == "module":
         seen["modules"] = {}
+    elif kind == "image gone":
+        seen["images"] = {}
+    elif kind == "image moved":
+        seen["images"] = {"k2/standin:1": "sha256:bb"}
     elif kind == "stamp":
         seen["stamps"]["prepare"] = None
     elif kind == "authorized key":
@@ -343,7 +352,7 @@ def test_each_phase_play_ends_the_hosts_the_look_names_and_carries_its_tag() -> 
         if stamps:
             (stamp,) = stamps[0]["k2.cluster.write_files"]["files"]
             assert stamp["path"] == f"{{{{ k2_converge.stamp_dir }}}}/{phase}.json"
-            assert f"k2_converge.stamps.{phase}" in stamp["content"]
+            assert f"k2_converge.stamps.{phase}" in json.dumps(stamps[0]), phase
 
 
 def test_the_smoke_test_runs_from_the_endpoint_host_or_the_first_host_of_a_limited_play() -> None:

@@ -61,8 +61,9 @@ options:
     default: none
   stamp_dir:
     description: Where the phases' stamps are (<phase>.json); each answers its content, or null.
-      The prepare stamp's packages answer their dpkg status and version, its modules whether
-      they are loaded; the weights stamp's manifest answers what O(model_dir) holds of it.
+      The prepare stamp's packages answer their dpkg status and version, its images their ID,
+      its modules whether they are loaded; the weights stamp's manifest answers what
+      O(model_dir) holds of it.
     type: str
     default: ""
   stamps:
@@ -171,6 +172,21 @@ def _packages(names: list[str]) -> dict[str, dict[str, str]]:
     return found
 
 
+def _images(refs: list[str]) -> dict[str, str]:
+    """The ID of each image this host holds (missing ones left out)."""
+    if not refs or shutil.which("docker") is None:
+        return {}
+    found = {}
+    for ref in refs:
+        out = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{.Id}}", ref],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if out.returncode == 0 and out.stdout.strip():
+            found[ref] = out.stdout.strip()
+    return found
+
+
 def _weights(manifest: str, model_dir: str) -> dict[str, Any] | None:
     """What the model directory holds of the distributed manifest (sizes and stamps only)."""
     found = _stamp(manifest) if manifest else None
@@ -259,6 +275,7 @@ def main() -> None:
         changed=False,
         stamps=stamps,
         packages=_packages([str(p) for p in prepare.get("packages") or []]),
+        images=_images([str(i) for i in prepare.get("images") or {}]),
         modules={
             str(m): os.path.isdir(f"/sys/module/{str(m).replace('-', '_')}")
             for m in prepare.get("modules") or []
