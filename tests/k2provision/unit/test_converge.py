@@ -1,10 +1,13 @@
 """Converge by difference: a host that holds what the plan places there differs in nothing; each
 kind of drift (a file's content or mode, a missing, stopped or re-specced container, a dead
-exec'd process, a failing health gate, a broken checkpoint, docker gone) is named, on its host
-only."""
+exec'd process, a failing health gate, a broken checkpoint, docker gone, a package removed, a
+kernel module unloaded, a phase's inputs changed, a mesh key or configuration changed, a weight
+shard missing) is named, on its host only; the cluster phases and checks run everywhere or
+nowhere."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +18,17 @@ from k2provision.core.records import Plan
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH
 from k2provision.plan.converge import (
+    CLUSTER_PHASES,
     LOOKED_PHASES,
+    MESH_MODES,
+    PHASE_ROLES,
     PHASE_TAGS,
     HostExpectation,
     differences,
+    everywhere,
     expected_state,
     file_mode,
+    inputs_digest,
     look_request,
     repairs,
     selected,
@@ -29,6 +37,10 @@ from k2provision.plan.converge import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
+MESH_KEY = "ssh-ed25519 AAAAmeshkey k2provision-mesh-prod"
+HOST_KEY = "ssh-ed25519 AAAAhostkey root@h k2provision mesh"
+WEIGHTS = {"k2_weights_source": "synthetic"}
+NO_PHASE = {phase: [] for phase in LOOKED_PHASES}
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +60,138 @@ def converged(expected: HostExpectation) -> dict[str, Any]:
             for name, gate in expected.gates.items()
         },
         "checkpoint": [],
+        "stamps": {
+            "prepare": {
+                "digest": expected.stamps["prepare"],
+                "packages": ["rdma-core"],
+                "modules": ["ib_umad"],
+                "images": {"k2/standin:1": "sha256:aa"},
+            },
+            "ssh_mesh": {"digest": expected.stamps["ssh_mesh"]},
+            "weights": {"digest": expected.stamps["weights"], "manifest": "/m/manifest.json"},
+        },
+        "packages": {"rdma-core": {"status": "ii", "version": "44.0-2"}},
+        "modules": {"ib_umad": True},
+        "images": {"k2/standin:1": "sha256:aa"},
+        "weights": {"missing": [], "wrong": [], "unverified": []},
+        "mesh": {
+            "files": {
+                **{name: {"sha256": "x", "mode": mode} for name, mode in MESH_MODES.items()},
+                **{
+                    p.rsplit("/", 1)[1]: {"sha256": h, "mode": "0644"}
+                    for p, h in expected.mesh_configs.items()
+                },
+            },
+            "private_public": MESH_KEY.rsplit(" ", 1)[0],
+            "controller_public": MESH_KEY + "\n",
+            "public": MESH_KEY + "\n",
+            "authorized_keys": f"# managed\nrestrict {MESH_KEY}\n",
+            "host_public": HOST_KEY,
+            "known_hosts": "# managed\n"
+            + "".join(
+                f"[10.0.0.{i}]:2233 {HOST_KEY if i == 0 else f'ssh-ed25519 AAAAother{i}'}\n"
+                for i in range(expected.mesh_hosts)
+            ),
+        },
     }
 
 
 def test_a_converged_host_differs_in_nothing_on_every_host(plan: Plan) -> None:
     for host in plan.hosts:
-        expected = expected_state(plan, host.name)
+        expected = expected_state(plan, host.name, WEIGHTS)
         assert expected.files, host.name
         assert expected.containers, host.name
-        assert differences(expected, converged(expected)) == {"launch": []}
-    assert LOOKED_PHASES == ("launch",)
+        assert expected.weights == (host.pool != "router"), host.name
+        assert differences(expected, converged(expected)) == NO_PHASE
+    assert LOOKED_PHASES == ("prepare", "ssh_mesh", "weights", "launch")
+
+
+@pytest.mark.parametrize(
+    ("phase", "kind", "line"),
+    [
+        ("prepare", "package", "package rdma-core: not installed"),
+        ("prepare", "module", "kernel module ib_umad: not loaded"),
+        ("prepare", "image gone", "image k2/standin:1: missing"),
+        ("prepare", "image moved", "image k2/standin:1: ID sha256:bb, held sha256:aa"),
+        ("prepare", "stamp", "stamp /var/lib/k2provision/converged/prepare.json: missing"),
+        ("ssh_mesh", "authorized key", "authorized_keys: does not hold the mesh key only"),
+        ("ssh_mesh", "private key", "id_ed25519: its public half is not id_ed25519.pub"),
+        ("ssh_mesh", "host key", "known_hosts: pins 15 host keys, planned 16 with this host's own"),
+        ("ssh_mesh", "key mode", "authorized_keys: mode 0644, planned 0600"),
+        ("ssh_mesh", "sshd config", "sshd_config: content differs from the plan"),
+        ("ssh_mesh", "controller key", "id_ed25519.pub: not the cluster's key on the controller"),
+        ("weights", "shard", "model-00001-of-00004.safetensors: missing"),
+        ("weights", "manifest", "weights: no manifest of an earlier distribution"),
+        ("weights", "inputs", "weights.json: the plan or the phase's variables changed since"),
+    ],
+)
+def test_each_kind_of_state_drifted_names_its_phase_on_its_host_only(
+    plan: Plan, phase: str, kind: str, line: str
+) -> None:
+    drifted, other = plan.hosts[0].name, plan.hosts[1].name
+    expected = expected_state(plan, drifted, WEIGHTS)
+    seen = converged(expected)
+    mesh = seen["mesh"]
+    if kind == "package":
+        seen["packages"] = {"rdma-core": {"status": "rc", "version": "44.0-2"}}
+    elif kind == "module":
+        seen["modules"] = {}
+    elif kind == "image gone":
+        seen["images"] = {}
+    elif kind == "image moved":
+        seen["images"] = {"k2/standin:1": "sha256:bb"}
+    elif kind == "stamp":
+        seen["stamps"]["prepare"] = None
+    elif kind == "authorized key":
+        mesh["authorized_keys"] = "restrict ssh-ed25519 AAAAintruder someone\n"
+    elif kind == "private key":
+        mesh["private_public"] = "ssh-ed25519 AAAAanother"
+    elif kind == "host key":
+        mesh["known_hosts"] = "\n".join(mesh["known_hosts"].splitlines()[:-1])
+    elif kind == "key mode":
+        mesh["files"]["authorized_keys"]["mode"] = "0644"
+    elif kind == "controller key":
+        mesh["controller_public"] = "ssh-ed25519 AAAAnewkey k2provision-mesh-prod\n"
+    elif kind == "sshd config":
+        mesh["files"]["sshd_config"]["sha256"] = "0" * 64
+    elif kind == "shard":
+        seen["weights"]["missing"] = ["model-00001-of-00004.safetensors"]
+    elif kind == "manifest":
+        seen["weights"] = None
+    elif kind == "inputs":
+        changed = expected_state(plan, drifted, {**WEIGHTS, "k2_weights_revision": "abc"})
+        seen["stamps"]["weights"]["digest"] = changed.stamps["weights"]
+    found = differences(expected, seen)
+    assert [line in text for text in found[phase]] == [True], found
+    assert {p: v for p, v in found.items() if p != phase} == {p: [] for p in NO_PHASE if p != phase}
+    untouched = expected_state(plan, other, WEIGHTS)
+    assert differences(untouched, converged(untouched)) == NO_PHASE
+
+
+def test_a_phase_s_inputs_are_the_plan_and_its_roles_variables_only(plan: Plan) -> None:
+    digest = inputs_digest(plan, "prepare", {})
+    assert inputs_digest(plan, "prepare", {"k2_rdma_packages": ["rdma-core"]}) != digest
+    assert inputs_digest(plan, "prepare", {"k2_weights_revision": "abc"}) == digest
+    assert inputs_digest(plan, "weights", {"k2_weights_record_dir": "/runs/1"}) == (
+        inputs_digest(plan, "weights", {})
+    )
+    mesh = inputs_digest(plan, "ssh_mesh", {"ansible_inventory_sources": ["/inv/prod.ini"]})
+    assert inputs_digest(plan, "ssh_mesh", {"ansible_inventory_sources": ["/x/prod.yml"]}) == mesh
+    assert inputs_digest(plan, "ssh_mesh", {"ansible_inventory_sources": ["/inv/lab.ini"]}) != mesh
+    other = build_plan(load_cluster(ROOT / "inventory" / "examples" / "vllm-tp-pp.ini"))
+    assert inputs_digest(other, "prepare", {}) != digest
+    assert set(PHASE_ROLES) == set(CLUSTER_PHASES)
+
+
+def test_no_weights_are_looked_at_where_the_phase_places_none(plan: Plan) -> None:
+    first, *rest = plan.hosts
+    routed = plan.model_copy(update={"hosts": (first.model_copy(update={"pool": "router"}), *rest)})
+    for host, variables in ((first.name, WEIGHTS), (plan.hosts[1].name, {})):
+        expected = expected_state(routed, host, variables)
+        assert not expected.weights, host
+        seen = {**converged(expected), "weights": None}
+        seen["stamps"].pop("weights")
+        assert differences(expected, seen)["weights"] == [], host
 
 
 def test_the_request_asks_for_every_file_container_and_process_of_the_host(plan: Plan) -> None:
@@ -70,6 +204,9 @@ def test_the_request_asks_for_every_file_container_and_process_of_the_host(plan:
     assert request["label"] == LABEL_HASH
     assert request["model_dir"] == plan.model_dir
     assert request["need"] == "checkpoint"
+    assert request["stamps"] == sorted(CLUSTER_PHASES)
+    assert request["mesh_dir"] == f"{plan.config_dir}/ssh"
+    assert set(request["mesh_files"]) == {*MESH_MODES, "sshd_config", "ssh_config"}
 
 
 def _drift(expected: HostExpectation, kind: str) -> tuple[dict[str, Any], str]:
@@ -129,7 +266,7 @@ def test_each_kind_of_drift_is_named_on_its_host_only(plan: Plan, kind: str) -> 
     if kind != "docker":
         assert found == [line]
     untouched = expected_state(plan, other)
-    assert differences(untouched, converged(untouched)) == {"launch": []}
+    assert differences(untouched, converged(untouched))["launch"] == []
 
 
 def test_a_dead_exec_process_is_named() -> None:
@@ -158,20 +295,41 @@ def test_repairs_are_the_drifted_files_and_containers_only(plan: Plan) -> None:
     assert repairs(expected, seen) == {"files": [path], "containers": [name]}
 
 
-def test_a_host_skips_the_phases_the_tags_leave_out_and_a_converged_launch() -> None:
-    converged_launch: dict[str, list[str]] = {"launch": []}
-    drifted = {"launch": ["container k2-x: missing"]}
+def test_a_host_skips_the_phases_the_tags_leave_out_and_the_converged_ones() -> None:
+    drifted = {**NO_PHASE, "launch": ["container k2-x: missing"]}
     every = skipped_phases(drifted, run_tags=["all"], skip_tags=[], endpoint=True)
-    assert every == []
-    assert skipped_phases(drifted, run_tags=["all"], skip_tags=[], endpoint=False) == ["verify"]
-    assert skipped_phases(converged_launch, run_tags=["all"], skip_tags=[], endpoint=True) == [
-        "launch"
-    ]
+    assert every == ["prepare", "ssh_mesh", "weights"]
+    assert skipped_phases(drifted, run_tags=["all"], skip_tags=[], endpoint=False) == [
+        "prepare", "ssh_mesh", "weights", "verify",
+    ]  # fmt: skip
+    # Nothing to change here: the checks that guard a change have nothing to guard.
+    assert skipped_phases(NO_PHASE, run_tags=["all"], skip_tags=[], endpoint=True) == [
+        "preflight", "prepare", "ssh_mesh", "weights", "validate", "launch",
+    ]  # fmt: skip
     tagged = skipped_phases(drifted, run_tags=["launch", "verify"], skip_tags=[], endpoint=True)
     assert tagged == ["preflight", "prepare", "ssh_mesh", "weights", "validate"]
+    # The launch left out by the tags: a drifted launch is no change to guard, but a check the
+    # tags name runs.
+    mesh_only = skipped_phases(drifted, run_tags=["ssh_mesh", "nccl"], skip_tags=[], endpoint=True)
+    assert {"preflight", "launch"} <= set(mesh_only)
+    assert "validate" not in mesh_only
+    asked = skipped_phases(NO_PHASE, run_tags=["preflight"], skip_tags=[], endpoint=True)
+    assert "preflight" not in asked
     assert "weights" in skipped_phases(drifted, run_tags=[], skip_tags=["weights"], endpoint=True)
     assert selected("nccl", ["nccl"], [])
     assert not selected(PHASE_TAGS["launch"], ["verify"], [])
+
+
+def test_cluster_phases_and_checks_run_on_every_host_or_on_none() -> None:
+    converged_here = ["preflight", "prepare", "ssh_mesh", "weights", "validate", "launch"]
+    mesh_drifted = ["prepare", "weights", "verify"]
+    assert everywhere(converged_here, [converged_here, mesh_drifted]) == [
+        "prepare", "weights", "launch",
+    ]  # fmt: skip
+    assert everywhere(mesh_drifted, [converged_here, mesh_drifted]) == mesh_drifted
+    assert everywhere(converged_here, [converged_here, converged_here]) == converged_here
+    # A host the look could not judge (full): nothing shared is skipped.
+    assert everywhere(converged_here, [converged_here, []]) == ["launch"]
 
 
 def test_each_phase_play_ends_the_hosts_the_look_names_and_carries_its_tag() -> None:
@@ -189,6 +347,12 @@ def test_each_phase_play_ends_the_hosts_the_look_names_and_carries_its_tag() -> 
         assert first["ansible.builtin.meta"] == "end_host", phase
         assert first["tags"] == ["always"], phase
         assert f"'{phase}' in k2_converge.skipped_phases" in first["when"], phase
+        stamps = [t for t in play.get("post_tasks", ()) if "k2.cluster.write_files" in t]
+        assert len(stamps) == (phase in CLUSTER_PHASES), phase
+        if stamps:
+            (stamp,) = stamps[0]["k2.cluster.write_files"]["files"]
+            assert stamp["path"] == f"{{{{ k2_converge.stamp_dir }}}}/{phase}.json"
+            assert f"k2_converge.stamps.{phase}" in json.dumps(stamps[0]), phase
 
 
 def test_the_smoke_test_runs_from_the_endpoint_host_or_the_first_host_of_a_limited_play() -> None:

@@ -2,7 +2,8 @@
 
 The first step of an apply. It asks the host in one module call (k2.cluster.host_look) about
 everything the looked-at phases place there and compares the answer with the plan
-(k2provision/plan/converge.py). With ``full`` it asks nothing and every phase runs every task.
+(k2provision/plan/converge.py), with the cluster's mesh public key on the controller (where
+the mesh's stamp says it is). With ``full`` it asks nothing and every phase runs every task.
 
 Options: plan (required): the plan registered by k2.cluster.plan; full (bool): run everything.
 Returns (registered as k2_converge): full (bool); phases: {phase: [difference, ...]} (an empty
@@ -11,12 +12,15 @@ named by phase; files, containers: the launch's repairs here (files to write, co
 recreate); docker (whether it answered), checkpoint (what the model directory lacks);
 smoke_host: the host the smoke test runs from; launch_selected: whether the tags run the launch
 phase; skipped_phases: the phases whose play ends this host at its start (each phase's play
-begins with meta end_host for a host whose skipped_phases name it). Under --check it reports
-changed when anything differs.
+begins with meta end_host for a host whose skipped_phases name it; look.yml then keeps the
+cluster phases and checks only where every host skips them); stamps: {phase: digest} and
+stamp_dir: what prepare, ssh_mesh and weights record at their end (with full too). Under
+--check it reports changed when anything differs.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ansible.plugins.action import ActionBase
@@ -25,6 +29,7 @@ from k2provision.core.inventory import plain_value
 from k2provision.core.records import Plan
 from k2provision.plan.converge import (
     PHASE_TAGS,
+    STAMP_DIR,
     differences,
     expected_state,
     look_request,
@@ -33,6 +38,14 @@ from k2provision.plan.converge import (
     skipped_phases,
     smoke_host,
 )
+
+
+def _text(path: str) -> str:
+    """A file on the controller, or empty where it is missing."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is untyped
@@ -46,13 +59,14 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         task_vars = task_vars or {}
         args = plain_value(dict(self._task.args))
         result["changed"] = False
-        if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
-            return {**result, "full": True, "phases": {}, "differences": []}
         host = str(task_vars["inventory_hostname"])
         try:
-            expected = expected_state(Plan.model_validate(args["plan"]), host)
+            expected = expected_state(Plan.model_validate(args["plan"]), host, task_vars)
         except (KeyError, ValueError) as error:
             return {**result, "failed": True, "msg": f"{host}: {error}"}
+        result.update(stamps=dict(expected.stamps), stamp_dir=STAMP_DIR)
+        if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
+            return {**result, "full": True, "phases": {}, "differences": []}
         seen = self._execute_module(
             module_name="k2.cluster.host_look",
             module_args=look_request(expected),
@@ -60,6 +74,9 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         )
         if seen.get("failed") or seen.get("unreachable"):
             return {**result, **seen}
+        mesh_stamp = (seen.get("stamps") or {}).get("ssh_mesh") or {}
+        if mesh_stamp.get("key_dir") and isinstance(seen.get("mesh"), dict):
+            seen["mesh"]["controller_public"] = _text(f"{mesh_stamp['key_dir']}/id_ed25519.pub")
         phases = differences(expected, seen)
         lines = [f"{phase}: {line}" for phase, found in phases.items() for line in found]
         result.update(full=False, phases=phases, differences=lines, **repairs(expected, seen))

@@ -11,7 +11,7 @@ from k2provision.core.records import ContainerOptions, Plan, Process
 from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
-from k2provision.plan.converge import file_mode
+from k2provision.plan.converge import everywhere, file_mode
 
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
@@ -139,11 +139,18 @@ def json_body(result: dict[str, Any]) -> Any:
         return {}
 
 
+def converge_skips(own: list[str], every_host: list[Any]) -> list[str]:
+    """This host's skipped phases once every host's look is in (`every_host`: each one's
+    skipped_phases; a host the look could not judge counts as running everything)."""
+    return everywhere(own, [list(skips or ()) for skips in every_host])
+
+
 class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
         funcs = (
+            converge_skips,
             host_plan,
             docker_run_argv,
             docker_spec_hash,

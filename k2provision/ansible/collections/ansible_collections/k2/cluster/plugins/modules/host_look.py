@@ -1,4 +1,4 @@
-"""Module k2.cluster.host_look: what a host holds of its launch, in one call (read-only)."""
+"""Module k2.cluster.host_look: what a host holds of its phases, in one call (read-only)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 
 from ..module_utils.k2_weights.checkpoint import checkpoint_problems
+from ..module_utils.k2_weights.store import local_state
 
 DOCUMENTATION = r"""
 module: host_look
@@ -58,6 +59,28 @@ options:
     type: str
     choices: [checkpoint, directory, none]
     default: none
+  stamp_dir:
+    description: Where the phases' stamps are (<phase>.json); each answers its content, or null.
+      The prepare stamp's packages answer their dpkg status and version, its images their ID,
+      its modules whether they are loaded; the weights stamp's manifest answers what
+      O(model_dir) holds of it.
+    type: str
+    default: ""
+  stamps:
+    description: The stamped phases.
+    type: list
+    elements: str
+    default: []
+  mesh_dir:
+    description: The ssh mesh's directory; its public files' texts, the public half of its
+      private key, and each of O(mesh_files)' sha256 and mode are answered.
+    type: str
+    default: ""
+  mesh_files:
+    description: The mesh's files (names in O(mesh_dir)).
+    type: list
+    elements: str
+    default: []
 author: k2provision
 """
 
@@ -123,6 +146,88 @@ def _gate(gate: dict[str, Any]) -> str:
     return str(subprocess.run(argv, capture_output=True, check=False).returncode)
 
 
+def _stamp(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _packages(names: list[str]) -> dict[str, dict[str, str]]:
+    """One dpkg-query for all names: status abbreviation and version (unknown ones left out)."""
+    if not names or shutil.which("dpkg-query") is None:
+        return {}
+    out = subprocess.run(
+        ["dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev} ${Version}\\n",
+         *names],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    found = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            found[parts[0]] = {"status": parts[1], "version": parts[2]}
+    return found
+
+
+def _images(refs: list[str]) -> dict[str, str]:
+    """The ID of each image this host holds (missing ones left out)."""
+    if not refs or shutil.which("docker") is None:
+        return {}
+    found = {}
+    for ref in refs:
+        out = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{.Id}}", ref],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if out.returncode == 0 and out.stdout.strip():
+            found[ref] = out.stdout.strip()
+    return found
+
+
+def _weights(manifest: str, model_dir: str) -> dict[str, Any] | None:
+    """What the model directory holds of the distributed manifest (sizes and stamps only)."""
+    found = _stamp(manifest) if manifest else None
+    if found is None:
+        return None
+    state = local_state(model_dir, list(found.get("files") or []))
+    return {
+        "missing": state.get("missing", []),
+        "wrong": [w["name"] for w in state.get("wrong", [])],
+        "unverified": state.get("unverified", []),
+    }
+
+
+def _text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _mesh(mesh_dir: str, names: list[str]) -> dict[str, Any]:
+    if not mesh_dir:
+        return {}
+    private = os.path.join(mesh_dir, "id_ed25519")
+    public = ""
+    if os.path.isfile(private) and shutil.which("ssh-keygen"):
+        out = subprocess.run(
+            ["ssh-keygen", "-y", "-f", private], capture_output=True, text=True, check=False
+        )
+        public = out.stdout.strip() if out.returncode == 0 else ""
+    return {
+        "files": {name: _file(os.path.join(mesh_dir, name)) for name in names},
+        "private_public": public,
+        "public": _text(os.path.join(mesh_dir, "id_ed25519.pub")),
+        "authorized_keys": _text(os.path.join(mesh_dir, "authorized_keys")),
+        "known_hosts": _text(os.path.join(mesh_dir, "known_hosts")),
+        "host_public": _text(os.path.join(mesh_dir, "ssh_host_ed25519_key.pub")),
+    }
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -137,6 +242,10 @@ def main() -> None:
                 "choices": ["checkpoint", "directory", "none"],
                 "default": "none",
             },
+            "stamp_dir": {"type": "str", "default": ""},
+            "stamps": {"type": "list", "elements": "str", "default": []},
+            "mesh_dir": {"type": "str", "default": ""},
+            "mesh_files": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -156,8 +265,23 @@ def main() -> None:
         problems = [] if os.path.isdir(model_dir) else [f"{model_dir} does not exist"]
     else:
         problems = []
+    stamps = {
+        phase: _stamp(os.path.join(params["stamp_dir"], f"{phase}.json"))
+        for phase in params["stamps"]
+    }
+    prepare = stamps.get("prepare") or {}
+    weights = stamps.get("weights") or {}
     module.exit_json(
         changed=False,
+        stamps=stamps,
+        packages=_packages([str(p) for p in prepare.get("packages") or []]),
+        images=_images([str(i) for i in prepare.get("images") or {}]),
+        modules={
+            str(m): os.path.isdir(f"/sys/module/{str(m).replace('-', '_')}")
+            for m in prepare.get("modules") or []
+        },
+        weights=_weights(str(weights.get("manifest") or ""), model_dir),
+        mesh=_mesh(params["mesh_dir"], params["mesh_files"]),
         files={path: _file(path) for path in params["files"]},
         docker=docker,
         containers=running,
