@@ -79,8 +79,12 @@ def weights(
     limit: LimitOpt = None,
 ) -> None:
     """Put the model's weights on every host: fetched once, streamed host to host, verified."""
+    # The whole weights phase runs, not only where the look finds a difference: this command
+    # is asked for the weights' state on every host, and its record (weights.json) reports it.
+    # The role's own no-op is quick (its manifest state; --verify re-hashes).
     run = HostRun(
-        command="weights", inventory=inventory, tags=("weights",), limit=limit, check=check
+        command="weights", inventory=inventory, tags=("weights",), limit=limit, check=check,
+        full=True,
     )
     raise typer.Exit(run_on_hosts(run, WeightsHooks(verify=verify)))
 
