@@ -173,26 +173,41 @@ def test_hosts_hold_what_the_phases_promise(
     assert "StrictHostKeyChecking=no" not in first
 
 
-def test_the_mesh_was_checked_on_both_runs_changing_nothing(runs: dict[str, Any]) -> None:
-    """Before launch no engine container serves the mesh: each host's key pair and sshd
-    configuration are checked instead, and no container is started for it."""
+def test_the_mesh_was_checked_then_judged_converged_changing_nothing(
+    runs: dict[str, Any],
+) -> None:
+    """Before launch no engine container serves the mesh: on the first run each host's key pair
+    and sshd configuration are checked instead, and no container is started for it. On the
+    second the look finds the mesh as the first left it on every host, so the mesh's play
+    ends every host at its start (converge by difference) and nothing changes."""
+    mesh_checks: dict[str, set[str]] = {}
+    converged: dict[str, set[str]] = {}
     for name in ("first", "second"):
-        record = runs[name][1]
-        checked = set()
-        for path in record.glob("artifacts/*/job_events/*.json"):
+        mesh_checks[name], converged[name] = set(), set()
+        for path in runs[name][1].glob("artifacts/*/job_events/*.json"):
             event = json.loads(path.read_text())
             data = event.get("event_data", {})
-            msg = str(data.get("res", {}).get("msg", ""))
-            if event.get("event") == "runner_on_ok" and data.get("task", "").startswith(
-                "Verify | The mesh is sound"
-            ):
+            if event.get("event") != "runner_on_ok":
+                continue
+            res = data.get("res", {})
+            msg = str(res.get("msg", ""))
+            if data.get("task", "").startswith("Verify | The mesh is sound"):
                 assert msg == (
                     f"{data['host']}: the mesh key is the authorized one and sshd accepts the "
                     "configuration on port 2233; all pairs are checked once the engine "
                     "containers serve the mesh (launch)"
                 ), msg
-                checked.add(data["host"])
-        assert checked == {"lab1", "lab2", "lab3", "lab4"}, name
+                mesh_checks[name].add(data["host"])
+            if data.get("task") == "What differs from the plan" and "ssh_mesh" in res.get(
+                "skipped_phases", []
+            ):
+                converged[name].add(data["host"])
+    every = {"lab1", "lab2", "lab3", "lab4"}
+    assert mesh_checks["first"] == every
+    assert converged["first"] == set()
+    assert mesh_checks["second"] == set()
+    assert converged["second"] == every
+    assert changed_tasks(runs["second"][1]) == set()
 
 
 def test_no_record_holds_the_private_key(runs: dict[str, Any]) -> None:
