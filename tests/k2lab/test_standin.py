@@ -385,13 +385,15 @@ ROUTER_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 
 
 def real_router(procs: list[Proc], env: Env, *argv: str) -> Proc:
-    """The pinned sglang-router itself (from the parser venv), not a stand-in."""
+    """The pinned sglang-router itself (from the parser venv), not a stand-in; its Prometheus
+    exporter on a free port (its default, 29000 on every interface, may be taken here)."""
     if not ROUTER_PYTHON.exists():
         pytest.fail(f"{ROUTER_PYTHON} is missing: run scripts/install-engine-parsers")
     vars_ = {k: v for k, v in env.vars.items() if k != "PYTHONPATH"}
     router_env = Env(vars_, env.records, env.model, env.tmp)
+    metrics = ("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()))
     return start(procs, router_env,
-                 [str(ROUTER_PYTHON), "-m", "sglang_router.launch_router", *argv])
+                 [str(ROUTER_PYTHON), "-m", "sglang_router.launch_router", *argv, *metrics])
 
 
 @pytest.mark.parsers
