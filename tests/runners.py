@@ -4,7 +4,9 @@ module that defines its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,13 +33,14 @@ def k2(
     this process's environment, after removing its variables that start with ``unset_prefix``."""
     argv = [str(BIN / "k2provision")] if installed else [sys.executable, "-m", "k2provision.cli"]
     extra = {"K2_RUNS_DIR": str(runs)} if runs is not None else {}
-    return subprocess.run(
+    proc = subprocess.Popen(
         [*argv, *args],
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
-        timeout=timeout,
+        start_new_session=True,
         env={
             **{
                 k: v
@@ -48,8 +51,23 @@ def k2(
             **extra,
             **env,
         },
-        check=False,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Past its time the command is stopped as a user would stop it (SIGTERM: it ends the
+        # playbooks it started), then everything it started is killed: nothing it left running
+        # may act on the lab hosts during the tests that follow.
+        proc.send_signal(signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = "", ""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise subprocess.TimeoutExpired(proc.args, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def start(*args: str, runs: Path, **env: str) -> subprocess.Popen[str]:
