@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Tunables
 from k2provision.engines import sglang
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
@@ -212,13 +213,14 @@ def test_pd_on_80_gb_gpus_is_offered_the_largest_decode_batch_that_fits(tmp_path
     assert decode.startswith("[decode]")
     (hint,) = [h for h in hints(decode) if h.startswith("k2_cuda_graph_max_bs_decode=")]
     value = int(hint.split("=")[1].split()[0])
-    assert value < 480
+    default = Tunables.model_fields["cuda_graph_max_bs_decode"].default
+    assert value < default
     setup = SETUPS["sglang-pd-4p12d-h100"]
     assert plans(replace(setup, variables={**setup.variables,
                                            "k2_cuda_graph_max_bs_decode": str(value)}), tmp_path)
     # The next larger value tried does not fit: the hint is the largest batch that does.
     (knob,) = sglang.BATCH_TUNABLES
-    bigger = min(v for v in (*knob.candidates, 480) if v > value)
+    bigger = min(v for v in (*knob.candidates, default) if v > value)
     assert not plans(replace(setup, variables={**setup.variables,
                                                "k2_cuda_graph_max_bs_decode": str(bigger)}),
                      tmp_path)
