@@ -12,6 +12,7 @@ from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 from k2provision.plan.converge import file_mode
+from k2provision.plan.rollout import changed_instances, rollout_lines, rollout_waves
 
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
@@ -116,6 +117,27 @@ def restart_set(plan: dict[str, Any], names: Any = None) -> dict[str, Any]:
     }
 
 
+def rollout_order(
+    plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = 1
+) -> dict[str, Any]:
+    """A fleet's rolling change (k2provision/plan/rollout.py): {waves: [{instances, urls,
+    hosts}, ...], lines: [...]}. `looked` is each host's k2_converge (the look's answer);
+    no waves for a single instance or when no instance differs."""
+    parsed = Plan.model_validate(plan)
+    launch = {
+        host: list(((found or {}).get("phases") or {}).get("launch") or ())
+        for host, found in looked.items()
+    }
+    waves = rollout_waves(parsed, changed_instances(parsed, launch), int(max_unavailable))
+    return {
+        "waves": [
+            {"instances": list(w.instances), "urls": list(w.urls), "hosts": list(w.hosts)}
+            for w in waves
+        ],
+        "lines": rollout_lines(waves),
+    }
+
+
 def _plain_args(func: Any) -> Any:
     """Wrap a filter so it sees plain dicts and lists, not Ansible's lazily templated ones."""
 
@@ -152,6 +174,7 @@ class FilterModule:
             stale_containers,
             plan_stages,
             restart_set,
+            rollout_order,
             json_body,
         )
         return {f.__name__: _plain_args(f) for f in funcs}
