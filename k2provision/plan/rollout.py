@@ -28,6 +28,10 @@ class RolloutWave:
     """Each instance's URL, as the router lists its worker."""
     hosts: tuple[str, ...]
     """Every host the wave's instances run on, in the plan's order."""
+    containers: Mapping[str, tuple[str, ...]]
+    """host -> the containers of the wave's engine ranks there (what is drained and replaced)."""
+    stages: tuple[int, ...]
+    """The launch stages those containers start in, in order."""
 
 
 def fleet_instances(plan: Plan) -> tuple[PoolPlan, ...]:
@@ -38,23 +42,29 @@ def fleet_instances(plan: Plan) -> tuple[PoolPlan, ...]:
 def _instance_containers(plan: Plan, instance: PoolPlan) -> dict[str, set[str]]:
     """host -> the containers of the instance's engine ranks there (not the router's)."""
     return {
-        host.name: {p.container for p in host.processes if p.gpus or p.exec_in}
+        host.name: {
+            p.container
+            for p in host.processes
+            if p.instance is not None and p.instance.name == instance.instance
+        }
         for host in plan.hosts
         if host.name in instance.hosts
     }
 
 
-def _differing_containers(lines: Sequence[str]) -> set[str]:
-    """The containers a host's look lines name (``container NAME: ...``)."""
+def _respecced_containers(lines: Sequence[str]) -> set[str]:
+    """The containers a host's look lines find running another spec (``container NAME: made
+    from another spec``). A missing or stopped container serves nothing: the launch starts it."""
     return {
         line.split(":", 1)[0].removeprefix("container ")
         for line in lines
-        if line.startswith("container ")
+        if line.startswith("container ") and ": made from another spec" in line
     }
 
 
 def changed_instances(plan: Plan, differences: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
-    """The fleet's instances a container of which differs from the plan, in the plan's order.
+    """The fleet's instances a container of which runs another spec than the plan's, in the
+    plan's order.
 
     `differences` is, per host, the look's launch lines (k2_converge.phases.launch); a host
     the look did not answer for is left out of it.
@@ -63,7 +73,7 @@ def changed_instances(plan: Plan, differences: Mapping[str, Sequence[str]]) -> t
     for instance in fleet_instances(plan):
         owned = _instance_containers(plan, instance)
         if any(
-            owned[host] & _differing_containers(differences.get(host, ()))
+            owned[host] & _respecced_containers(differences.get(host, ()))
             for host in instance.hosts
         ):
             changed.append(instance.instance)
@@ -83,16 +93,28 @@ def rollout_waves(
         members = [i for i in pool.instances if i.instance in changed]
         width = max(1, min(max_unavailable, len(pool.instances) - 1))
         for start in range(0, len(members), width):
-            group = members[start : start + width]
-            hosts = {h for i in group for h in i.hosts}
-            waves.append(
-                RolloutWave(
-                    instances=tuple(i.instance for i in group),
-                    urls=tuple(i.url for i in group),
-                    hosts=tuple(h.name for h in plan.hosts if h.name in hosts),
-                )
-            )
+            waves.append(_wave(plan, members[start : start + width]))
     return tuple(waves)
+
+
+def _wave(plan: Plan, group: Sequence[PoolPlan]) -> RolloutWave:
+    names = {i.instance for i in group}
+    ranks = [
+        (host.name, p)
+        for host in plan.hosts
+        for p in host.processes
+        if p.instance is not None and p.instance.name in names and not p.exec_in
+    ]
+    containers: dict[str, tuple[str, ...]] = {}
+    for host, process in ranks:
+        containers[host] = (*containers.get(host, ()), process.container)
+    return RolloutWave(
+        instances=tuple(i.instance for i in group),
+        urls=tuple(i.url for i in group),
+        hosts=tuple(containers),
+        containers=containers,
+        stages=tuple(sorted({p.stage for _, p in ranks})),
+    )
 
 
 def rollout_lines(waves: Sequence[RolloutWave]) -> list[str]:

@@ -13,8 +13,10 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filt
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.errors import InventoryError
+from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.converge import differences, expected_state
 from k2provision.plan.rollout import changed_instances, rollout_lines, rollout_waves
+from k2provision.run.events import HostResult, parse_event
 from tests.k2provision.unit.test_fleet import EXAMPLES, PD_FLEET, TP_FLEET, _edited, _plan
 
 
@@ -45,6 +47,18 @@ def test_an_instance_changes_when_a_container_of_one_of_its_hosts_differs() -> N
     assert changed_instances(plan, _other_spec(plan, set())) == ()
 
 
+def _containers(plan: Plan, host: str) -> list[str]:
+    return [p.container for p in plan.host(host).processes]
+
+
+def test_missing_or_stopped_containers_are_left_to_the_launch() -> None:
+    plan = _plan(TP_FLEET)
+    looked = {host: [] for host in _other_spec(plan, set())}
+    looked["node-03"] = [f"container {c}: missing" for c in _containers(plan, "node-03")]
+    looked["node-05"] = [f"container {c}: not running" for c in _containers(plan, "node-05")]
+    assert changed_instances(plan, looked) == ()
+
+
 def test_a_router_only_change_replaces_no_instance() -> None:
     plan = _plan(TP_FLEET)
     assert changed_instances(plan, _other_spec(plan, {"router-01"})) == ()
@@ -59,6 +73,13 @@ def test_changed_instances_roll_one_at_a_time_by_default() -> None:
     assert [w.instances for w in waves] == [(i,) for i in changed]
     assert waves[1].hosts == ("node-03", "node-04")
     assert waves[1].urls == (plan.pools[0].instances[1].url,)
+    # What the wave drains and replaces: the instance's engine containers, not the router's.
+    node_3 = plan.host("node-03")
+    assert waves[1].containers == {
+        "node-03": tuple(p.container for p in node_3.processes),
+        "node-04": tuple(p.container for p in plan.host("node-04").processes),
+    }
+    assert waves[1].stages == tuple(sorted({p.stage for p in node_3.processes}))
     assert rollout_lines(waves)[1].startswith("2. replica-2 on node-03, node-04: out of the")
 
 
@@ -125,3 +146,39 @@ def test_rollout_variables_are_validated(tmp_path: Path, line: str, why: str) ->
 def test_rollout_variables_are_read() -> None:
     cluster = load_cluster(TP_FLEET)
     assert (cluster.max_unavailable, cluster.drain_timeout) == (1, 300)
+
+
+def test_the_cli_shows_the_rollout_order_the_look_play_sets() -> None:
+    raw = {
+        "event": "runner_on_ok",
+        "event_data": {
+            "host": "lab1",
+            "task": "The fleet's rolling change",
+            "res": {"ansible_facts": {"k2_rollout": {"lines": ["1. replica-1 on lab2"]}}},
+        },
+    }
+    event = parse_event(raw)
+    assert isinstance(event, HostResult)
+    assert event.differences == ("rollout order: 1. replica-1 on lab2",)
+
+
+def test_a_failed_start_is_named_by_its_docker_run_then_by_its_gate() -> None:
+    started = {"rc": 125, "stderr": "pulling\nno such image", "item": {"container": "k2-sglang"}}
+    failed_run = {"results": [started]}
+    gate = {"k2_failure": {"summary": "lab2: sglang: exited with status 1"}}
+    assert start_reason("lab2", failed_run, gate) == (
+        "lab2: docker run k2-sglang failed: no such image"
+    )
+    assert start_reason("lab2", {"results": [{"rc": 0}]}, gate) == (
+        "lab2: sglang: exited with status 1"
+    )
+    assert start_reason("lab2", {"skipped": True}, {"skipped": True, "k2_failure": None}) == ""
+
+
+def test_a_failed_smoke_test_names_the_instance_url_and_the_answer() -> None:
+    assert smoke_reason({"item": "http://10.0.0.2:30000", "status": 503}) == (
+        "smoke test http://10.0.0.2:30000/v1/chat/completions answered HTTP 503"
+    )
+    assert smoke_reason({"item": "http://10.0.0.2:30000", "status": -1, "msg": "refused"}) == (
+        "smoke test http://10.0.0.2:30000/v1/chat/completions answered nothing (refused)"
+    )

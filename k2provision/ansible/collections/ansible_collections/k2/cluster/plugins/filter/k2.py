@@ -10,6 +10,7 @@ from k2provision.core.inventory import plain_value
 from k2provision.core.records import ContainerOptions, Plan, Process
 from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
+from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 from k2provision.plan.converge import file_mode
 from k2provision.plan.rollout import changed_instances, rollout_lines, rollout_waves
@@ -131,11 +132,27 @@ def rollout_order(
     waves = rollout_waves(parsed, changed_instances(parsed, launch), int(max_unavailable))
     return {
         "waves": [
-            {"instances": list(w.instances), "urls": list(w.urls), "hosts": list(w.hosts)}
+            {
+                "instances": list(w.instances),
+                "urls": list(w.urls),
+                "hosts": list(w.hosts),
+                "containers": {host: list(names) for host, names in w.containers.items()},
+                "stages": list(w.stages),
+            }
             for w in waves
         ],
         "lines": rollout_lines(waves),
     }
+
+
+def rollout_start_reason(host: str, run: Any = None, gate: Any = None) -> str:
+    """Why `host`'s new containers of a rollout wave failed ("" when they did not)."""
+    return start_reason(host, run or {}, gate or {})
+
+
+def rollout_smoke_reason(result: dict[str, Any]) -> str:
+    """Why a rollout wave's smoke test of one instance failed."""
+    return smoke_reason(result)
 
 
 def _plain_args(func: Any) -> Any:
@@ -175,6 +192,8 @@ class FilterModule:
             plan_stages,
             restart_set,
             rollout_order,
+            rollout_start_reason,
+            rollout_smoke_reason,
             json_body,
         )
         return {f.__name__: _plain_args(f) for f in funcs}
