@@ -79,6 +79,15 @@ def up_cmd(
         list[str] | None,
         typer.Option(help="KEY=VALUE for \\[all:vars], repeatable (k2_engine=sglang)."),
     ] = None,
+    instances: Annotated[
+        int,
+        typer.Option(
+            "--instances",
+            min=1,
+            help="A fleet: K serving instances behind the real sglang-router, the router alone "
+            "on lab1 and the instances on the other hosts (without --group/--var).",
+        ),
+    ] = 1,
     bastion: Annotated[
         bool,
         typer.Option(
@@ -101,8 +110,11 @@ def up_cmd(
         }
         all_vars = {k: parse_var_value(v) for k, v in parse_pairs(var or [], "--var").items()}
         chosen = None
+        if instances > 1 and (counts is not None or all_vars):
+            raise LabError("--instances chooses the layout itself: give it without --group/--var")
         if counts is None and not all_vars:
-            chosen = demo.choose(LabConfig.default(), n)  # refused here, before anything is made
+            # refused here, before anything is made
+            chosen = demo.choose(LabConfig.default(), n, instances)
             counts, all_vars = chosen.groups, chosen.all_vars
         state = core.up(
             n,

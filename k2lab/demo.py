@@ -61,6 +61,8 @@ class DemoLayout:
     model: str
     context_length: int
     groups: dict[str, int] = field(default_factory=dict)
+    instances: int = 1
+    """Serving instances behind one router (k2_instances): a fleet when above 1."""
 
     @property
     def all_vars(self) -> dict[str, VarValue]:
@@ -70,13 +72,15 @@ class DemoLayout:
             "k2_layout": self.layout,
             "k2_model": self.model,
             "k2_context_length": self.context_length,
+            **({"k2_instances": self.instances} if self.instances > 1 else {}),
             **FIXED_VARS,
         }
 
     def describe(self) -> str:
         pools = " + ".join(f"{count} {name}" for name, count in self.groups.items())
+        fleet = f", {self.instances} instances" if self.instances > 1 else ""
         return (
-            f"{self.engine} {self.layout} ({pools}), {self.model}, "
+            f"{self.engine} {self.layout} ({pools}{fleet}), {self.model}, "
             f"context {self.context_length}"
         )
 
@@ -98,20 +102,25 @@ def _pd_splits(n: int) -> list[int]:
     return sorted(range(1, n), key=lambda p: (abs(p - half), -p))
 
 
-def group_choices(layout: str, n: int) -> list[dict[str, int]]:
-    """Ways to place n hosts in a layout's groups, in the order they are tried."""
+def group_choices(layout: str, n: int, instances: int = 1) -> list[dict[str, int]]:
+    """Ways to place n hosts in a layout's groups, in the order they are tried. A fleet
+    (`instances` above 1) puts the router on the first host, alone, and its replicas on the
+    others: a change to a replica then never restarts the router with it."""
+    if instances > 1:
+        return [] if layout == "pd" or n < 2 else [{"router": 1, "nodes": n - 1}]
     if layout == "pd":
         return [{"prefill": p, "decode": n - p} for p in _pd_splits(n)]
     return [{"nodes": n}]
 
 
-def candidates(n: int) -> Iterator[DemoLayout]:
-    """Every candidate for n hosts, in the documented order."""
+def candidates(n: int, instances: int = 1) -> Iterator[DemoLayout]:
+    """Every candidate for n hosts (and `instances` behind one router), in the documented
+    order."""
     for engine, layout in layouts():
         for model in models():
-            for groups in group_choices(layout, n):
+            for groups in group_choices(layout, n, instances):
                 for context in CONTEXT_LENGTHS:
-                    yield DemoLayout(engine, layout, model, context, groups)
+                    yield DemoLayout(engine, layout, model, context, groups, instances)
 
 
 def inventory_text(cfg: LabConfig, n: int, choice: DemoLayout) -> str:
@@ -158,10 +167,10 @@ def plans(text: str) -> bool:
 
 
 def first_that_plans(
-    cfg: LabConfig, n: int, *, confirm: Callable[[str], bool] = plans
+    cfg: LabConfig, n: int, *, confirm: Callable[[str], bool] = plans, instances: int = 1
 ) -> DemoLayout | None:
     """The first candidate for n hosts whose inventory plans, or None."""
-    for choice in candidates(n):
+    for choice in candidates(n, instances):
         if _plans_from_groups(cfg, n, choice) and confirm(inventory_text(cfg, n, choice)):
             return choice
     return None
@@ -187,13 +196,20 @@ def valid_counts(cfg: LabConfig, limit: int | None = None) -> list[int]:
     ]
 
 
-def choose(cfg: LabConfig, n: int) -> DemoLayout:
+def choose(cfg: LabConfig, n: int, instances: int = 1) -> DemoLayout:
     """The demo layout for n hosts, or a LabError naming the host counts that have one."""
     if not 1 <= n <= MAX_HOSTS:
         raise LabError(f"lab up {n}: expected 1..{MAX_HOSTS} hosts")
-    choice = first_that_plans(cfg, n)
+    choice = first_that_plans(cfg, n, instances=instances)
     if choice is not None:
         return choice
+    if instances > 1:
+        raise LabError(
+            f"lab up {n} --instances {instances}: no fleet plans on {n} hosts of 8 x h200 "
+            f"(the router on one host, {instances} equal instances on the other {n - 1}); "
+            f"fix: give {instances} x the hosts of one instance plus one, e.g. "
+            f"`lab up {instances + 1} --instances {instances}`"
+        )
     valid = valid_counts(cfg)
     shown = _ranges(valid) if valid else "none"
     raise LabError(

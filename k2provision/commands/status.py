@@ -16,8 +16,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -40,6 +41,8 @@ from k2provision.ops.remote import run_all, ssh_inventory
 from k2provision.ops.status_probe import (
     EndpointStatus,
     HostStatus,
+    InstanceStatus,
+    fleet_status,
     host_status,
     human_duration,
     model_ids,
@@ -132,7 +135,7 @@ def endpoint_status(plan: Plan, access: EndpointAccess) -> EndpointStatus:
         error = f"/v1/models answered HTTP {status}"
     elif not error and not models:
         error = "/v1/models answered without a model"
-    if plan.layout != "pd":
+    if plan.layout != "pd" and not any(pool.instances for pool in plan.pools):
         return EndpointStatus(base, models, error)
     ready_status, ready_body, ready_error = _get_json(f"{base}/readiness", access)
     _, workers_body, _ = _get_json(f"{base}/workers", access)
@@ -167,22 +170,26 @@ def gather(
         return hosts, endpoint.result()
 
 
-def problem_lines(hosts: list[HostStatus], endpoint: EndpointStatus) -> list[str]:
-    """One line per host with something wrong, then the endpoint's."""
+def problem_lines(
+    hosts: list[HostStatus], endpoint: EndpointStatus, fleet: Sequence[InstanceStatus] = ()
+) -> list[str]:
+    """One line per host with something wrong, then the endpoint's, then each instance of a
+    fleet that is down."""
     lines = []
     for host in hosts:
         problems = host.problems
         if problems:
             prefix = f"{host.host}: "
             lines.append(prefix + "; ".join(p.removeprefix(prefix) for p in problems))
-    return lines + endpoint.problems
+    return lines + endpoint.problems + [i.problem for i in fleet if not i.up]
 
 
 def document(
     inventory: Path, plan: Plan, hosts: list[HostStatus], endpoint: EndpointStatus, record: Path
 ) -> dict[str, Any]:
     """`status --format json` (schema 1; documented in the README)."""
-    problems = problem_lines(hosts, endpoint)
+    fleet = fleet_status(plan, hosts, endpoint.workers)
+    problems = problem_lines(hosts, endpoint, fleet)
     return {
         "schema": SCHEMA_VERSION,
         "inventory": str(inventory),
@@ -193,6 +200,9 @@ def document(
         "ok": not problems,
         "hosts": [h.as_json() for h in hosts],
         "endpoint": endpoint.as_json(),
+        "instances": [
+            {**asdict(i), "up": i.up, "problem": i.problem} for i in fleet
+        ],
         "problems": problems,
         "record": str(record),
     }
@@ -239,7 +249,12 @@ def status_table(hosts: list[HostStatus]) -> Table:
     return table
 
 
-def print_human(hosts: list[HostStatus], endpoint: EndpointStatus, record: Path) -> None:
+def print_human(
+    hosts: list[HostStatus],
+    endpoint: EndpointStatus,
+    record: Path,
+    fleet: Sequence[InstanceStatus] = (),
+) -> None:
     """The table, the endpoint, then one line per host with a problem, and the verdict."""
     console.print(status_table(hosts))
     models = ", ".join(endpoint.models) or "-"
@@ -251,7 +266,15 @@ def print_human(hosts: list[HostStatus], endpoint: EndpointStatus, record: Path)
         for w in endpoint.workers:
             health = Text("healthy", "green") if w.healthy else Text("unhealthy", "red")
             console.print(Text.assemble(f"  {w.kind} worker {w.url}: ", health))
-    problems = problem_lines(hosts, endpoint)
+    for i in fleet:
+        state = Text("up", "green") if i.up else Text(f"down (router: {i.router})", "red")
+        console.print(
+            Text.assemble(f"instance {i.instance} ({', '.join(i.hosts)}) {i.url}: ", state)
+        )
+    if fleet:
+        up = sum(1 for i in fleet if i.up)
+        console.print(f"fleet: {up}/{len(fleet)} instances up")
+    problems = problem_lines(hosts, endpoint, fleet)
     for line in problems:
         console.print(Text.assemble(("problem: ", "bold red"), line), soft_wrap=True)
     verdict = Text("ok", "green") if not problems else Text("not ok", "red")
@@ -278,7 +301,7 @@ def check_once(
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
-        print_human(hosts, endpoint, record)
+        print_human(hosts, endpoint, record, fleet_status(plan, hosts, endpoint.workers))
         if monitoring:
             console.print(monitoring, soft_wrap=True)
     sys.stdout.flush()

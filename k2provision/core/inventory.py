@@ -398,6 +398,8 @@ def cluster_from_groups(
         "instances": values.get("k2_instances", 1),
         "prefill_instances": values.get("k2_prefill_instances", 1),
         "decode_instances": values.get("k2_decode_instances", 1),
+        "max_unavailable": values.get("k2_max_unavailable", 1),
+        "drain_timeout": values.get("k2_drain_timeout", 300),
         "hosts": tuple(hosts),
         "router": router,
         "lab": values.get("k2_lab", False),

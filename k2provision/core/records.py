@@ -334,6 +334,10 @@ class Cluster(Record):
     instances: int = Field(default=1, ge=1, le=MAX_INSTANCES)
     prefill_instances: int = Field(default=1, ge=1, le=MAX_INSTANCES)
     decode_instances: int = Field(default=1, ge=1, le=MAX_INSTANCES)
+    # A fleet's rolling change: how many instances of a pool are replaced at once, and how
+    # long (seconds) a stopping instance may take to answer its in-flight requests.
+    max_unavailable: int = Field(default=1, ge=1, le=MAX_INSTANCES)
+    drain_timeout: int = Field(default=300, ge=1, le=3600)
     hosts: tuple[HostSpec, ...]
     router: str | None = None
     lab: bool = False

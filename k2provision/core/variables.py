@@ -30,6 +30,8 @@ CLUSTER_VARS = (
     "k2_instances",
     "k2_prefill_instances",
     "k2_decode_instances",
+    "k2_max_unavailable",
+    "k2_drain_timeout",
     "k2_lab",
 )
 # The variable that says how many instances each pool holds.
@@ -50,6 +52,8 @@ PLAYBOOK_VARS = (
     "k2_cancel_relays",
     "k2_cancel_stage",
     "k2_converge",
+    "k2_rollout",
+    "k2_rollout_replaced",
     "k2_full_converge",
 )
 # A host list longer than this is shown by its ends and its count.

@@ -15,6 +15,7 @@ import json
 import re
 import shlex
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -471,3 +472,64 @@ def readiness_detail(status: int | None, body: Any) -> str:
         total = body.get("total_workers", "?")
         return f"{word} ({body['healthy_workers']}/{total} workers healthy)"
     return f"HTTP {status}"
+
+
+# ---------------------------------------------------------------- a fleet's instances
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    """One instance of a fleet, now: its hosts' verdict and the router's view of its worker."""
+
+    instance: str
+    hosts: tuple[str, ...]
+    url: str
+    router: str
+    """healthy, unhealthy, or not in the router."""
+    host_problems: tuple[str, ...] = ()
+
+    @property
+    def up(self) -> bool:
+        """Serving: every host of it fine and the router sending it requests."""
+        return not self.host_problems and self.router == "healthy"
+
+    @property
+    def problem(self) -> str:
+        """Why the instance is down, in one line ("" when it is up)."""
+        if self.up:
+            return ""
+        why = [f"router: {self.router}"] if self.router != "healthy" else []
+        why += [f"host {h} has a problem" for h in self.host_problems]
+        return f"instance {self.instance} ({', '.join(self.hosts)}, {self.url}) down: " + "; ".join(
+            why
+        )
+
+
+def fleet_status(
+    plan: Plan, hosts: Sequence[HostStatus], workers: Sequence[RouterWorker]
+) -> tuple[InstanceStatus, ...]:
+    """Each instance of a fleet (none for a single instance): up when its hosts have no
+    problem and the router lists its URL healthy."""
+    troubled = {h.host for h in hosts if h.problems}
+    by_url = {w.url.rstrip("/"): w for w in workers}
+    found = []
+    for pool in plan.pools:
+        for instance in pool.instances:
+            worker = by_url.get(instance.url.rstrip("/"))
+            router = (
+                "not in the router"
+                if worker is None
+                else "healthy"
+                if worker.healthy
+                else "unhealthy"
+            )
+            found.append(
+                InstanceStatus(
+                    instance=instance.instance,
+                    hosts=instance.hosts,
+                    url=instance.url,
+                    router=router,
+                    host_problems=tuple(h for h in instance.hosts if h in troubled),
+                )
+            )
+    return tuple(found)

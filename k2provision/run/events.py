@@ -55,9 +55,16 @@ Event = PlayStarted | TaskStarted | HostResult | Stats
 
 
 def _differences(res: Mapping[str, Any]) -> tuple[str, ...]:
-    """The look's lines of what differs from the plan (none for any other task)."""
+    """The look's lines of what differs from the plan, and a fleet's rollout order the look
+    play sets (k2_rollout); none for any other task."""
     lines = res.get("differences")
-    return tuple(str(line) for line in lines) if isinstance(lines, list) else ()
+    found = tuple(str(line) for line in lines) if isinstance(lines, list) else ()
+    facts = res.get("ansible_facts")
+    rollout = facts.get("k2_rollout") if isinstance(facts, Mapping) else None
+    order = rollout.get("lines") if isinstance(rollout, Mapping) else None
+    if isinstance(order, list):
+        found += tuple(f"rollout order: {line}" for line in order)
+    return found
 
 
 def _message(res: Mapping[str, Any]) -> str:

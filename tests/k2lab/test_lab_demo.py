@@ -121,3 +121,17 @@ def test_the_command_refuses_before_it_makes_anything(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.splitlines() == [f"lab: lab up 0: expected 1..{MAX_HOSTS} hosts"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fleet_puts_the_router_alone_and_plans_its_instances(
+    cfg: LabConfig, tmp_path: Path
+) -> None:
+    choice = demo.choose(cfg, 3, instances=2)
+    assert choice.groups == {"router": 1, "nodes": 2}
+    assert choice.all_vars["k2_instances"] == 2
+    assert plans_from_file(demo.inventory_text(cfg, 3, choice), tmp_path)
+    plan = build_plan(load_cluster(tmp_path / "lab.ini"))
+    assert [i.instance for i in plan.pools[0].instances] == ["replica-1", "replica-2"]
+    assert plan.endpoint_host == cfg.host_name(1)
+    with pytest.raises(LabError, match="lab up 4 --instances 2: no fleet plans"):
+        demo.choose(cfg, 4, instances=2)

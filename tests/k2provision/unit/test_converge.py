@@ -338,8 +338,11 @@ def test_each_phase_play_ends_the_hosts_the_look_names_and_carries_its_tag() -> 
     site = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())
     imported = [step["ansible.builtin.import_playbook"] for step in site]
     assert imported[:2] == ["plan.yml", "look.yml"]
-    # Monitoring comes last and is not judged by the look: its role converges on its own.
-    assert imported[2:] == [*(f"{phase}.yml" for phase in PHASE_TAGS), "monitoring.yml"]
+    # Monitoring comes last and is not judged by the look: its role converges on its own. A
+    # fleet's rollout comes just before the launch, and acts on the look's rollout order.
+    phases = [f"{phase}.yml" for phase in PHASE_TAGS]
+    phases.insert(phases.index("launch.yml"), "rollout.yml")
+    assert imported[2:] == [*phases, "monitoring.yml"]
     for phase, tag in PHASE_TAGS.items():
         (play,) = yaml.safe_load((ROOT / "playbooks" / f"{phase}.yml").read_text())
         assert play["tags"] == [tag], phase

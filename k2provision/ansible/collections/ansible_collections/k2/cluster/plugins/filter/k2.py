@@ -10,8 +10,10 @@ from k2provision.core.inventory import plain_value
 from k2provision.core.records import ContainerOptions, Plan, Process
 from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
+from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 from k2provision.plan.converge import everywhere, file_mode
+from k2provision.plan.rollout import changed_instances, rollout_lines, rollout_waves
 
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
@@ -116,6 +118,43 @@ def restart_set(plan: dict[str, Any], names: Any = None) -> dict[str, Any]:
     }
 
 
+def rollout_order(
+    plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = 1
+) -> dict[str, Any]:
+    """A fleet's rolling change (k2provision/plan/rollout.py): {waves: [{instances, urls,
+    hosts}, ...], lines: [...]}. `looked` is each host's k2_converge (the look's answer);
+    no waves for a single instance or when no instance differs."""
+    parsed = Plan.model_validate(plan)
+    launch = {
+        host: list(((found or {}).get("phases") or {}).get("launch") or ())
+        for host, found in looked.items()
+    }
+    waves = rollout_waves(parsed, changed_instances(parsed, launch), int(max_unavailable))
+    return {
+        "waves": [
+            {
+                "instances": list(w.instances),
+                "urls": list(w.urls),
+                "hosts": list(w.hosts),
+                "containers": {host: list(names) for host, names in w.containers.items()},
+                "stages": list(w.stages),
+            }
+            for w in waves
+        ],
+        "lines": rollout_lines(waves),
+    }
+
+
+def rollout_start_reason(host: str, run: Any = None, gate: Any = None) -> str:
+    """Why `host`'s new containers of a rollout wave failed ("" when they did not)."""
+    return start_reason(host, run or {}, gate or {})
+
+
+def rollout_smoke_reason(result: dict[str, Any]) -> str:
+    """Why a rollout wave's smoke test of one instance failed."""
+    return smoke_reason(result)
+
+
 def _plain_args(func: Any) -> Any:
     """Wrap a filter so it sees plain dicts and lists, not Ansible's lazily templated ones."""
 
@@ -159,6 +198,9 @@ class FilterModule:
             stale_containers,
             plan_stages,
             restart_set,
+            rollout_order,
+            rollout_start_reason,
+            rollout_smoke_reason,
             json_body,
         )
         return {f.__name__: _plain_args(f) for f in funcs}

@@ -1,0 +1,126 @@
+"""A fleet's rolling change: which instances a new spec replaces, and in what order. Pure.
+
+The look (plan/converge.py) says, per host, which containers differ from the plan. In a
+fleet (a pool of several instances behind one router) a changed instance is replaced while
+the others serve: :func:`changed_instances` groups the differing containers by the instance
+that runs them, and :func:`rollout_waves` orders those instances into waves of at most
+``k2_max_unavailable`` instances, pool by pool in the plan's order, never taking every
+instance of a pool out at once. A single-instance plan has no rollout (an empty order): its
+launch replaces what differs, as it always has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from k2provision.core.records import Plan, PoolPlan
+
+__all__ = ["RolloutWave", "changed_instances", "fleet_instances", "rollout_lines", "rollout_waves"]
+
+
+@dataclass(frozen=True)
+class RolloutWave:
+    """Instances replaced together: out of the router, drained, started, smoke-tested, back."""
+
+    instances: tuple[str, ...]
+    urls: tuple[str, ...]
+    """Each instance's URL, as the router lists its worker."""
+    hosts: tuple[str, ...]
+    """Every host the wave's instances run on, in the plan's order."""
+    containers: Mapping[str, tuple[str, ...]]
+    """host -> the containers of the wave's engine ranks there (what is drained and replaced)."""
+    stages: tuple[int, ...]
+    """The launch stages those containers start in, in order."""
+
+
+def fleet_instances(plan: Plan) -> tuple[PoolPlan, ...]:
+    """Every instance of every pool that holds several, in the plan's order (empty: no fleet)."""
+    return tuple(i for pool in plan.pools for i in pool.instances)
+
+
+def _instance_containers(plan: Plan, instance: PoolPlan) -> dict[str, set[str]]:
+    """host -> the containers of the instance's engine ranks there (not the router's)."""
+    return {
+        host.name: {
+            p.container
+            for p in host.processes
+            if p.instance is not None and p.instance.name == instance.instance
+        }
+        for host in plan.hosts
+        if host.name in instance.hosts
+    }
+
+
+def _respecced_containers(lines: Sequence[str]) -> set[str]:
+    """The containers a host's look lines find running another spec (``container NAME: made
+    from another spec``). A missing or stopped container serves nothing: the launch starts it."""
+    return {
+        line.split(":", 1)[0].removeprefix("container ")
+        for line in lines
+        if line.startswith("container ") and ": made from another spec" in line
+    }
+
+
+def changed_instances(plan: Plan, differences: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """The fleet's instances a container of which runs another spec than the plan's, in the
+    plan's order.
+
+    `differences` is, per host, the look's launch lines (k2_converge.phases.launch); a host
+    the look did not answer for is left out of it.
+    """
+    changed = []
+    for instance in fleet_instances(plan):
+        owned = _instance_containers(plan, instance)
+        if any(
+            owned[host] & _respecced_containers(differences.get(host, ()))
+            for host in instance.hosts
+        ):
+            changed.append(instance.instance)
+    return tuple(changed)
+
+
+def rollout_waves(
+    plan: Plan, changed: Sequence[str], max_unavailable: int = 1
+) -> tuple[RolloutWave, ...]:
+    """The order `changed` instances are replaced in: waves of at most `max_unavailable`,
+    one pool at a time, in the plan's order. A wave takes at most N-1 of a pool's N instances
+    out, so each pool keeps one serving whatever `max_unavailable` says."""
+    if max_unavailable < 1:
+        raise ValueError(f"k2_max_unavailable={max_unavailable}: expected 1 or more")
+    waves: list[RolloutWave] = []
+    for pool in plan.pools:
+        members = [i for i in pool.instances if i.instance in changed]
+        width = max(1, min(max_unavailable, len(pool.instances) - 1))
+        for start in range(0, len(members), width):
+            waves.append(_wave(plan, members[start : start + width]))
+    return tuple(waves)
+
+
+def _wave(plan: Plan, group: Sequence[PoolPlan]) -> RolloutWave:
+    names = {i.instance for i in group}
+    ranks = [
+        (host.name, p)
+        for host in plan.hosts
+        for p in host.processes
+        if p.instance is not None and p.instance.name in names and not p.exec_in
+    ]
+    containers: dict[str, tuple[str, ...]] = {}
+    for host, process in ranks:
+        containers[host] = (*containers.get(host, ()), process.container)
+    return RolloutWave(
+        instances=tuple(i.instance for i in group),
+        urls=tuple(i.url for i in group),
+        hosts=tuple(containers),
+        containers=containers,
+        stages=tuple(sorted({p.stage for _, p in ranks})),
+    )
+
+
+def rollout_lines(waves: Sequence[RolloutWave]) -> list[str]:
+    """The rollout order as `apply --check` shows it, one line per wave."""
+    return [
+        f"{n}. {', '.join(w.instances)} on {', '.join(w.hosts)}: out of the router, drained, "
+        "replaced, smoke-tested, back in"
+        for n, w in enumerate(waves, start=1)
+    ]

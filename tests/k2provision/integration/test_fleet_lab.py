@@ -1,0 +1,176 @@
+"""A fleet's rolling change on real lab hosts (the `lab` stream): two SGLang TP replicas of one
+host each behind the real sglang-router on a third host, stand-ins that drain on SIGTERM. A
+client keeps streaming requests through the router (each ~2 s in flight) while
+
+- `apply` rolls a changed k2_context_length across both instances: every request is answered
+  200, and each instance's /v1/models reports the new max_model_len;
+- a new spec that fails (k2_lab_fault=exit_at_start on one instance's host) is rolled back:
+  the run fails naming the instance, that instance runs its previous spec again and is back in
+  the router, and every request is still answered 200.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import k2lab as lab_api
+from k2lab.standin import build_standin
+from tests.pd_lab import MODEL_DIR, k2, remove_engine_containers
+from tests.runners import on_host
+
+pytestmark = pytest.mark.lab
+
+ROUTER, REPLICAS = "lab1", ("lab2", "lab3")
+VARS: dict[str, lab_api.VarValue] = {
+    "k2_engine": "sglang",
+    "k2_layout": "tp",
+    "k2_instances": 2,
+    "k2_model_dir": MODEL_DIR,
+    "k2_context_length": 32768,
+}
+# Each request streams this many tokens: ~2 s in flight at the stand-in's pace, so a drain
+# has requests to finish.
+TOKENS = 1000
+MAX_REQUESTS = 2000
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    """3 lab hosts: the router on lab1, replica-1 on lab2, replica-2 on lab3; applied."""
+    inventory = tmp_path_factory.mktemp("fleet") / "fleet.ini"
+    state = lab_api.up(
+        3, inventory=inventory, groups={"router": 1, "nodes": 2}, all_vars=VARS
+    )
+    build_standin()
+    remove_engine_containers(state)
+    for host in state.hosts:
+        on_host(state, host.name, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json")
+    first = k2("apply", str(inventory), runs=tmp_path_factory.mktemp("first"))
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    yield state, inventory
+    remove_engine_containers(state)
+
+
+class Client:
+    """Four threads streaming chat completions through the router until stopped (bounded)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.answers: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._loop) for _ in range(4)]
+
+    def __enter__(self) -> Client:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=120)
+
+    def _one(self) -> str:
+        body = {
+            "model": "kimi-k2",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": TOKENS,
+            "stream": True,
+        }
+        request = urllib.request.Request(
+            f"{self.endpoint}/v1/chat/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                text = reply.read().decode()
+                return "200" if "[DONE]" in text else "200 without [DONE]"
+        except urllib.error.HTTPError as error:
+            return str(error.code)
+        except OSError as error:
+            return f"no answer ({error})"
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            with self.lock:
+                if sum(self.answers.values()) >= MAX_REQUESTS:
+                    return
+            answer = self._one()
+            with self.lock:
+                self.answers[answer] += 1
+                if answer != "200":
+                    self.failures.append(f"{time.strftime('%H:%M:%S')} {answer}")
+
+
+def endpoint(state: Any) -> str:
+    return f"http://{state.host(ROUTER).address}:8000"
+
+
+def edited(inventory: Path, tmp_path: Path, old: str, new: str) -> Path:
+    text = inventory.read_text()
+    assert old in text
+    path = tmp_path / "inventory.ini"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def max_model_len(state: Any, host: str) -> int:
+    models = on_host(state, ROUTER, f"curl -s http://{state.host(host).address}:30000/v1/models")
+    return int(json.loads(models)["data"][0]["max_model_len"])
+
+
+def router_workers(state: Any) -> dict[str, bool]:
+    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
+    return {w["url"]: bool(w["is_healthy"]) for w in listed["workers"]}
+
+
+def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
+    with Client(endpoint(state)) as client:
+        run = k2("apply", str(changed), runs=tmp_path / "runs")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "rollout order: 1. replica-1 on lab2" in run.stdout
+    assert "rollout order: 2. replica-2 on lab3" in run.stdout
+    assert client.failures == [], client.answers
+    assert client.answers["200"] > 20
+    assert [max_model_len(state, h) for h in REPLICAS] == [16384, 16384]
+    assert list(router_workers(state).values()) == [True, True]
+    inventory.write_text(changed.read_text())  # the fleet's inventory from here on
+
+
+def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    before = max_model_len(state, "lab2")
+    faulty = edited(
+        inventory, tmp_path, "lab2 ansible_host=", "lab2 k2_lab_fault=exit_at_start ansible_host="
+    )
+    with Client(endpoint(state)) as client:
+        run = k2("apply", str(faulty), runs=tmp_path / "runs")
+    assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "rollout stopped at replica-1: lab2: sglang: exited with code 1" in run.stdout
+    assert client.failures == [], client.answers
+    assert client.answers["200"] > 10
+    # replica-1 runs its previous spec again, from its previous launch files, and serves.
+    assert max_model_len(state, "lab2") == before
+    assert list(router_workers(state).values()) == [True, True]
+    check = k2("apply", str(inventory), "--check", runs=tmp_path / "check")
+    assert check.returncode == 0, check.stdout[-4000:]
+    assert "rollout order" not in check.stdout

@@ -1,0 +1,184 @@
+"""A fleet's rolling change: the instances a new spec replaces, grouped from the look's
+differing containers, and the waves they are replaced in (k2_max_unavailable)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
+    rollout_order,
+)
+from k2provision.core.inventory import load_cluster
+from k2provision.core.records import Plan
+from k2provision.errors import InventoryError
+from k2provision.ops.rollout import smoke_reason, start_reason
+from k2provision.plan.converge import differences, expected_state
+from k2provision.plan.rollout import changed_instances, rollout_lines, rollout_waves
+from k2provision.run.events import HostResult, parse_event
+from tests.k2provision.unit.test_fleet import EXAMPLES, PD_FLEET, TP_FLEET, _edited, _plan
+
+
+def _other_spec(plan: Plan, hosts: set[str]) -> dict[str, list[str]]:
+    """The look's launch lines on every host of the plan, as if `hosts` ran an older spec
+    (every other host converged)."""
+    found: dict[str, list[str]] = {}
+    for host in plan.hosts:
+        expected = expected_state(plan, host.name)
+        containers = {
+            name: {"running": True, "hash": "old" if host.name in hosts else digest}
+            for name, digest in expected.containers.items()
+        }
+        answer = {
+            "files": {p: {"sha256": d, "mode": m} for p, (d, m) in expected.files.items()},
+            "docker": True,
+            "containers": containers,
+            "gates": {name: gate.expect_status for name, gate in expected.gates.items()},
+        }
+        found[host.name] = differences(expected, answer)["launch"]
+    return found
+
+
+def test_an_instance_changes_when_a_container_of_one_of_its_hosts_differs() -> None:
+    plan = _plan(TP_FLEET)
+    looked = _other_spec(plan, {"node-04"})
+    assert changed_instances(plan, looked) == ("replica-2",)
+    assert changed_instances(plan, _other_spec(plan, set())) == ()
+
+
+def _containers(plan: Plan, host: str) -> list[str]:
+    return [p.container for p in plan.host(host).processes]
+
+
+def test_missing_or_stopped_containers_are_left_to_the_launch() -> None:
+    plan = _plan(TP_FLEET)
+    looked = {host: [] for host in _other_spec(plan, set())}
+    looked["node-03"] = [f"container {c}: missing" for c in _containers(plan, "node-03")]
+    looked["node-05"] = [f"container {c}: not running" for c in _containers(plan, "node-05")]
+    assert changed_instances(plan, looked) == ()
+
+
+def test_a_router_only_change_replaces_no_instance() -> None:
+    plan = _plan(TP_FLEET)
+    assert changed_instances(plan, _other_spec(plan, {"router-01"})) == ()
+    assert _other_spec(plan, {"router-01"})["router-01"]  # the router itself differs
+
+
+def test_changed_instances_roll_one_at_a_time_by_default() -> None:
+    plan = _plan(TP_FLEET)
+    changed = changed_instances(plan, _other_spec(plan, {h.name for h in plan.hosts}))
+    assert changed == ("replica-1", "replica-2", "replica-3", "replica-4")
+    waves = rollout_waves(plan, changed)
+    assert [w.instances for w in waves] == [(i,) for i in changed]
+    assert waves[1].hosts == ("node-03", "node-04")
+    assert waves[1].urls == (plan.pools[0].instances[1].url,)
+    # What the wave drains and replaces: the instance's engine containers, not the router's.
+    node_3 = plan.host("node-03")
+    assert waves[1].containers == {
+        "node-03": tuple(p.container for p in node_3.processes),
+        "node-04": tuple(p.container for p in plan.host("node-04").processes),
+    }
+    assert waves[1].stages == tuple(sorted({p.stage for p in node_3.processes}))
+    assert rollout_lines(waves)[1].startswith("2. replica-2 on node-03, node-04: out of the")
+
+
+def test_max_unavailable_widens_waves_but_a_pool_keeps_one_instance_serving() -> None:
+    plan = _plan(TP_FLEET)
+    changed = ("replica-1", "replica-2", "replica-3", "replica-4")
+    assert [w.instances for w in rollout_waves(plan, changed, 2)] == [
+        ("replica-1", "replica-2"),
+        ("replica-3", "replica-4"),
+    ]
+    assert [len(w.instances) for w in rollout_waves(plan, changed, 64)] == [3, 1]
+    with pytest.raises(ValueError, match="k2_max_unavailable=0"):
+        rollout_waves(plan, changed, 0)
+
+
+def test_pd_pools_roll_one_pool_after_the_other_in_plan_order() -> None:
+    plan = _plan(PD_FLEET)
+    changed = changed_instances(plan, _other_spec(plan, {"gpu-p05", "gpu-d01", "gpu-d20"}))
+    assert changed == ("prefill-2", "decode-1", "decode-2")
+    # Two instances per pool: a wave never takes both out, whatever max_unavailable says.
+    assert [w.instances for w in rollout_waves(plan, changed, 4)] == [
+        ("prefill-2",),
+        ("decode-1",),
+        ("decode-2",),
+    ]
+
+
+def test_the_playbooks_filter_reads_each_hosts_look() -> None:
+    plan = _plan(TP_FLEET)
+    looked = {
+        host: {"full": False, "phases": {"launch": lines}}
+        for host, lines in _other_spec(plan, {"node-01", "node-06"}).items()
+    }
+    looked["node-08"] = {}  # a host whose look answered nothing yet
+    order = rollout_order(plan.model_dump(mode="json"), looked, "1")
+    assert [w["instances"] for w in order["waves"]] == [["replica-1"], ["replica-3"]]
+    assert order["waves"][1]["hosts"] == ["node-05", "node-06"]
+    assert order["lines"][0].startswith("1. replica-1 on node-01, node-02")
+
+
+def test_a_single_instance_plan_has_no_rollout() -> None:
+    plan = _plan(EXAMPLES / "sglang-tp.ini")
+    looked = _other_spec(plan, {h.name for h in plan.hosts})
+    assert any(looked.values())
+    assert changed_instances(plan, looked) == ()
+    assert rollout_waves(plan, ()) == ()
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("k2_max_unavailable=0", "k2_max_unavailable"),
+        ("k2_drain_timeout=0", "k2_drain_timeout"),
+        ("k2_drain_timeout=true", "k2_drain_timeout"),
+    ],
+)
+def test_rollout_variables_are_validated(tmp_path: Path, line: str, why: str) -> None:
+    path = _edited(tmp_path, TP_FLEET, "k2_instances=4", f"k2_instances=4\n{line}")
+    with pytest.raises(InventoryError) as caught:
+        load_cluster(path)
+    assert any(why in problem for problem in caught.value.problems)
+
+
+def test_rollout_variables_are_read() -> None:
+    cluster = load_cluster(TP_FLEET)
+    assert (cluster.max_unavailable, cluster.drain_timeout) == (1, 300)
+
+
+def test_the_cli_shows_the_rollout_order_the_look_play_sets() -> None:
+    raw = {
+        "event": "runner_on_ok",
+        "event_data": {
+            "host": "lab1",
+            "task": "The fleet's rolling change",
+            "res": {"ansible_facts": {"k2_rollout": {"lines": ["1. replica-1 on lab2"]}}},
+        },
+    }
+    event = parse_event(raw)
+    assert isinstance(event, HostResult)
+    assert event.differences == ("rollout order: 1. replica-1 on lab2",)
+
+
+def test_a_failed_start_is_named_by_its_docker_run_then_by_its_gate() -> None:
+    started = {"rc": 125, "stderr": "pulling\nno such image", "item": {"container": "k2-sglang"}}
+    failed_run = {"results": [started]}
+    gate = {"k2_failure": {"summary": "lab2: sglang: exited with status 1"}}
+    assert start_reason("lab2", failed_run, gate) == (
+        "lab2: docker run k2-sglang failed: no such image"
+    )
+    assert start_reason("lab2", {"results": [{"rc": 0}]}, gate) == (
+        "lab2: sglang: exited with status 1"
+    )
+    assert start_reason("lab2", {"skipped": True}, {"skipped": True, "k2_failure": None}) == ""
+
+
+def test_a_failed_smoke_test_names_the_instance_url_and_the_answer() -> None:
+    assert smoke_reason({"item": "http://10.0.0.2:30000", "status": 503}) == (
+        "smoke test http://10.0.0.2:30000/v1/chat/completions answered HTTP 503"
+    )
+    assert smoke_reason({"item": "http://10.0.0.2:30000", "status": -1, "msg": "refused"}) == (
+        "smoke test http://10.0.0.2:30000/v1/chat/completions answered nothing (refused)"
+    )
