@@ -12,11 +12,6 @@ client keeps streaming requests through the router (each ~2 s in flight) while
 from __future__ import annotations
 
 import json
-import threading
-import time
-import urllib.error
-import urllib.request
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +20,7 @@ import pytest
 
 import k2lab as lab_api
 from k2lab.standin import build_standin
+from k2lab.traffic import Traffic
 from tests.pd_lab import MODEL_DIR, k2, remove_engine_containers
 from tests.runners import on_host
 
@@ -38,10 +34,6 @@ VARS: dict[str, lab_api.VarValue] = {
     "k2_model_dir": MODEL_DIR,
     "k2_context_length": 32768,
 }
-# Each request streams this many tokens: ~2 s in flight at the stand-in's pace, so a drain
-# has requests to finish.
-TOKENS = 1000
-MAX_REQUESTS = 2000
 
 
 @pytest.fixture(scope="module")
@@ -59,60 +51,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
     yield state, inventory
     remove_engine_containers(state)
-
-
-class Client:
-    """Four threads streaming chat completions through the router until stopped (bounded)."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.answers: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._loop) for _ in range(4)]
-
-    def __enter__(self) -> Client:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=120)
-
-    def _one(self) -> str:
-        body = {
-            "model": "kimi-k2",
-            "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": TOKENS,
-            "stream": True,
-        }
-        request = urllib.request.Request(
-            f"{self.endpoint}/v1/chat/completions",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as reply:
-                text = reply.read().decode()
-                return "200" if "[DONE]" in text else "200 without [DONE]"
-        except urllib.error.HTTPError as error:
-            return str(error.code)
-        except OSError as error:
-            return f"no answer ({error})"
-
-    def _loop(self) -> None:
-        while not self.stopping.is_set():
-            with self.lock:
-                if sum(self.answers.values()) >= MAX_REQUESTS:
-                    return
-            answer = self._one()
-            with self.lock:
-                self.answers[answer] += 1
-                if answer != "200":
-                    self.failures.append(f"{time.strftime('%H:%M:%S')} {answer}")
 
 
 def endpoint(state: Any) -> str:
@@ -142,13 +80,13 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
 ) -> None:
     state, inventory = fleet
     changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
-    with Client(endpoint(state)) as client:
+    with Traffic(endpoint(state)) as client:
         run = k2("apply", str(changed), runs=tmp_path / "runs")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "rollout order: 1. replica-1 on lab2" in run.stdout
     assert "rollout order: 2. replica-2 on lab3" in run.stdout
-    assert client.failures == [], client.answers
-    assert client.answers["200"] > 20
+    assert client.failures == [], client.counts
+    assert client.counts["200"] > 20
     assert [max_model_len(state, h) for h in REPLICAS] == [16384, 16384]
     assert list(router_workers(state).values()) == [True, True]
     inventory.write_text(changed.read_text())  # the fleet's inventory from here on
@@ -162,12 +100,12 @@ def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(
     faulty = edited(
         inventory, tmp_path, "lab2 ansible_host=", "lab2 k2_lab_fault=exit_at_start ansible_host="
     )
-    with Client(endpoint(state)) as client:
+    with Traffic(endpoint(state)) as client:
         run = k2("apply", str(faulty), runs=tmp_path / "runs")
     assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
     assert "rollout stopped at replica-1: lab2: sglang: exited with code 1" in run.stdout
-    assert client.failures == [], client.answers
-    assert client.answers["200"] > 10
+    assert client.failures == [], client.counts
+    assert client.counts["200"] > 10
     # replica-1 runs its previous spec again, from its previous launch files, and serves.
     assert max_model_len(state, "lab2") == before
     assert list(router_workers(state).values()) == [True, True]
