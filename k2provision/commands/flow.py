@@ -57,6 +57,8 @@ class LoadedPlan:
     notices: tuple[str, ...] = ()
     tunables: Tunables = field(default_factory=Tunables)
     """The inventory's k2_ settings (the endpoint's key and CA files, for status)."""
+    max_unavailable: int = 1
+    """A fleet's instances replaced at once (k2_max_unavailable), for restart's rolling order."""
 
 
 def notices_from(output: str) -> tuple[str, ...]:
@@ -88,7 +90,10 @@ def load_plan(inventory: Path) -> LoadedPlan:
     """Inventory -> Plan (K2Error, exit 2, on bad input), with Ansible's loader notices."""
     with ansible_output_captured() as said:
         cluster = load_cluster(inventory)
-    return LoadedPlan(build_plan(cluster), notices_from(said.getvalue()), cluster.tunables)
+    return LoadedPlan(
+        build_plan(cluster), notices_from(said.getvalue()), cluster.tunables,
+        cluster.max_unavailable,
+    )
 
 
 class LiveView(Protocol):

@@ -5,7 +5,9 @@ widened to the instances they belong to. It is shown with the reason for each pr
 anything happens, then confirmed (`--yes` in scripts; without a terminal and without `--yes`
 the command refuses, exit 2, touching nothing). playbooks/restart.yml then recreates those
 containers stage by stage behind the launch's health gates and runs the smoke test; the run
-record keeps the set (`restart.json`) and the smoke test's answers (`verify.json`).
+record keeps the set (`restart.json`) and the smoke test's answers (`verify.json`). In a fleet
+of replicas the restarted instances roll instead, wave by wave behind the router (the order is
+shown before asking), so the endpoint keeps answering.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from k2provision.commands.verify import VerifyHooks
 from k2provision.core.records import Plan
 from k2provision.errors import K2Error
 from k2provision.ops.restart import NAMED, RestartSet, restart_set
+from k2provision.plan.rollout import restarted_instances, rollout_lines, rollout_waves
 from k2provision.run.display import console
 
 RESULT_FILE = "restart.json"
@@ -88,6 +91,14 @@ def summary_line(chosen: RestartSet) -> Text:
     return text
 
 
+def rolling_lines(plan: Plan, chosen: RestartSet, max_unavailable: int) -> list[str]:
+    """In a fleet of replicas, the order the restarted instances roll in behind the router
+    (as playbooks/restart.yml rolls them); empty otherwise."""
+    containers = {host: chosen.containers(host) for host in chosen.hosts}
+    instances = restarted_instances(plan, containers)
+    return rollout_lines(rollout_waves(plan, instances, max_unavailable))
+
+
 def confirmed(yes: bool, count: int) -> bool:
     """--yes, or the user's answer at a terminal; no terminal and no --yes is bad input."""
     if yes:
@@ -131,6 +142,8 @@ def restart(
     chosen = restart_set(loaded.plan, names)
     console.print(set_table(chosen))
     console.print(summary_line(chosen))
+    for line in rolling_lines(loaded.plan, chosen, loaded.max_unavailable):
+        console.print(f"rolling, the endpoint serving: {line}")
     if not confirmed(yes, len(chosen.steps)):
         console.print("restart: nothing restarted")
         raise typer.Exit(EXIT_FAILED)

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 from k2provision.core.records import Plan, PoolPlan
 
-__all__ = ["RolloutWave", "changed_instances", "fleet_instances", "rollout_lines", "rollout_waves"]
+__all__ = [
+    "RolloutWave",
+    "changed_instances",
+    "fleet_instances",
+    "restarted_instances",
+    "rollout_lines",
+    "rollout_waves",
+    "rolls",
+]
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,28 @@ def changed_instances(plan: Plan, differences: Mapping[str, Sequence[str]]) -> t
         ):
             changed.append(instance.instance)
     return tuple(changed)
+
+
+def rolls(plan: Plan) -> bool:
+    """Whether the plan's instances are replaced one wave at a time behind the router: a fleet
+    of replicas. A PD fleet is not (yet): sglang-router takes a prefill worker back only with
+    its type and bootstrap port, which the rollout does not send."""
+    return plan.layout != "pd" and len(fleet_instances(plan)) > 1
+
+
+def restarted_instances(plan: Plan, containers: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """The fleet's instances a restart of `containers` (host -> names) recreates, in the plan's
+    order: those whose engine containers it names. Empty when the plan does not roll."""
+    if not rolls(plan):
+        return ()
+    return tuple(
+        instance.instance
+        for instance in fleet_instances(plan)
+        if any(
+            owned & set(containers.get(host, ()))
+            for host, owned in _instance_containers(plan, instance).items()
+        )
+    )
 
 
 def rollout_waves(

@@ -8,14 +8,23 @@ from pathlib import Path
 import pytest
 
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
+    restart_rollout,
+    restart_set,
     rollout_order,
 )
+from k2provision.commands.restart import rolling_lines
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.errors import InventoryError
+from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.converge import differences, expected_state
-from k2provision.plan.rollout import changed_instances, rollout_lines, rollout_waves
+from k2provision.plan.rollout import (
+    changed_instances,
+    restarted_instances,
+    rollout_lines,
+    rollout_waves,
+)
 from k2provision.run.events import HostResult, parse_event
 from tests.k2provision.unit.test_fleet import EXAMPLES, PD_FLEET, TP_FLEET, _edited, _plan
 
@@ -126,6 +135,43 @@ def test_a_single_instance_plan_has_no_rollout() -> None:
     assert any(looked.values())
     assert changed_instances(plan, looked) == ()
     assert rollout_waves(plan, ()) == ()
+
+
+def test_a_fleet_restart_rolls_the_named_instances_and_recreates_the_router_in_place() -> None:
+    plan = _plan(TP_FLEET)
+    document = plan.model_dump(mode="json")
+    # node-03 names replica-2 (widened to node-04); the router restarts in place.
+    chosen = restart_set(document, "node-03,router")
+    order = restart_rollout(document, chosen, 1)
+    assert [w["instances"] for w in order["waves"]] == [["replica-2"]]
+    assert order["waves"][0]["hosts"] == ["node-03", "node-04"]
+    assert order["recreate"] == {"router-01": chosen["containers"]["router-01"]}
+    # Every host: every instance rolls, one at a time, and only the router is recreated.
+    everything = restart_rollout(document, restart_set(document), 1)
+    assert [w["instances"] for w in everything["waves"]] == [
+        ["replica-1"], ["replica-2"], ["replica-3"], ["replica-4"]
+    ]
+    assert list(everything["recreate"]) == ["router-01"]
+
+
+def test_the_restart_command_shows_the_same_rolling_order() -> None:
+    plan = _plan(TP_FLEET)
+    chosen = plan_restart_set(plan, ["replica-3", "node-01"])
+    assert rolling_lines(plan, chosen, 1) == rollout_lines(
+        rollout_waves(plan, ("replica-1", "replica-3"))
+    )
+    assert rolling_lines(plan, chosen, 1)[1].startswith("2. replica-3 on node-05, node-06")
+
+
+def test_single_instances_and_pd_fleets_restart_in_place() -> None:
+    for example in (EXAMPLES / "sglang-tp.ini", PD_FLEET):
+        plan = _plan(example)
+        document = plan.model_dump(mode="json")
+        chosen = restart_set(document)
+        order = restart_rollout(document, chosen, 1)
+        assert order["waves"] == [], example
+        assert order["recreate"] == {h: c for h, c in chosen["containers"].items() if c}
+        assert restarted_instances(plan, chosen["containers"]) == ()
 
 
 @pytest.mark.parametrize(

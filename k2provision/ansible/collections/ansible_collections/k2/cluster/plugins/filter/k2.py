@@ -13,7 +13,13 @@ from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 from k2provision.plan.converge import everywhere, file_mode
-from k2provision.plan.rollout import changed_instances, rollout_lines, rollout_waves
+from k2provision.plan.rollout import (
+    RolloutWave,
+    changed_instances,
+    restarted_instances,
+    rollout_lines,
+    rollout_waves,
+)
 
 
 def host_plan(plan: dict[str, Any], host: str) -> dict[str, Any]:
@@ -118,18 +124,8 @@ def restart_set(plan: dict[str, Any], names: Any = None) -> dict[str, Any]:
     }
 
 
-def rollout_order(
-    plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = 1
-) -> dict[str, Any]:
-    """A fleet's rolling change (k2provision/plan/rollout.py): {waves: [{instances, urls,
-    hosts}, ...], lines: [...]}. `looked` is each host's k2_converge (the look's answer);
-    no waves for a single instance or when no instance differs."""
-    parsed = Plan.model_validate(plan)
-    launch = {
-        host: list(((found or {}).get("phases") or {}).get("launch") or ())
-        for host, found in looked.items()
-    }
-    waves = rollout_waves(parsed, changed_instances(parsed, launch), int(max_unavailable))
+def _rollout_document(waves: tuple[RolloutWave, ...]) -> dict[str, Any]:
+    """Rollout waves as the k2_rollout role reads them: {waves: [...], lines: [...]}."""
     return {
         "waves": [
             {
@@ -142,6 +138,43 @@ def rollout_order(
             for w in waves
         ],
         "lines": rollout_lines(waves),
+    }
+
+
+def rollout_order(
+    plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = 1
+) -> dict[str, Any]:
+    """A fleet's rolling change (k2provision/plan/rollout.py): {waves: [{instances, urls,
+    hosts}, ...], lines: [...]}. `looked` is each host's k2_converge (the look's answer);
+    no waves for a single instance or when no instance differs."""
+    parsed = Plan.model_validate(plan)
+    launch = {
+        host: list(((found or {}).get("phases") or {}).get("launch") or ())
+        for host, found in looked.items()
+    }
+    waves = rollout_waves(parsed, changed_instances(parsed, launch), int(max_unavailable))
+    return _rollout_document(waves)
+
+
+def restart_rollout(
+    plan: dict[str, Any], restarting: dict[str, Any], max_unavailable: Any = 1
+) -> dict[str, Any]:
+    """A fleet's restart as a rolling change: the instances `restarting` (restart_set's
+    answer) recreates roll wave by wave behind the router ({waves, lines}, as rollout_order),
+    and `recreate` ({host: [container, ...]}) is what the launch recreates in place: the rest
+    (the router; every container when the plan does not roll)."""
+    parsed = Plan.model_validate(plan)
+    containers = {h: list(c) for h, c in (restarting.get("containers") or {}).items()}
+    waves = rollout_waves(
+        parsed, restarted_instances(parsed, containers), int(max_unavailable)
+    )
+    rolled = {(h, c) for w in waves for h, names in w.containers.items() for c in names}
+    recreate = {
+        host: [c for c in names if (host, c) not in rolled] for host, names in containers.items()
+    }
+    return {
+        **_rollout_document(waves),
+        "recreate": {host: names for host, names in recreate.items() if names},
     }
 
 
@@ -199,6 +232,7 @@ class FilterModule:
             plan_stages,
             restart_set,
             rollout_order,
+            restart_rollout,
             rollout_start_reason,
             rollout_smoke_reason,
             json_body,
