@@ -2,7 +2,8 @@
 
 For the lab's fleet tests and the rolling benchmark: each request streams ``tokens`` tokens
 (at the stand-in's pace, ``K2_STANDIN_TOKEN_SECONDS`` each, so it is in flight a while and a
-drain has something to finish), and every answer is kept with the time it came back, so a
+drain has something to finish) for a prompt of its own (so a cache-aware router spreads them
+over its workers), and every answer is kept with the time it came back, so a
 run can say how many requests failed and when. Bounded in count (``max_requests``) and in time
 (each request times out); stop it by leaving the ``with`` block::
 
@@ -14,6 +15,7 @@ run can say how many requests failed and when. Bounded in count (``max_requests`
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 import urllib.error
@@ -91,7 +93,9 @@ class Traffic:
     def _one(self) -> str:
         body = {
             "model": self.model,
-            "messages": [{"role": "user", "content": "hello"}],
+            # A fresh prefix per request: cache-aware routing then spreads the requests by
+            # load instead of sending every copy of one prompt to the worker that has it.
+            "messages": [{"role": "user", "content": f"{secrets.token_hex(8)} hello"}],
             "max_tokens": self.tokens,
             "stream": True,
         }
