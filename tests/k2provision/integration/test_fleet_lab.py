@@ -52,8 +52,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]
     )
     build_standin()
     remove_engine_containers(state)
-    for host in state.hosts:
-        on_host(state, host.name, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json")
+    # The weights' stand-in on the replicas only: the router's host gets none (the launch
+    # gives it the empty directory its container mounts).
+    on_host(state, ROUTER, f"rm -rf {MODEL_DIR}")
+    for host in REPLICAS:
+        on_host(state, host, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json")
     first = k2("apply", str(inventory), runs=tmp_path_factory.mktemp("first"))
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
     yield state, inventory
