@@ -228,3 +228,30 @@ def test_a_failed_smoke_test_names_the_instance_url_and_the_answer() -> None:
     assert smoke_reason({"item": "http://10.0.0.2:30000", "status": -1, "msg": "refused"}) == (
         "smoke test http://10.0.0.2:30000/v1/chat/completions answered nothing (refused)"
     )
+
+
+def test_a_model_swap_that_fits_the_instances_rolls_every_instance(tmp_path: Path) -> None:
+    plan = _plan(TP_FLEET)
+    swapped = _plan(
+        _edited(
+            tmp_path,
+            TP_FLEET,
+            "k2_model_dir=/models/Kimi-K2-Instruct",
+            "k2_model=moonshotai/Kimi-K2-Thinking\nk2_model_dir=/models/Kimi-K2-Thinking",
+        )
+    )
+    assert swapped.model != plan.model
+    # Each instance's containers now run another spec than the old plan's: the look finds
+    # them all, and they roll one at a time like any other change.
+    looked = {
+        host.name: [
+            f"container {p.container}: made from another spec (old)"
+            for p in host.processes
+            if expected_state(plan, host.name).containers.get(p.container)
+            != expected_state(swapped, host.name).containers.get(p.container)
+        ]
+        for host in swapped.hosts
+    }
+    changed = changed_instances(swapped, looked)
+    assert changed == ("replica-1", "replica-2", "replica-3", "replica-4")
+    assert len(rollout_waves(swapped, changed)) == 4
