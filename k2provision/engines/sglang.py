@@ -131,10 +131,15 @@ FLEET_ROUTER_ARGS: tuple[str, ...] = (
     "--request-timeout-secs", str(ROUTER_REQUEST_TIMEOUT_S),
 )
 PD_FLEET_POLICIES: tuple[str, ...] = (
-    # Both pools run DP attention (--attn-dp-size): --dp-aware (:42, default off) sends each
-    # request to one DP rank of an instance (the worker's /get_server_info dp_size), so the
-    # ranks of every instance fill evenly instead of by the servers' own round robin.
-    "--dp-aware",
+    # No --dp-aware (:42, default off), though both pools run DP attention: the router splits
+    # a worker into `dp_size` ranks read from its /server_info (the binary's
+    # core/steps/worker/local/create_worker.rs asks for `dp_size` and nothing else), and
+    # sglang 0.5.23 reports the attention-DP width as `attn_dp_size` while `dp_size` counts
+    # replicas (srt/arg_groups/parallel_hook.py handle_deprecated_dp_attention: "dp_size
+    # counts replicas again"), so it is 1 with --attn-dp-size. The router would route every
+    # request of an instance to DP rank 0 (srt/managers/data_parallel_controller.py
+    # maybe_external_dp_rank_routing honours the routed rank); without it each server's own
+    # DP controller spreads requests over its attention-DP ranks.
     # Prefill: --policy (:28), which PD mode applies to prefill when --prefill-policy is not
     # given (naming both per-pool policies draws a warning that --policy is ignored, :943).
     # cache_aware balances by queue length once the instances' loads differ past the balance

@@ -48,7 +48,7 @@ def test_fleet_router_is_accepted_with_every_instance(launch: Launch) -> None:
         assert r.parsed["prefill_urls"] == [[u, bootstrap] for u in _instances(PD_FLEET, "prefill")]
         assert r.parsed["decode_urls"] == _instances(PD_FLEET, "decode")
         assert len(r.parsed["prefill_urls"]) == len(r.parsed["decode_urls"]) == 2
-        assert r.parsed["dp_aware"] is True
+        assert r.parsed["dp_aware"] is False
         assert (r.parsed["policy"], r.parsed["prefill_policy"]) == ("cache_aware", None)
         assert r.parsed["decode_policy"] == "power_of_two"
     else:
