@@ -42,6 +42,7 @@ from k2provision.ops.status_probe import (
     EndpointStatus,
     HostStatus,
     InstanceStatus,
+    RouterWorker,
     fleet_status,
     host_status,
     human_duration,
@@ -249,6 +250,22 @@ def status_table(hosts: list[HostStatus]) -> Table:
     return table
 
 
+def fleet_line(fleet: Sequence[InstanceStatus], workers: Sequence[RouterWorker]) -> str:
+    """`fleet: 3/4 instances up (prefill 2/2, decode 1/2), 3 requests in flight`: what is left
+    of each pool's capacity (its instances are equal), and the router's load."""
+    up = sum(1 for i in fleet if i.up)
+    line = f"fleet: {up}/{len(fleet)} instances up"
+    pools: dict[str, list[bool]] = {}
+    for i in fleet:
+        pools.setdefault(i.instance.rsplit("-", 1)[0], []).append(i.up)
+    if len(pools) > 1:
+        line += " (" + ", ".join(f"{p} {sum(u)}/{len(u)}" for p, u in pools.items()) + ")"
+    loads = [w.load for w in workers if w.load is not None]
+    if loads:
+        line += f", {sum(loads)} requests in flight"
+    return line
+
+
 def print_human(
     hosts: list[HostStatus],
     endpoint: EndpointStatus,
@@ -265,15 +282,15 @@ def print_human(
         console.print(Text.assemble("router readiness: ", word))
         for w in endpoint.workers:
             health = Text("healthy", "green") if w.healthy else Text("unhealthy", "red")
-            console.print(Text.assemble(f"  {w.kind} worker {w.url}: ", health))
+            load = "" if w.load is None else f", {w.load} in flight"
+            console.print(Text.assemble(f"  {w.kind} worker {w.url}: ", health, load))
     for i in fleet:
         state = Text("up", "green") if i.up else Text(f"down (router: {i.router})", "red")
         console.print(
             Text.assemble(f"instance {i.instance} ({', '.join(i.hosts)}) {i.url}: ", state)
         )
     if fleet:
-        up = sum(1 for i in fleet if i.up)
-        console.print(f"fleet: {up}/{len(fleet)} instances up")
+        console.print(fleet_line(fleet, endpoint.workers))
     problems = problem_lines(hosts, endpoint, fleet)
     for line in problems:
         console.print(Text.assemble(("problem: ", "bold red"), line), soft_wrap=True)

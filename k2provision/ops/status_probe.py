@@ -395,6 +395,8 @@ class RouterWorker:
     url: str
     kind: str
     healthy: bool
+    load: int | None = None
+    """Requests the router has in flight on the worker (its `load`), when it says."""
 
 
 @dataclass(frozen=True)
@@ -457,6 +459,7 @@ def router_workers(body: Any) -> tuple[RouterWorker, ...]:
             url=str(w.get("url", "")),
             kind=str(w.get("worker_type", "")),
             healthy=bool(w.get("is_healthy")),
+            load=w["load"] if isinstance(w.get("load"), int) else None,
         )
         for w in workers
         if isinstance(w, dict)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from k2provision.commands.status import document, problem_lines
+from k2provision.commands.status import document, fleet_line, problem_lines
 from k2provision.ops.status_probe import (
     EndpointStatus,
     HostStatus,
     RouterWorker,
     fleet_status,
+    router_workers,
 )
 from tests.k2provision.unit.test_fleet import EXAMPLES, TP_FLEET, _plan
 
@@ -68,3 +69,27 @@ def test_the_json_document_lists_the_instances_and_fails_while_one_is_down(
 
 def test_a_single_instance_plan_has_no_instances() -> None:
     assert fleet_status(_plan(EXAMPLES / "sglang-tp.ini"), [], []) == ()
+
+
+def test_the_fleet_line_counts_each_pools_instances_up_and_the_routers_load() -> None:
+    plan = _plan(EXAMPLES / "sglang-pd-fleet-32.ini")
+    urls = [i.url for p in plan.pools for i in p.instances]
+    workers = [
+        RouterWorker(url=u, kind="x", healthy=n != 3, load=n) for n, u in enumerate(urls)
+    ]
+    fleet = fleet_status(plan, [], workers)
+    assert fleet_line(fleet, workers) == (
+        "fleet: 3/4 instances up (prefill 2/2, decode 1/2), 6 requests in flight"
+    )
+    tp = _plan(TP_FLEET)
+    replicas = _healthy([i.url for i in tp.pools[0].instances])
+    assert fleet_line(fleet_status(tp, [], replicas), replicas) == "fleet: 4/4 instances up"
+
+
+def test_the_routers_load_is_read_from_its_worker_list() -> None:
+    body = {"workers": [{"url": "http://a:1", "worker_type": "regular", "is_healthy": True,
+                         "load": 2}, {"url": "http://b:1", "is_healthy": False}]}
+    assert [(w.url, w.healthy, w.load) for w in router_workers(body)] == [
+        ("http://a:1", True, 2),
+        ("http://b:1", False, None),
+    ]
