@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -206,9 +207,10 @@ def runner_kwargs(run: PlaybookRun, environ: Mapping[str, str], token_path: Path
     }
 
 
-def end_masters(directory: Path) -> list[str]:
+def end_masters(directory: Path, settle_s: float = 0.0) -> list[str]:
     """End the SSH control masters whose sockets are in `directory`, then remove it; the
-    sockets whose master did not answer (an empty list when all ended)."""
+    sockets whose master did not answer (an empty list when all ended). After an interrupted
+    playbook, `settle_s` also waits out masters its killed clients forked a moment before."""
     left: list[str] = []
     if not directory.is_dir():
         return left
@@ -223,9 +225,31 @@ def end_masters(directory: Path) -> list[str]:
         except (OSError, subprocess.TimeoutExpired):
             left.append(str(socket))
     left = [s for s in left if Path(s).exists()]
+    _kill_late_masters(directory, settle_s)
     with contextlib.suppress(OSError):
         directory.rmdir()
     return left
+
+
+def _kill_late_masters(directory: Path, settle_s: float) -> None:
+    """End the masters no socket led to yet: an interrupted playbook's SSH client may have
+    forked its master (which leaves the playbook's process group) just before it was killed,
+    and that master lists its socket a moment later and would persist. They are found by the
+    run's own control directory in their command line, until none shows up for `settle_s`."""
+    quiet_since = deadline = time.monotonic()
+    deadline += settle_s + 10  # a master that outlives SIGTERM is left after that
+    while time.monotonic() < deadline:
+        found = subprocess.run(
+            ["pgrep", "-f", f"ssh: {directory}/"], capture_output=True, text=True, check=False
+        ).stdout.split()
+        for pid in found:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid), signal.SIGTERM)
+        if found:
+            quiet_since = time.monotonic()
+        if time.monotonic() - quiet_since >= settle_s:
+            return
+        time.sleep(0.25)
 
 
 def run_playbook(
@@ -280,7 +304,7 @@ def run_playbook(
         with cleaning(cancel):
             for group in groups:
                 forget_playbook(cancel, group)
-            if not end_masters(masters):
+            if not end_masters(masters, 2.0 if cancel.signum is not None else 0.0):
                 cancel.running.pop(f"SSH control masters of {run.playbook}", None)
     rc = int(runner.rc or 0)
     stopped = signal_name(cancel.signum) if cancel.signum is not None and not cleanup else ""

@@ -161,6 +161,30 @@ def test_each_run_has_its_own_short_control_master_directory(tmp_path: Path) -> 
     assert runner.end_masters(tmp_path / "none") == []
 
 
+def test_a_master_forked_just_before_the_kill_is_ended_too(tmp_path: Path) -> None:
+    """A process titled as an SSH master of the run's directory, with no socket there yet
+    (its client forked it an instant before the playbook was killed), is ended; another
+    run's master is left alone."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir()
+
+    def master(directory: Path) -> subprocess.Popen[bytes]:
+        title = f"ssh: {directory}/0123456789 [mux]"
+        return subprocess.Popen(["bash", "-c", f'exec -a "{title}" sleep 60'])
+
+    late, other = master(ours), master(theirs)
+    try:
+        time.sleep(0.3)  # both have their titles
+        assert runner.end_masters(ours, settle_s=0.5) == []
+        assert late.wait(timeout=5) == -signal.SIGTERM
+        assert other.poll() is None
+        assert not ours.exists()
+    finally:
+        for proc in (late, other):
+            proc.kill()
+            proc.wait()
+
+
 SLEEPER = """\
 - name: A long task
   hosts: all
