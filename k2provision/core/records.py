@@ -566,6 +566,15 @@ class Parallel(Record):
         return self.tp // self.dp if self.dp_attention else self.tp
 
 
+class WorkerRegistration(Record):
+    """How a fleet's router takes one instance (back) as its worker."""
+
+    body: dict[str, str | int]
+    """The router's ``POST /workers`` body: the URL, and what else the router needs to know."""
+    answers_alone: bool = True
+    """A chat completion sent to the instance's URL alone is answered (one PD half is not)."""
+
+
 class PoolPlan(Record):
     """One pool of hosts: one serving instance, or a fleet of equal instances (`instances`,
     each a PoolPlan of its own hosts, named `instance`). `gpus`, `parallel` and `mem_fraction`
@@ -584,12 +593,14 @@ class PoolPlan(Record):
     """Where the router reaches the instance; empty on a pool and on a single instance."""
     instances: tuple[PoolPlan, ...] = ()
     """The pool's instances when it holds more than one; empty: the pool is one instance."""
+    router_worker: WorkerRegistration | None = None
+    """How the router takes the instance back after a rolling change; None outside a fleet."""
 
     @model_serializer(mode="wrap")
     def _no_empty_instance(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # A single-instance pool serializes (and digests) as before fleets existed.
         data: dict[str, Any] = handler(self)
-        for key in ("instance", "url", "instances"):
+        for key in ("instance", "url", "instances", "router_worker"):
             if not data.get(key):
                 data.pop(key, None)
         return data

@@ -22,6 +22,7 @@ from k2provision.core.records import (
     Process,
     Record,
     Tunables,
+    WorkerRegistration,
 )
 from k2provision.engines.memory import KvBudget, PoolFit
 
@@ -273,6 +274,10 @@ class Engine(Protocol):
 
     def instance_url(self, cluster: Cluster, instance: PoolPlan) -> str:
         """Where a fleet's router reaches one instance (its master's server)."""
+        ...
+
+    def router_worker(self, cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
+        """How the fleet's router takes `instance` (its url set) back after a rolling change."""
         ...
 
     def pool_shape(self, cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:

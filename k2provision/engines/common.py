@@ -38,7 +38,9 @@ from k2provision.core.records import (
     KvDtype,
     LaunchValue,
     ModelSpec,
+    PoolPlan,
     Tunables,
+    WorkerRegistration,
 )
 from k2provision.core.variables import TUNABLE_VARS
 
@@ -260,3 +262,9 @@ def no_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> li
 def own_tunables(prefix: str, layouts: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """The tunables named `prefix...`, each read by every one of `layouts`."""
     return {name: layouts for name in TUNABLE_VARS if name.startswith(prefix)}
+
+
+def regular_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
+    """A replica the router takes back by its URL alone (sglang-router 0.3.2 regular mode:
+    ``POST /workers {"url": ...}``)."""
+    return WorkerRegistration(body={"url": instance.url})

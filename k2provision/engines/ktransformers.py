@@ -36,6 +36,7 @@ from k2provision.core.records import (
     PoolPlan,
     Process,
     Tunables,
+    WorkerRegistration,
 )
 from k2provision.engines.base import (
     BatchTunable,
@@ -54,6 +55,7 @@ from k2provision.engines.common import (
     kv_cache_dtype,
     no_fp8_kv_problems,
     own_tunables,
+    regular_worker,
 )
 from k2provision.engines.memory import (
     RUNTIME_GIB,
@@ -138,6 +140,11 @@ def endpoint(deployment: Deployment) -> str:
 def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
     """Where a router would reach one instance (fleets do not render for this engine yet)."""
     return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
+
+
+def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
+    """A replica the router takes back by its URL (fleets do not render for this engine yet)."""
+    return regular_worker(cluster, instance)
 
 
 # ---------------------------------------------------------------- what the plan asks

@@ -37,6 +37,7 @@ from k2provision.core.records import (
     PoolPlan,
     Process,
     Tunables,
+    WorkerRegistration,
 )
 from k2provision.engines.base import (
     BatchTunable,
@@ -643,6 +644,25 @@ def _add_router(out: dict[str, HostRender], deployment: Deployment) -> None:
 def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
     """The HTTP URL of an instance's rank 0, on the address its server binds (k2_local_ip)."""
     return http_url(cluster.host(instance.master).local_ip, cluster.tunables.sglang_port)
+
+
+def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
+    """How sglang-router 0.3.2 takes an instance back (``POST /workers``, its
+    WorkerConfigRequest: url, worker_type, bootstrap_port, read off the pinned binary): a
+    replica by its URL; a PD prefill instance as ``prefill`` with its KV bootstrap port (without
+    them the router would take it as a regular worker); a decode instance as ``decode``. One
+    PD half does not answer a chat completion alone."""
+    if cluster.layout != "pd":
+        return WorkerRegistration(body={"url": instance.url})
+    if instance.name == "prefill":
+        body: dict[str, str | int] = {
+            "url": instance.url,
+            "worker_type": "prefill",
+            "bootstrap_port": cluster.tunables.bootstrap_port,
+        }
+    else:
+        body = {"url": instance.url, "worker_type": "decode"}
+    return WorkerRegistration(body=body, answers_alone=False)
 
 
 def render(deployment: Deployment) -> dict[str, HostRender]:

@@ -44,6 +44,7 @@ from k2provision.core.records import (
     PoolPlan,
     Process,
     Tunables,
+    WorkerRegistration,
 )
 from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.core.templating import render_template
@@ -64,6 +65,7 @@ from k2provision.engines.common import (
     multi_host,
     own_tunables,
     parser_args,
+    regular_worker,
     socket_env,
     socket_ifname,
 )
@@ -371,6 +373,11 @@ def endpoint(deployment: Deployment) -> str:
 def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
     """Where a router would reach one instance (fleets do not render for this engine yet)."""
     return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
+
+
+def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
+    """A replica the router takes back by its URL (fleets do not render for this engine yet)."""
+    return regular_worker(cluster, instance)
 
 
 # ---------------------------------------------------------------- what the plan asks

@@ -63,6 +63,7 @@ from k2provision.core.records import (
     PoolPlan,
     Process,
     Tunables,
+    WorkerRegistration,
 )
 from k2provision.engines.base import (
     BatchTunable,
@@ -88,6 +89,7 @@ from k2provision.engines.common import (
     no_warnings,
     own_tunables,
     parser_args,
+    regular_worker,
     socket_env,
     socket_ifname,
     tls_args,
@@ -144,6 +146,11 @@ def endpoint(deployment: Deployment) -> str:
 def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
     """Where a router would reach one instance (fleets do not render for this engine yet)."""
     return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
+
+
+def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
+    """A replica the router takes back by its URL (fleets do not render for this engine yet)."""
+    return regular_worker(cluster, instance)
 
 
 def _tls(deployment: Deployment) -> tuple[str, ...]:

@@ -211,8 +211,10 @@ def pool_plan(cluster: Cluster, shape: PoolShape, mem_fraction: float) -> PoolPl
             mem_fraction=mem_fraction,
             instance=f"{INSTANCE_LABELS[shape.name]}-{i + 1}",
         )
-        url = REGISTRY[cluster.engine].instance_url(cluster, instance)
-        instances.append(instance.model_copy(update={"url": url}))
+        engine = REGISTRY[cluster.engine]
+        instance = instance.model_copy(update={"url": engine.instance_url(cluster, instance)})
+        worker = engine.router_worker(cluster, instance)
+        instances.append(instance.model_copy(update={"router_worker": worker}))
     return PoolPlan(
         **sizes,
         hosts=tuple(h.name for h in hosts),
