@@ -6,7 +6,7 @@ anything happens, then confirmed (`--yes` in scripts; without a terminal and wit
 the command refuses, exit 2, touching nothing). playbooks/restart.yml then recreates those
 containers stage by stage behind the launch's health gates and runs the smoke test; the run
 record keeps the set (`restart.json`) and the smoke test's answers (`verify.json`). In a fleet
-of replicas the restarted instances roll instead, wave by wave behind the router (the order is
+the restarted instances roll instead, wave by wave behind the router (the order is
 shown before asking), so the endpoint keeps answering.
 """
 
@@ -92,7 +92,7 @@ def summary_line(chosen: RestartSet) -> Text:
 
 
 def rolling_lines(plan: Plan, chosen: RestartSet, max_unavailable: int) -> list[str]:
-    """In a fleet of replicas, the order the restarted instances roll in behind the router
+    """In a fleet, the order the restarted instances roll in behind the router
     (as playbooks/restart.yml rolls them); empty otherwise."""
     containers = {host: chosen.containers(host) for host in chosen.hosts}
     instances = restarted_instances(plan, containers)

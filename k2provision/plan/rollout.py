@@ -40,6 +40,11 @@ class RolloutWave:
     """host -> the containers of the wave's engine ranks there (what is drained and replaced)."""
     stages: tuple[int, ...]
     """The launch stages those containers start in, in order."""
+    workers: tuple[Mapping[str, str | int], ...] = ()
+    """Each instance's ``POST /workers`` body: how the router takes it back."""
+    smoke_urls: tuple[str, ...] = ()
+    """The URLs of the instances that answer a chat completion alone (smoke-tested directly;
+    one PD half does not, so its checks are its health gates and the router's)."""
 
 
 def fleet_instances(plan: Plan) -> tuple[PoolPlan, ...]:
@@ -89,10 +94,9 @@ def changed_instances(plan: Plan, differences: Mapping[str, Sequence[str]]) -> t
 
 
 def rolls(plan: Plan) -> bool:
-    """Whether the plan's instances are replaced one wave at a time behind the router: a fleet
-    of replicas. A PD fleet is not (yet): sglang-router takes a prefill worker back only with
-    its type and bootstrap port, which the rollout does not send."""
-    return plan.layout != "pd" and len(fleet_instances(plan)) > 1
+    """Whether the plan's instances are replaced one wave at a time behind the router: a
+    fleet (several instances in a pool)."""
+    return len(fleet_instances(plan)) > 1
 
 
 def restarted_instances(plan: Plan, containers: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
@@ -138,12 +142,21 @@ def _wave(plan: Plan, group: Sequence[PoolPlan]) -> RolloutWave:
     containers: dict[str, tuple[str, ...]] = {}
     for host, process in ranks:
         containers[host] = (*containers.get(host, ()), process.container)
+    def body(instance: PoolPlan) -> dict[str, str | int]:
+        worker = instance.router_worker
+        return dict(worker.body) if worker else {"url": instance.url}
+
+    def alone(instance: PoolPlan) -> bool:
+        return instance.router_worker is None or instance.router_worker.answers_alone
+
     return RolloutWave(
         instances=tuple(i.instance for i in group),
         urls=tuple(i.url for i in group),
         hosts=tuple(containers),
         containers=containers,
         stages=tuple(sorted({p.stage for _, p in ranks})),
+        workers=tuple(body(i) for i in group),
+        smoke_urls=tuple(i.url for i in group if alone(i)),
     )
 
 

@@ -163,15 +163,38 @@ def test_the_restart_command_shows_the_same_rolling_order() -> None:
     assert rolling_lines(plan, chosen, 1)[1].startswith("2. replica-3 on node-05, node-06")
 
 
-def test_single_instances_and_pd_fleets_restart_in_place() -> None:
-    for example in (EXAMPLES / "sglang-tp.ini", PD_FLEET):
-        plan = _plan(example)
-        document = plan.model_dump(mode="json")
-        chosen = restart_set(document)
-        order = restart_rollout(document, chosen, 1)
-        assert order["waves"] == [], example
-        assert order["recreate"] == {h: c for h, c in chosen["containers"].items() if c}
-        assert restarted_instances(plan, chosen["containers"]) == ()
+def test_single_instances_restart_in_place() -> None:
+    plan = _plan(EXAMPLES / "sglang-tp.ini")
+    document = plan.model_dump(mode="json")
+    chosen = restart_set(document)
+    order = restart_rollout(document, chosen, 1)
+    assert order["waves"] == []
+    assert order["recreate"] == {h: c for h, c in chosen["containers"].items() if c}
+    assert restarted_instances(plan, chosen["containers"]) == ()
+
+
+def test_a_pd_fleet_restart_rolls_pool_by_pool_and_the_router_takes_each_half_back() -> None:
+    plan = _plan(PD_FLEET)
+    document = plan.model_dump(mode="json")
+    order = restart_rollout(document, restart_set(document, "prefill-2,decode-1"), 1)
+    assert [w["instances"] for w in order["waves"]] == [["prefill-2"], ["decode-1"]]
+    prefill, decode = order["waves"]
+    # sglang-router takes a prefill instance back with its type and KV bootstrap port, a
+    # decode instance with its type: neither half answers a chat completion alone.
+    assert prefill["workers"] == [
+        {"url": "http://10.10.0.15:30000", "worker_type": "prefill", "bootstrap_port": 8998}
+    ]
+    assert decode["workers"] == [{"url": "http://10.10.0.31:30000", "worker_type": "decode"}]
+    assert prefill["smoke_urls"] == decode["smoke_urls"] == []
+    assert order["recreate"] == {}
+
+
+def test_replicas_go_back_by_url_and_are_smoke_tested_on_it() -> None:
+    plan = _plan(TP_FLEET)
+    wave = rollout_waves(plan, ("replica-2",))[0]
+    url = plan.pools[0].instances[1].url
+    assert wave.workers == ({"url": url},)
+    assert wave.smoke_urls == (url,)
 
 
 @pytest.mark.parametrize(

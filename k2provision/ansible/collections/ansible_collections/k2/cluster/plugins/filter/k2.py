@@ -134,6 +134,8 @@ def _rollout_document(waves: tuple[RolloutWave, ...]) -> dict[str, Any]:
                 "hosts": list(w.hosts),
                 "containers": {host: list(names) for host, names in w.containers.items()},
                 "stages": list(w.stages),
+                "workers": [dict(body) for body in w.workers],
+                "smoke_urls": list(w.smoke_urls),
             }
             for w in waves
         ],
