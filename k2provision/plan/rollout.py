@@ -45,6 +45,9 @@ class RolloutWave:
     smoke_urls: tuple[str, ...] = ()
     """The URLs of the instances that answer a chat completion alone (smoke-tested directly;
     one PD half does not, so its checks are its health gates and the router's)."""
+    alone_in_pool: str = ""
+    """The pool the wave takes wholly out (its only instance), else empty: meanwhile the
+    router has no worker of that pool, and requests needing it wait or fail."""
 
 
 def fleet_instances(plan: Plan) -> tuple[PoolPlan, ...]:
@@ -119,19 +122,21 @@ def rollout_waves(
 ) -> tuple[RolloutWave, ...]:
     """The order `changed` instances are replaced in: waves of at most `max_unavailable`,
     one pool at a time, in the plan's order. A wave takes at most N-1 of a pool's N instances
-    out, so each pool keeps one serving whatever `max_unavailable` says."""
+    out, so each pool of several keeps one serving whatever `max_unavailable` says; a pool of
+    one instance (a fleet's PD pool may be) cannot, and its wave says so."""
     if max_unavailable < 1:
         raise ValueError(f"k2_max_unavailable={max_unavailable}: expected 1 or more")
     waves: list[RolloutWave] = []
     for pool in plan.pools:
         members = [i for i in pool.instances if i.instance in changed]
         width = max(1, min(max_unavailable, len(pool.instances) - 1))
+        alone = pool.name if len(pool.instances) == 1 else ""
         for start in range(0, len(members), width):
-            waves.append(_wave(plan, members[start : start + width]))
+            waves.append(_wave(plan, members[start : start + width], alone))
     return tuple(waves)
 
 
-def _wave(plan: Plan, group: Sequence[PoolPlan]) -> RolloutWave:
+def _wave(plan: Plan, group: Sequence[PoolPlan], alone_in_pool: str) -> RolloutWave:
     names = {i.instance for i in group}
     ranks = [
         (host.name, p)
@@ -142,6 +147,7 @@ def _wave(plan: Plan, group: Sequence[PoolPlan]) -> RolloutWave:
     containers: dict[str, tuple[str, ...]] = {}
     for host, process in ranks:
         containers[host] = (*containers.get(host, ()), process.container)
+
     def body(instance: PoolPlan) -> dict[str, str | int]:
         worker = instance.router_worker
         return dict(worker.body) if worker else {"url": instance.url}
@@ -157,13 +163,23 @@ def _wave(plan: Plan, group: Sequence[PoolPlan]) -> RolloutWave:
         stages=tuple(sorted({p.stage for _, p in ranks})),
         workers=tuple(body(i) for i in group),
         smoke_urls=tuple(i.url for i in group if alone(i)),
+        alone_in_pool=alone_in_pool,
     )
 
 
 def rollout_lines(waves: Sequence[RolloutWave]) -> list[str]:
     """The rollout order as `apply --check` shows it, one line per wave."""
-    return [
-        f"{n}. {', '.join(w.instances)} on {', '.join(w.hosts)}: out of the router, drained, "
-        "replaced, smoke-tested, back in"
-        for n, w in enumerate(waves, start=1)
-    ]
+    lines = []
+    for n, w in enumerate(waves, start=1):
+        checked = "smoke-tested" if len(w.smoke_urls) == len(w.instances) else "health-checked"
+        line = (
+            f"{n}. {', '.join(w.instances)} on {', '.join(w.hosts)}: out of the router, "
+            f"drained, replaced, {checked}, back in"
+        )
+        if w.alone_in_pool:
+            line += (
+                f" (the only instance of [{w.alone_in_pool}]: requests that need it wait or "
+                "fail meanwhile)"
+            )
+        lines.append(line)
+    return lines

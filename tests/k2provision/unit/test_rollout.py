@@ -278,3 +278,18 @@ def test_a_model_swap_that_fits_the_instances_rolls_every_instance(tmp_path: Pat
     changed = changed_instances(swapped, looked)
     assert changed == ("replica-1", "replica-2", "replica-3", "replica-4")
     assert len(rollout_waves(swapped, changed)) == 4
+
+
+def test_a_pools_only_instance_rolls_and_its_line_says_the_pool_pauses(tmp_path: Path) -> None:
+    plan = _plan(_edited(tmp_path, PD_FLEET, "k2_decode_instances=2", "k2_decode_instances=1"))
+    changed = changed_instances(plan, _other_spec(plan, {"gpu-p01", "gpu-d01"}))
+    assert changed == ("prefill-1", "decode-1")
+    waves = rollout_waves(plan, changed)
+    assert [w.alone_in_pool for w in waves] == ["", "decode"]
+    first, second = rollout_lines(waves)
+    assert first.endswith("replaced, health-checked, back in")
+    assert second.endswith(
+        "back in (the only instance of [decode]: requests that need it wait or fail meanwhile)"
+    )
+    replicas = rollout_lines(rollout_waves(_plan(TP_FLEET), ("replica-1",)))
+    assert replicas[0].endswith("replaced, smoke-tested, back in")
