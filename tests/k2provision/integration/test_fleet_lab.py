@@ -47,6 +47,7 @@ VARS: dict[str, lab_api.VarValue] = {
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
     """3 lab hosts: the router on lab1, replica-1 on lab2, replica-2 on lab3; applied."""
     inventory = tmp_path_factory.mktemp("fleet") / "fleet.ini"
+    was_up = lab_api.status().up
     state = lab_api.up(
         3, inventory=inventory, groups={"router": 1, "nodes": 2}, all_vars=VARS
     )
@@ -61,6 +62,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
     yield state, inventory
     remove_engine_containers(state)
+    if not was_up:  # this module brought the lab up: it leaves nothing running
+        lab_api.down()
 
 
 def endpoint(state: Any) -> str:

@@ -46,6 +46,7 @@ BOOTSTRAP_PORT = 8998
 def pd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
     """5 lab hosts: the router on lab1, prefill-1/2 on lab2/lab3, decode-1/2 on lab4/lab5."""
     inventory = tmp_path_factory.mktemp("pd-fleet") / "pd-fleet.ini"
+    was_up = lab_api.status().up
     state = lab_api.up(
         5,
         inventory=inventory,
@@ -61,6 +62,8 @@ def pd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Pa
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
     yield state, inventory
     remove_engine_containers(state)
+    if not was_up:  # this module brought the lab up: it leaves nothing running
+        lab_api.down()
 
 
 def router_workers(state: Any) -> dict[str, dict[str, Any]]:
