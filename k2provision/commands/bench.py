@@ -64,7 +64,15 @@ from k2provision.ops.bench import (
 from k2provision.ops.connect import SshTarget, ssh_command, unreachable_reason
 from k2provision.ops.endpoint_access import read_secret
 from k2provision.ops.remote import SSH_UNREACHABLE, ssh_inventory
-from k2provision.run.cancel import Interrupted, end_child, exit_code, signal_name, stopping
+from k2provision.run.cancel import (
+    CURRENT,
+    Interrupted,
+    cleaning,
+    end_child,
+    exit_code,
+    signal_name,
+    stopping,
+)
 from k2provision.run.display import console, err_console, print_warnings
 from k2provision.run.runner import new_record_dir
 
@@ -132,9 +140,15 @@ def run_client(argv: list[str], log: Path, label: str, stdin: bytes | None = Non
     `stdin`, when given, is written to the client's input (a secret never goes in argv)."""
     started = time.monotonic()
     with log.open("wb") as sink, console.status(f"{label}: running the client"), stopping():
-        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=_env(),
-                                start_new_session=True,
-                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE)
+        # A signal while Popen is still returning would leave the client started and not
+        # ended: it is noted meanwhile, and acted on once the client is ours to end.
+        with cleaning(CURRENT):
+            proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=_env(),
+                                    start_new_session=True,
+                                    stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE)
+        if CURRENT.signum is not None:
+            end_child(proc)
+            raise Interrupted(CURRENT.signum)
         try:
             if proc.stdin is not None:
                 proc.stdin.write(stdin or b"")
