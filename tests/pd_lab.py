@@ -8,6 +8,7 @@ an apply for a converged one), so modules pass in any order on the one cluster."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -97,3 +98,36 @@ def remove_engine_containers(state: Any) -> None:
     for host in state.hosts:
         on_host(state, host.name, "docker rm -f $(docker ps -aq --filter name=k2-) || true",
                 check=False)
+
+
+def applied_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    groups: dict[str, int],
+    all_vars: dict[str, lab_api.VarValue],
+) -> Iterator[tuple[Any, Path]]:
+    """A fleet module's lab (the body of its module fixture): hosts up in `groups` with the
+    router alone on lab1, the weights' stand-in on every other host (the router's host gets
+    none: the launch gives it the empty directory its container mounts), applied. Afterwards
+    the engine containers go, and the lab too when this brought it up."""
+    inventory = tmp_path_factory.mktemp(name) / f"{name}.ini"
+    was_up = lab_api.status().up
+    state = lab_api.up(sum(groups.values()), inventory=inventory, groups=groups, all_vars=all_vars)
+    build_standin()
+    remove_engine_containers(state)
+    router, *engine_hosts = state.host_names
+    on_host(state, router, f"rm -rf {MODEL_DIR}")
+    for host in engine_hosts:
+        on_host(state, host, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json")
+    first = k2("apply", str(inventory), runs=tmp_path_factory.mktemp("first"))
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    yield state, inventory
+    remove_engine_containers(state)
+    if not was_up:  # this module brought the lab up: it leaves nothing running
+        lab_api.down()
+
+
+def max_model_len(state: Any, router: str, host: str) -> int:
+    """The context length the server on `host` reports (/v1/models), asked from `router`."""
+    models = on_host(state, router, f"curl -s http://{state.host(host).address}:30000/v1/models")
+    return int(json.loads(models)["data"][0]["max_model_len"])

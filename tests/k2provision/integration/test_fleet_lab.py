@@ -26,9 +26,8 @@ from typing import Any
 import pytest
 
 import k2lab as lab_api
-from k2lab.standin import build_standin
 from k2lab.traffic import Traffic
-from tests.pd_lab import MODEL_DIR, k2, remove_engine_containers
+from tests.pd_lab import MODEL_DIR, applied_fleet, k2, max_model_len
 from tests.runners import on_host
 
 pytestmark = pytest.mark.lab
@@ -46,24 +45,7 @@ VARS: dict[str, lab_api.VarValue] = {
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
     """3 lab hosts: the router on lab1, replica-1 on lab2, replica-2 on lab3; applied."""
-    inventory = tmp_path_factory.mktemp("fleet") / "fleet.ini"
-    was_up = lab_api.status().up
-    state = lab_api.up(
-        3, inventory=inventory, groups={"router": 1, "nodes": 2}, all_vars=VARS
-    )
-    build_standin()
-    remove_engine_containers(state)
-    # The weights' stand-in on the replicas only: the router's host gets none (the launch
-    # gives it the empty directory its container mounts).
-    on_host(state, ROUTER, f"rm -rf {MODEL_DIR}")
-    for host in REPLICAS:
-        on_host(state, host, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json")
-    first = k2("apply", str(inventory), runs=tmp_path_factory.mktemp("first"))
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
-    yield state, inventory
-    remove_engine_containers(state)
-    if not was_up:  # this module brought the lab up: it leaves nothing running
-        lab_api.down()
+    yield from applied_fleet(tmp_path_factory, "fleet", {"router": 1, "nodes": 2}, VARS)
 
 
 def endpoint(state: Any) -> str:
@@ -77,10 +59,6 @@ def edited(inventory: Path, tmp_path: Path, old: str, new: str) -> Path:
     path.write_text(text.replace(old, new))
     return path
 
-
-def max_model_len(state: Any, host: str) -> int:
-    models = on_host(state, ROUTER, f"curl -s http://{state.host(host).address}:30000/v1/models")
-    return int(json.loads(models)["data"][0]["max_model_len"])
 
 
 def router_workers(state: Any) -> dict[str, bool]:
@@ -103,7 +81,7 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     assert "rollout order: 2. replica-2 on lab3" in run.stdout
     assert client.failures == [], client.counts
     assert client.counts["200"] > 20
-    assert [max_model_len(state, h) for h in REPLICAS] == [16384, 16384]
+    assert [max_model_len(state, ROUTER, h) for h in REPLICAS] == [16384, 16384]
     assert list(router_workers(state).values()) == [True, True]
     inventory.write_text(changed.read_text())  # the fleet's inventory from here on
 
@@ -112,7 +90,7 @@ def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(
     fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
     state, inventory = fleet
-    before = max_model_len(state, "lab2")
+    before = max_model_len(state, ROUTER, "lab2")
     faulty = edited(
         inventory, tmp_path, "lab2 ansible_host=", "lab2 k2_lab_fault=exit_at_start ansible_host="
     )
@@ -123,7 +101,7 @@ def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(
     assert client.failures == [], client.counts
     assert client.counts["200"] > 10
     # replica-1 runs its previous spec again, from its previous launch files, and serves.
-    assert max_model_len(state, "lab2") == before
+    assert max_model_len(state, ROUTER, "lab2") == before
     assert list(router_workers(state).values()) == [True, True]
     check = k2("apply", str(inventory), "--check", runs=tmp_path / "check")
     assert check.returncode == 0, check.stdout[-4000:]

@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 import k2lab as lab_api
-from k2lab.standin import build_standin
 from k2lab.traffic import Traffic
-from tests.pd_lab import MODEL_DIR, k2, remove_engine_containers
+from tests.pd_lab import MODEL_DIR, applied_fleet, k2, max_model_len
 from tests.runners import on_host
 
 pytestmark = pytest.mark.lab
@@ -45,35 +44,13 @@ BOOTSTRAP_PORT = 8998
 @pytest.fixture(scope="module")
 def pd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
     """5 lab hosts: the router on lab1, prefill-1/2 on lab2/lab3, decode-1/2 on lab4/lab5."""
-    inventory = tmp_path_factory.mktemp("pd-fleet") / "pd-fleet.ini"
-    was_up = lab_api.status().up
-    state = lab_api.up(
-        5,
-        inventory=inventory,
-        groups={"router": 1, "prefill": 2, "decode": 2},
-        all_vars=VARS,
-    )
-    build_standin()
-    remove_engine_containers(state)
-    on_host(state, ROUTER, f"rm -rf {MODEL_DIR}")
-    for host in (*PREFILL, *DECODE):
-        on_host(state, host, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json")
-    first = k2("apply", str(inventory), runs=tmp_path_factory.mktemp("first"))
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
-    yield state, inventory
-    remove_engine_containers(state)
-    if not was_up:  # this module brought the lab up: it leaves nothing running
-        lab_api.down()
+    groups = {"router": 1, "prefill": 2, "decode": 2}
+    yield from applied_fleet(tmp_path_factory, "pd-fleet", groups, VARS)
 
 
 def router_workers(state: Any) -> dict[str, dict[str, Any]]:
     listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
     return {w["url"]: w for w in listed["workers"]}
-
-
-def max_model_len(state: Any, host: str) -> int:
-    models = on_host(state, ROUTER, f"curl -s http://{state.host(host).address}:30000/v1/models")
-    return int(json.loads(models)["data"][0]["max_model_len"])
 
 
 def test_a_changed_spec_rolls_each_pd_instance_and_the_router_takes_each_half_back(
@@ -94,7 +71,7 @@ def test_a_changed_spec_rolls_each_pd_instance_and_the_router_takes_each_half_ba
         assert f"rollout order: {n}. {instance} on {host}:" in run.stdout
     assert client.failures == [], client.counts
     assert client.counts["200"] > 10
-    assert [max_model_len(state, h) for h in (*PREFILL, *DECODE)] == [16384] * 4
+    assert [max_model_len(state, ROUTER, h) for h in (*PREFILL, *DECODE)] == [16384] * 4
     workers = router_workers(state)
     for host in PREFILL:
         worker = workers[f"http://{state.host(host).address}:30000"]
