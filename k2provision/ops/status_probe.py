@@ -84,9 +84,14 @@ def probe_script(host: HostPlan) -> str:
         if p.exec_in:
             lines.append(f"echo '{MARK} alive {name}'; {exec_liveness(p)}; echo \"{MARK} rc 0\"")
         else:
+            # The JSON goes to the probe's output, the runtime's error to a section of its own
+            # (podman warns on stderr even when the inspect succeeds): "no such container" is
+            # a missing container, any other error a failed look, and status says which.
             lines.append(
-                f"echo '{MARK} inspect {name}'; docker container inspect {_q(p.container)} "
-                f'2>/dev/null; echo "{MARK} rc $?"'
+                f"echo '{MARK} inspect {name}'; "
+                f"{{ k2_err=$(docker container inspect {_q(p.container)} 2>&1 1>&3); }} 3>&1; "
+                f'k2_rc=$?; echo "{MARK} rc $k2_rc"; [ "$k2_rc" = 0 ] || '
+                f"{{ echo '{MARK} inspect-error {name}'; printf '%s\\n' \"$k2_err\"; }}"
             )
         if p.health is not None:
             lines.append(f"echo '{MARK} gate {name}'; {_gate_command(p, p.health)}")
@@ -256,8 +261,11 @@ def _container_status(
     """(state, uptime, spec, running hash, restarts) of a process that is a container."""
     planned = spec_hash(plan.container, process, host.files)
     section = sections.get(("inspect", process.name))
-    if section is None or section.rc != 0:
-        return "missing", None, "-", "", None
+    if section is None:
+        return "unknown", None, "-", "", None
+    if section.rc != 0:
+        return ("missing" if inspect_error(sections, process) is None else "unknown"), None, \
+            "-", "", None
     try:
         info = json.loads("\n".join(section.text))[0]
     except (ValueError, IndexError, KeyError):
@@ -276,6 +284,18 @@ def _container_status(
         running_hash,
         int(restarts) if isinstance(restarts, int) else None,
     )
+
+
+def inspect_error(sections: dict[tuple[str, str], Section], process: Process) -> str | None:
+    """The runtime's error when the look at `process`'s container failed for another reason
+    than its absence; None when it did not fail or the container is not there."""
+    section = sections.get(("inspect-error", process.name))
+    if section is None:
+        return None
+    text = " ".join(line.strip() for line in section.text if line.strip())
+    if not text or "no such container" in text.lower() or "no such object" in text.lower():
+        return None
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def process_status(
@@ -300,8 +320,11 @@ def process_status(
         state, uptime, spec, running_hash, restarts = _container_status(
             plan, host, process, sections, now
         )
+        error = inspect_error(sections, process)
         if state == "missing":
             problems.append(f"{where}: container is missing")
+        elif error is not None:
+            problems.append(f"{where}: docker container inspect failed: {error}")
         elif state != "running":
             problems.append(f"{where}: container is {state}")
         if spec == "drift":

@@ -272,6 +272,38 @@ def test_drift_a_failing_gate_and_a_missing_container_are_named(prod: Plan) -> N
     assert cut.unreachable
 
 
+def probe_with_docker(host: HostPlan, docker: str) -> str:
+    """The probe's inspect lines for `host`, run by a real sh whose `docker` is the given shell
+    function (no container runtime here; the test is of the script's plumbing)."""
+    lines = [line for line in probe_script(host).splitlines() if "docker container inspect" in line]
+    script = "\n".join([f"docker() {{ {docker}; }}", f'echo "{MARK} now 1769860800"',
+                        *lines, f"echo '{MARK} end'"])
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_the_runtimes_warning_stays_out_of_the_json_and_its_error_is_kept(prod: Plan) -> None:
+    host = prod.hosts[0]
+    process = host.processes[0]
+    hash_ = spec_hash(prod.container, process, host.files)
+    body = inspect_json(hash_).replace("'", "'\\''")
+    warned = probe_with_docker(host, f"echo 'WARN[0000] cgroup v1 is deprecated' >&2; "
+                                     f"printf '%s\\n' '{body}'")
+    status = host_status(prod, host, warned)
+    assert status.processes[0].state == "running"
+    assert status.processes[0].spec == "current"
+    gone = host_status(prod, host, probe_with_docker(
+        host, 'echo "Error: no such container $3" >&2; return 125'))
+    where = f"{host.name}: {process.name} ({process.container})"
+    assert f"{where}: container is missing" in gone.problems
+    failed = host_status(prod, host, probe_with_docker(
+        host, "echo 'Error: acquiring lock 3 for container: resource busy' >&2; return 125"))
+    assert failed.processes[0].state == "unknown"
+    assert (f"{where}: docker container inspect failed: Error: acquiring lock 3 for container: "
+            "resource busy") in failed.problems
+    assert not any("missing" in p for p in failed.problems)
+
+
 def test_gpu_memory_is_read_per_gpu(prod: Plan) -> None:
     host = prod.hosts[1]
     text = answer(host, prod).replace(
