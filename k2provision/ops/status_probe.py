@@ -63,6 +63,8 @@ def _gate_command(process: Process, gate: HealthGate) -> str:
 def probe_script(host: HostPlan) -> str:
     """The one script `status` runs on `host`: every section it needs, each after a marker."""
     lines = [
+        # Where the container runtime's errors go, for the inspect sections' error part.
+        "k2_err=$(mktemp) && trap 'rm -f \"$k2_err\"' EXIT || k2_err=/dev/null",
         f'echo "{MARK} now $(date +%s)"',
         "if command -v nvidia-smi >/dev/null 2>&1; then "
         f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
@@ -84,14 +86,18 @@ def probe_script(host: HostPlan) -> str:
         if p.exec_in:
             lines.append(f"echo '{MARK} alive {name}'; {exec_liveness(p)}; echo \"{MARK} rc 0\"")
         else:
-            # The JSON goes to the probe's output, the runtime's error to a section of its own
-            # (podman warns on stderr even when the inspect succeeds): "no such container" is
-            # a missing container, any other error a failed look, and status says which.
+            # The JSON goes to the section, the runtime's error to one of its own (podman warns
+            # on stderr even when the inspect succeeds): "no such container" is a missing
+            # container, any other error a failed look, and status says which. A failed look is
+            # taken again a second later, once, so that a runtime's passing error (podman's
+            # "does not exist in database" while another command changes its containers,
+            # containers/podman#10225) is not reported as the container's state.
+            inspect = f'docker container inspect {_q(p.container)} 2>"$k2_err"'
             lines.append(
-                f"echo '{MARK} inspect {name}'; "
-                f"{{ k2_err=$(docker container inspect {_q(p.container)} 2>&1 1>&3); }} 3>&1; "
-                f'k2_rc=$?; echo "{MARK} rc $k2_rc"; [ "$k2_rc" = 0 ] || '
-                f"{{ echo '{MARK} inspect-error {name}'; printf '%s\\n' \"$k2_err\"; }}"
+                f"k2_out=$({inspect}) || {{ sleep 1; k2_out=$({inspect}); }}; k2_rc=$?; "
+                f"echo '{MARK} inspect {name}'; printf '%s\\n' \"$k2_out\"; "
+                f'echo "{MARK} rc $k2_rc"; [ "$k2_rc" = 0 ] || '
+                f"{{ echo '{MARK} inspect-error {name}'; cat \"$k2_err\"; }}"
             )
         if p.health is not None:
             lines.append(f"echo '{MARK} gate {name}'; {_gate_command(p, p.health)}")

@@ -254,4 +254,8 @@ def day_two_on_the_mpirun_world(
     assert f"{host} added: the ranks of one instance restart together" in restarted.stdout
     assert "(exec'd)" in restarted.stdout
     status = run("status", str(inventory))
-    assert status.returncode == 0, status.stdout[-4000:] + status.stderr[-2000:]
+    assert status.returncode == 0, (
+        status.stdout[-4000:] + status.stderr[-2000:] + f"\n{other}'s containers:\n"
+        + subprocess.run(labapi.ssh_command(state, other, "docker ps -a"), capture_output=True,
+                         text=True, timeout=60, check=False).stdout
+    )
