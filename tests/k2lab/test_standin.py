@@ -146,7 +146,11 @@ def http(url: str, body: dict[str, Any] | None = None, timeout: float = 5
         return int(exc.code), exc.read()
 
 
-def wait_status(url: str, proc: Proc, want: int = 200, timeout: float = 15) -> bytes:
+def wait_status(
+    url: str, proc: Proc, want: int = 200, timeout: float = 15, containing: bytes = b""
+) -> bytes:
+    """The body of the first answer from `url` with status `want` (and `containing` in it: a
+    server answers 503 while starting before it answers 503 for what it waits on)."""
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
@@ -154,9 +158,9 @@ def wait_status(url: str, proc: Proc, want: int = 200, timeout: float = 15) -> b
             pytest.fail(f"exited {proc.popen.returncode} before {url} answered:\n{proc.output()}")
         try:
             status, body = http(url, timeout=2)
-            if status == want:
+            if status == want and containing in body:
                 return body
-            last = status
+            last = (status, body[:200])
         except OSError as exc:
             last = exc
         time.sleep(0.05)
@@ -315,7 +319,7 @@ def test_sglang_two_nodes_rendezvous(env: Env, procs: list[Proc]) -> None:
     del argv0[argv0.index("--tp-size"):argv0.index("--tp-size") + 2]
     rank0 = start(procs, env, [*argv0, *multi, "--node-rank", "0"])
     base = f"http://127.0.0.1:{port}"
-    body = wait_status(f"{base}/health", rank0, want=503)
+    body = wait_status(f"{base}/health", rank0, want=503, containing=b"node ranks")
     assert b"node ranks 1..1" in body
     assert get_json(f"{base}/server_info")["missing_ranks"] == [1]
 
