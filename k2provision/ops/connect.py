@@ -103,6 +103,11 @@ def ssh_command(target: SshTarget, command: str | None = None, *, tty: bool = Fa
         variables = {**dict(target.variables), "inventory_hostname": target.name}
         plugin.set_options(var_options=variables)
         host = plugin.get_option("host") or target.name
+        # The control socket is named by (host, port, user), the host as the plugin holds it:
+        # the address, as a playbook's task gives it. Left at the inventory name, two
+        # inventories' `lab1` (or two clusters' `node-01`) would share one master, and a
+        # command meant for one would run on the other.
+        plugin.host = host
         extra = [*(["-tt"] if tty else []), host, *([command] if command is not None else [])]
         argv = plugin._build_command(plugin.get_option("ssh_executable"), "ssh", *extra)
     return [a.decode() if isinstance(a, bytes) else str(a) for a in argv]

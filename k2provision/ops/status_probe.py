@@ -88,13 +88,10 @@ def probe_script(host: HostPlan) -> str:
         else:
             # The JSON goes to the section, the runtime's error to one of its own (podman warns
             # on stderr even when the inspect succeeds): "no such container" is a missing
-            # container, any other error a failed look, and status says which. A failed look is
-            # taken again a second later, once, so that a runtime's passing error (podman's
-            # "does not exist in database" while another command changes its containers,
-            # containers/podman#10225) is not reported as the container's state.
+            # container, any other error a failed look, and status says which.
             inspect = f'docker container inspect {_q(p.container)} 2>"$k2_err"'
             lines.append(
-                f"k2_out=$({inspect}) || {{ sleep 1; k2_out=$({inspect}); }}; k2_rc=$?; "
+                f"k2_out=$({inspect}); k2_rc=$?; "
                 f"echo '{MARK} inspect {name}'; printf '%s\\n' \"$k2_out\"; "
                 f'echo "{MARK} rc $k2_rc"; [ "$k2_rc" = 0 ] || '
                 f"{{ echo '{MARK} inspect-error {name}'; cat \"$k2_err\"; }}"

@@ -96,6 +96,22 @@ def test_ssh_command_is_the_one_ansible_builds_for_the_host() -> None:
     assert ssh_command(lab_target(), "tail -f x", tty=True)[-3] == "-tt"
 
 
+def control_path(argv: list[str]) -> str:
+    (path,) = [o.split("=", 1)[1] for o in option_values(argv) if o.startswith("ControlPath=")]
+    return path
+
+
+def test_hosts_of_one_name_in_two_clusters_never_share_a_control_master() -> None:
+    """Two inventories' `lab1` at different addresses: their commands must not ride one SSH
+    master (a status of one cluster would read the other's containers), as a playbook keys the
+    socket by address, port and user."""
+    here = control_path(ssh_command(lab_target(), "true"))
+    there = control_path(ssh_command(lab_target(ansible_host="10.82.0.11"), "true"))
+    other_port = control_path(ssh_command(lab_target(ansible_port=2200), "true"))
+    assert len({here, there, other_port}) == 3
+    assert control_path(ssh_command(lab_target(), "uptime")) == here
+
+
 def test_ssh_command_follows_ansibles_defaults_and_host_key_setting() -> None:
     argv = ssh_command(ssh_target("gpu-p01", {}), "true")
     assert argv[-2:] == ["gpu-p01", "true"]
@@ -303,22 +319,6 @@ def test_the_runtimes_warning_stays_out_of_the_json_and_its_error_is_kept(prod: 
     assert (f"{where}: docker container inspect failed: Error: acquiring lock 3 for container: "
             "resource busy") in failed.problems
     assert not any("missing" in p for p in failed.problems)
-
-
-def test_a_passing_runtime_error_is_looked_past(prod: Plan, tmp_path: Path) -> None:
-    """The first look fails as podman's database race does, the second (a second later)
-    finds the container: status reports the container, not the race."""
-    host = prod.hosts[0]
-    process = host.processes[0]
-    body = inspect_json(spec_hash(prod.container, process, host.files)).replace("'", "'\\''")
-    tried = tmp_path / "tried"
-    out = probe_with_docker(host, (
-        f'if [ ! -e {tried}-"$3" ]; then touch {tried}-"$3"; echo "Error: container $3 does '
-        f'not exist in database: no such container" >&2; echo "[]"; return 125; fi; '
-        f"printf '%s\\n' '{body}'"))
-    status = host_status(prod, host, out)
-    assert status.processes[0].state == "running", status.problems
-    assert not [p for p in status.problems if "missing" in p or "inspect" in p], status.problems
 
 
 def test_gpu_memory_is_read_per_gpu(prod: Plan) -> None:
