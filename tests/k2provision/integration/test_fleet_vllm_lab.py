@@ -114,3 +114,6 @@ def test_restarting_one_vllm_instance_rolls_it_through_the_router(
     assert after["lab3"] == before["lab3"]
     assert after[ROUTER] == before[ROUTER]
     assert list(router_workers(state).values()) == [True, True]
+    # Back in the router under its model id (the rollout posts the plan's registration body).
+    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
+    assert {w["model_id"] for w in listed["workers"]} == {"kimi-k2"}
