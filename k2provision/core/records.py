@@ -113,6 +113,11 @@ class Tunables(Record):
     bootstrap_port: Port = Field(default=8998, description="SGLang PD's KV bootstrap server")
     ray_port: Port = Field(default=6379, description="the vLLM Ray head")
     dp_rpc_port: Port = Field(default=13345, description="vLLM data-parallel RPC on the head")
+    vllm_port: Port = Field(
+        default=8100,
+        description="each vLLM server's HTTP port in a fleet, on its k2_local_ip behind the "
+        "router (which takes k2_api_port); a single vLLM instance serves on k2_api_port",
+    )
     router_metrics_port: Port = Field(
         default=29000, description="the PD router's Prometheus metrics, on its k2_local_ip"
     )
@@ -573,6 +578,16 @@ class WorkerRegistration(Record):
     """The router's ``POST /workers`` body: the URL, and what else the router needs to know."""
     answers_alone: bool = True
     """A chat completion sent to the instance's URL alone is answered (one PD half is not)."""
+    at_launch: bool = False
+    """The router starts without this worker and the launch registers it with `body`, which
+    names what the router cannot learn from the server itself (a vLLM server's model id)."""
+
+    @model_serializer(mode="wrap")
+    def _no_default_at_launch(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.at_launch:
+            data.pop("at_launch", None)
+        return data
 
 
 class PoolPlan(Record):

@@ -105,6 +105,7 @@ SERVER_HEALTH_PATH = "/health"
 # Router readiness: /health is only liveness in sglang-router; /readiness turns 200 once the
 # router sees healthy prefill and decode workers.
 ROUTER_HEALTH_PATH = "/readiness"
+ROUTER_LIVENESS_PATH = "/health"
 # A fleet's router: sglang-router 0.3.2's flags (sglang_router/router_args.py; the line of
 # each flag's RouterArgs default is given), set only where the router fronts several
 # instances so that a single instance's render stays as it was.
@@ -258,7 +259,7 @@ def _render_tp(deployment: Deployment) -> dict[str, HostRender]:
     for instance in deployment.pool("nodes").members():
         out.update(_render_tp_instance(deployment, instance))
     if deployment.cluster.fleet:
-        _add_router(out, deployment)
+        add_router(out, deployment)
     return out
 
 
@@ -490,16 +491,19 @@ def _pd_listeners(
     return found
 
 
-def _router_host(deployment: Deployment) -> HostSpec:
+def router_host(deployment: Deployment) -> HostSpec:
+    """The host the router runs on: [router], else the first pool's first master."""
     cluster = deployment.cluster
     first: PoolName = "prefill" if cluster.layout == "pd" else "nodes"
     return cluster.host(cluster.router or deployment.pool(first).master)
 
 
 def _pool_urls(deployment: Deployment, name: PoolName) -> list[str]:
-    """The HTTP URL of each instance's rank 0 in a pool, on the address its server binds."""
+    """The HTTP URL of each instance's rank 0 in a pool, on the address its server binds: a
+    fleet's instances carry the URL their engine gave them (a vLLM fleet's router fronts
+    vLLM servers), a single PD instance is SGLang's."""
     return [
-        instance_url(deployment.cluster, instance)
+        instance.url or instance_url(deployment.cluster, instance)
         for instance in deployment.pool(name).members()
     ]
 
@@ -536,8 +540,13 @@ def _router_guard(deployment: Deployment) -> tuple[tuple[str, ...], tuple[Launch
 def _workers(deployment: Deployment) -> tuple[str, ...]:
     """The router's workers and how it picks among them."""
     if deployment.cluster.layout != "pd":
-        # Replicas of layout tp keep SGLang's radix cache: cache-aware routing sends a
-        # request to the replica most likely to hold its prefix.
+        # Replicas keep their prefix caches (SGLang's radix cache, vLLM's prefix caching):
+        # cache-aware routing sends a request to the replica most likely to hold its prefix.
+        # Workers the launch registers (WorkerRegistration.at_launch) are not on the command
+        # line: the router starts without them.
+        urls = [i.url for i in deployment.pool("nodes").members() if not _registered_later(i)]
+        if not urls:
+            return ("--policy", "cache_aware")
         return ("--worker-urls", *_pool_urls(deployment, "nodes"), "--policy", "cache_aware")
     bootstrap = str(deployment.cluster.tunables.bootstrap_port)
     argv: tuple[str, ...] = ("--pd-disaggregation",)
@@ -553,9 +562,13 @@ def _workers(deployment: Deployment) -> tuple[str, ...]:
     return (*argv, *PD_FLEET_POLICIES)
 
 
+def _registered_later(instance: PoolPlan) -> bool:
+    return instance.router_worker is not None and instance.router_worker.at_launch
+
+
 def _router(deployment: Deployment) -> Process:
     t = deployment.cluster.tunables
-    router = _router_host(deployment)
+    router = router_host(deployment)
     guard, resolve = _router_guard(deployment)
     argv = (
         *LAUNCH_ROUTER,
@@ -573,7 +586,11 @@ def _router(deployment: Deployment) -> Process:
         str(t.router_metrics_port),
         *guard,
     )
-    health = endpoint_gate(t, router.address, t.api_port, ROUTER_HEALTH_PATH)
+    # /readiness needs workers; a router whose workers the launch registers after it starts
+    # is gated on /health (liveness), and the registration waits for the workers instead.
+    later = any(_registered_later(i) for p in deployment.pools for i in p.members())
+    path = ROUTER_LIVENESS_PATH if later else ROUTER_HEALTH_PATH
+    health = endpoint_gate(t, router.address, t.api_port, path)
     return Process(
         name="sglang-router",
         container=ROUTER_CONTAINER,
@@ -610,14 +627,15 @@ def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
         name: HostRender(processes=tuple(procs), listeners=tuple(listeners[name]))
         for name, procs in processes.items()
     }
-    _add_router(out, deployment)
+    add_router(out, deployment)
     return out
 
 
-def _add_router(out: dict[str, HostRender], deployment: Deployment) -> None:
-    """Put the router on its host, after what the host already runs."""
+def add_router(out: dict[str, HostRender], deployment: Deployment) -> None:
+    """Put the router on its host, after what the host already runs. Other engines' replica
+    fleets use it too: sglang-router fronts any OpenAI-compatible server in regular mode."""
     t = deployment.cluster.tunables
-    host = _router_host(deployment)
+    host = router_host(deployment)
     router = _router(deployment)
     what = "the PD router" if deployment.cluster.layout == "pd" else "the fleet's router"
     mine = (
@@ -676,7 +694,7 @@ def endpoint(deployment: Deployment) -> str:
     """The OpenAI-compatible base URL: the router (pd, fleets) or rank 0's server (tp)."""
     t = deployment.cluster.tunables
     if deployment.cluster.layout == "pd" or deployment.cluster.fleet:
-        return endpoint_url(t, _router_host(deployment).address, t.api_port)
+        return endpoint_url(t, router_host(deployment).address, t.api_port)
     return endpoint_url(t, deployment.pool("nodes").master_address, t.sglang_port)
 
 

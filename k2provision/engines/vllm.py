@@ -71,6 +71,7 @@ from k2provision.engines.base import (
     ContainerNeeds,
     Deployment,
     HostRender,
+    Listener,
     PublishedFigure,
     ResultFormat,
     WeightSlices,
@@ -83,13 +84,13 @@ from k2provision.engines.common import (
     endpoint_url,
     fp8_kv_problems,
     host_port,
+    http_gate,
     http_url,
     inventory_served_name,
     kv_cache_dtype,
     no_warnings,
     own_tunables,
     parser_args,
-    regular_worker,
     socket_env,
     socket_ifname,
     tls_args,
@@ -106,6 +107,7 @@ from k2provision.engines.memory import (
     kv_bytes_per_token,
     weights_per_gpu,
 )
+from k2provision.engines.sglang import add_router, router_host
 
 CONTAINER = "k2-vllm"
 RAY_LAYOUTS = ("tp", "tp_pp")
@@ -125,51 +127,104 @@ RAY_CHECK = (
 
 
 def render(deployment: Deployment) -> dict[str, HostRender]:
-    """Processes per host for the cluster's vLLM layout."""
+    """Processes per host for the cluster's vLLM layout: every instance of the pool, and in a
+    fleet the router in front of them."""
     layout = deployment.cluster.layout
-    if layout in RAY_LAYOUTS:
-        if len(deployment.pool("nodes").hosts) == 1:
-            return _render_one_node(deployment)
-        return _render_ray(deployment)
-    if layout == "dp_ep":
-        return _render_dp_ep(deployment)
-    raise ValueError(f"vllm has no layout {layout!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"vllm has no layout {layout!r}")
+    out: dict[str, HostRender] = {}
+    for pool in deployment.pool("nodes").members():
+        if layout == "dp_ep":
+            out.update(_render_dp_ep(deployment, pool))
+        elif len(pool.hosts) == 1:
+            out.update(_render_one_node(deployment, pool))
+        else:
+            out.update(_render_ray(deployment, pool))
+    if deployment.cluster.fleet:
+        add_router(out, deployment)
+    return out
 
 
 def endpoint(deployment: Deployment) -> str:
-    """The head's OpenAI-compatible base URL."""
-    pool = deployment.pool("nodes")
+    """The OpenAI-compatible base URL: the head's API server, or a fleet's router."""
     t = deployment.cluster.tunables
-    return endpoint_url(t, pool.master_address, t.api_port)
+    if deployment.cluster.fleet:
+        return endpoint_url(t, router_host(deployment).address, t.api_port)
+    return endpoint_url(t, deployment.pool("nodes").master_address, t.api_port)
 
 
 def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
-    """Where a router would reach one instance (fleets do not render for this engine yet)."""
-    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
+    """Where a fleet's router reaches one instance: its API server on the head's k2_local_ip,
+    on k2_vllm_port (the router takes k2_api_port, and may share the head's host)."""
+    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.vllm_port)
 
 
 def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
-    """A replica the router takes back by its URL (fleets do not render for this engine yet)."""
-    return regular_worker(cluster, instance)
+    """A replica registered by the launch with its model id (regular mode). sglang-router
+    0.3.2 asks a new worker's /server_info and /model_info for labels and goes on without them
+    where the server has neither (sgl-model-gateway core/steps/worker/local/
+    discover_metadata.rs: HTTP mode keeps what answers); vLLM 0.33.0 serves them only in its
+    development mode, so a worker taken from --worker-urls gets the model id "unknown"
+    (create_worker.rs: the request's model_id, else served_model_name or model_path from
+    /server_info) and /v1/models lists "unknown", as the lab showed. `POST /workers` with
+    model_id names it; vLLM's /health answers the router's health checks."""
+    body: dict[str, str | int] = {
+        "url": instance.url,
+        "model_id": cluster.tunables.served_model_name,
+    }
+    return WorkerRegistration(body=body, at_launch=True)
 
 
-def _tls(deployment: Deployment) -> tuple[str, ...]:
-    """TLS on the API server: vLLM 0.33.0's --ssl-certfile / --ssl-keyfile
-    (vllm/entrypoints/common/cli_args.py, handed to uvicorn by
-    entrypoints/launchers/api_server/entry.py); on the API server only, the one process on
-    the endpoint's host that has the launch phase's files."""
+def _serving(deployment: Deployment, pool: PoolPlan) -> tuple[str, int, bool]:
+    """Where an instance's API server listens: (bind address, port, whether it is the
+    endpoint). Alone it is the endpoint on every interface and k2_api_port; in a fleet it
+    serves the router on the head's k2_local_ip and k2_vllm_port."""
+    t = deployment.cluster.tunables
+    if pool.instance:
+        return deployment.cluster.host(pool.master).local_ip, t.vllm_port, False
+    return any_address(deployment.cluster), t.api_port, True
+
+
+def _serve_gate(deployment: Deployment, pool: PoolPlan) -> HealthGate:
+    """The API server's launch gate: the endpoint's /health, or in a fleet the instance's own
+    on the private address (the router's key and TLS are the router's)."""
+    t = deployment.cluster.tunables
+    bind, port, endpoint_itself = _serving(deployment, pool)
+    if endpoint_itself:
+        return endpoint_gate(t, pool.master_address, port, HEALTH_PATH)
+    return http_gate(bind, port, HEALTH_PATH, t.health_timeout_s)
+
+
+def _serve_listener(deployment: Deployment, pool: PoolPlan, serve: Process) -> Listener:
+    bind, port, endpoint_itself = _serving(deployment, pool)
+    if endpoint_itself:
+        return listener(serve, "k2_api_port", "the vLLM API server", port, bind=bind, public=True)
+    return listener(
+        serve, "k2_vllm_port", "the vLLM API server of an instance behind the router", port,
+        bind=bind,
+    )
+
+
+def _tls(deployment: Deployment, pool: PoolPlan) -> tuple[str, ...]:
+    """TLS on the API server (alone; in a fleet the router serves the endpoint's TLS):
+    vLLM 0.33.0's --ssl-certfile / --ssl-keyfile (vllm/entrypoints/common/cli_args.py,
+    handed to uvicorn by entrypoints/launchers/api_server/entry.py); on the API server only,
+    the one process on the endpoint's host that has the launch phase's files."""
+    if pool.instance:
+        return ()
     return tls_args(deployment.cluster.tunables, "--ssl-certfile", "--ssl-keyfile")
 
 
 def _api_key(
-    deployment: Deployment, env: dict[str, str], values: tuple[LaunchValue, ...]
+    deployment: Deployment, pool: PoolPlan, env: dict[str, str], values: tuple[LaunchValue, ...]
 ) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
     """The API server's `env` and host `values` with the endpoint's key: vLLM 0.33.0 reads it
     from VLLM_API_KEY when --api-key is not given (vllm/envs.py,
     entrypoints/serve/middleware/register.py), so it never enters the process's argv; the
-    middleware guards /v1 only, and the launch gate's /health stays open."""
+    middleware guards /v1 only, and the launch gate's /health stays open. In a fleet the
+    router holds the key and reaches the servers on the private network, as SGLang's."""
     key = api_key_value(deployment.cluster.tunables)
-    if key is None:
+    if key is None or pool.instance:
         return env, values
     return {**env, "VLLM_API_KEY": key.ref}, (*values, key)
 
@@ -181,7 +236,9 @@ RAY_BINDS_ALL = (
 )
 
 
-def _env(deployment: Deployment, host: HostSpec) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
+def _env(
+    deployment: Deployment, pool: PoolPlan, host: HostSpec
+) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
     """Environment of every vLLM-side process on `host` (Ray nodes included), and the host
     values it refers to."""
     t = deployment.cluster.tunables
@@ -192,14 +249,13 @@ def _env(deployment: Deployment, host: HostSpec) -> tuple[dict[str, str], tuple[
         "VLLM_ENGINE_READY_TIMEOUT_S": str(t.health_timeout_s),
     }
     ifname, values = socket_ifname(deployment.cluster, host)
-    env.update(socket_env(ifname, nvshmem=_deepep(deployment)))
+    env.update(socket_env(ifname, nvshmem=_deepep(deployment, pool)))
     return env, values
 
 
-def _deepep(deployment: Deployment) -> bool:
-    """Whether the experts travel through DeepEP (NVSHMEM) between nodes."""
+def _deepep(deployment: Deployment, pool: PoolPlan) -> bool:
+    """Whether the instance's experts travel through DeepEP (NVSHMEM) between nodes."""
     layout, t = deployment.cluster.layout, deployment.cluster.tunables
-    pool = deployment.pool("nodes")
     return (
         layout == "dp_ep"
         and len(pool.hosts) > 1
@@ -227,11 +283,12 @@ def _serve_args(deployment: Deployment, pool: PoolPlan, parallel: list[str]) -> 
         deployment.model, "--tool-call-parser", "--reasoning-parser",
         tool_switch=("--enable-auto-tool-choice",),
     )
+    bind, port, _ = _serving(deployment, pool)
     args += [
         "--host",
-        any_address(deployment.cluster),
+        bind,
         "--port",
-        str(t.api_port),
+        str(port),
         "--max-model-len",
         str(deployment.context_length),
         "--gpu-memory-utilization",
@@ -291,39 +348,31 @@ def _tp_pp_args(pool: PoolPlan) -> list[str]:
     return parallel
 
 
-def _render_one_node(deployment: Deployment) -> dict[str, HostRender]:
+def _render_one_node(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRender]:
     """One host: `vllm serve` as the container's main command with vLLM's default executor,
     multiprocessing (vllm/config/parallel.py ParallelConfig.__post_init__ picks "mp" when
     the world fits the node and no Ray placement group exists), as the recipes run it."""
-    pool = deployment.pool("nodes")
-    t = deployment.cluster.tunables
     (host,) = _hosts(deployment, pool)
-    env, values = _api_key(deployment, *_env(deployment, host))
+    env, values = _api_key(deployment, pool, *_env(deployment, pool, host))
     serve = Process(
         name="vllm-serve",
         container=CONTAINER,
         image=deployment.image,
-        argv=(*_serve_args(deployment, pool, _tp_pp_args(pool)), *_tls(deployment)),
+        argv=(*_serve_args(deployment, pool, _tp_pp_args(pool)), *_tls(deployment, pool)),
         env=env,
         resolve=values,
         stage=0,
-        health=endpoint_gate(t, pool.master_address, t.api_port, HEALTH_PATH),
+        health=_serve_gate(deployment, pool),
+        instance=pool.ref(),
     )
     return {
         host.name: HostRender(
-            processes=(serve,),
-            listeners=(
-                listener(
-                    serve, "k2_api_port", "the vLLM API server", t.api_port,
-                    bind=any_address(deployment.cluster), public=True,
-                ),
-            ),
+            processes=(serve,), listeners=(_serve_listener(deployment, pool, serve),)
         )
     }
 
 
-def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
-    pool = deployment.pool("nodes")
+def _render_ray(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRender]:
     t = deployment.cluster.tunables
     hosts = _hosts(deployment, pool)
     head = hosts[0]
@@ -332,7 +381,7 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
     ray_options = ("--disable-usage-stats", "--block")
 
     out: dict[str, HostRender] = {}
-    head_env, head_values = _env(deployment, head)
+    head_env, head_values = _env(deployment, pool, head)
     head_ray = Process(
         name="ray-head",
         container=CONTAINER,
@@ -351,20 +400,22 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
         resolve=head_values,
         stage=0,
         health=ray_gate(ray_address, 1, gpn, t.health_timeout_s),
+        instance=pool.ref(),
     )
     parallel = [*_tp_pp_args(pool), "--distributed-executor-backend", "ray"]
     serve_argv = _serve_args(deployment, pool, parallel)
-    serve_env, serve_values = _api_key(deployment, head_env, head_values)
+    serve_env, serve_values = _api_key(deployment, pool, head_env, head_values)
     serve = Process(
         name="vllm-serve",
         container=CONTAINER,
         image=deployment.image,
-        argv=(*serve_argv, *_tls(deployment)),
+        argv=(*serve_argv, *_tls(deployment, pool)),
         env=serve_env,
         resolve=serve_values,
         stage=2,
         exec_in=True,
-        health=endpoint_gate(t, pool.master_address, t.api_port, HEALTH_PATH),
+        health=_serve_gate(deployment, pool),
+        instance=pool.ref(),
     )
     out[head.name] = HostRender(
         processes=(head_ray, serve),
@@ -373,14 +424,11 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
                 head_ray, "k2_ray_port", "the Ray head", t.ray_port,
                 bind=any_address(deployment.cluster), wildcard_why=RAY_BINDS_ALL,
             ),
-            listener(
-                serve, "k2_api_port", "the vLLM API server", t.api_port,
-                bind=any_address(deployment.cluster), public=True,
-            ),
+            _serve_listener(deployment, pool, serve),
         ),
     )
     for host in hosts[1:]:
-        env, values = _env(deployment, host)
+        env, values = _env(deployment, pool, host)
         worker = Process(
             name="ray-worker",
             container=CONTAINER,
@@ -398,6 +446,7 @@ def _render_ray(deployment: Deployment) -> dict[str, HostRender]:
             resolve=values,
             stage=1,
             health=ray_gate(ray_address, len(hosts), len(hosts) * gpn, t.health_timeout_s),
+            instance=pool.ref(),
         )
         out[host.name] = HostRender(processes=(worker,))
     return out
@@ -418,8 +467,7 @@ def expert_args(deployment: Deployment, pool: PoolPlan) -> list[str]:
     return args
 
 
-def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
-    pool = deployment.pool("nodes")
+def _render_dp_ep(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRender]:
     t = deployment.cluster.tunables
     p = pool.parallel
     hosts = _hosts(deployment, pool)
@@ -448,12 +496,12 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
         head = rank == 0
         # The head holds DP ranks 0..local-1 without a start rank (internal load balancing);
         # a start rank there would switch vLLM to hybrid mode, which refuses headless ranks.
-        argv = [*shared, *_tls(deployment)] if head else [
+        argv = [*shared, *_tls(deployment, pool)] if head else [
             *shared, "--data-parallel-start-rank", str(rank * local), "--headless"
         ]
-        env, values = _env(deployment, host)
+        env, values = _env(deployment, pool, host)
         if head:
-            env, values = _api_key(deployment, env, values)
+            env, values = _api_key(deployment, pool, env, values)
         process = Process(
             name="vllm-serve" if head else "vllm-headless",
             container=CONTAINER,
@@ -462,18 +510,12 @@ def _render_dp_ep(deployment: Deployment) -> dict[str, HostRender]:
             env=env,
             resolve=values,
             stage=0,
-            health=(
-                endpoint_gate(t, pool.master_address, t.api_port, HEALTH_PATH)
-                if head
-                else None
-            ),
+            health=_serve_gate(deployment, pool) if head else None,
+            instance=pool.ref(),
         )
         listeners = (
             (
-                listener(
-                    process, "k2_api_port", "the vLLM API server", t.api_port,
-                    bind=any_address(deployment.cluster), public=True,
-                ),
+                _serve_listener(deployment, pool, process),
                 # The DP handshake binds --data-parallel-address (v1/engine/utils.py
                 # get_engine_client_zmq_addr(host=data_parallel_address)).
                 listener(
@@ -497,13 +539,15 @@ ROUTED_EXPERTS_ON_HOST = False
 TEXT_ONLY = True  # --language-model-only
 FP8_KV = True  # --kv-cache-dtype fp8
 # Layouts that split attention with tensor parallelism (where DCP applies).
-FLEET_LAYOUTS: tuple[str, ...] = ()
+# Every layout renders fleets: replicas behind sglang-router (regular mode), each instance its
+# own Ray cluster or DP group.
+FLEET_LAYOUTS: tuple[str, ...] = LAYOUTS
 DCP_LAYOUTS: tuple[str, ...] = ("tp", "tp_pp")
 HEALTH_PATH = "/health"
 # vllm 0.33.0's API server always mounts Prometheus' /metrics
 # (entrypoints/serve/instrumentator/metrics.py); nothing to turn on.
 METRICS_PATH: str | None = "/metrics"
-METRICS_PORTS: tuple[str, ...] = ("k2_api_port",)
+METRICS_PORTS: tuple[str, ...] = ("k2_api_port", "k2_vllm_port", "k2_router_metrics_port")
 BENCH_CLIENT = BenchClient(
     "vllm",
     "vllm.benchmarks.serve",

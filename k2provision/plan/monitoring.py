@@ -32,6 +32,8 @@ EXPORTER_PATH = "/metrics"
 Job = Literal["engine", "router", "node", "dcgm"]
 JOBS: tuple[Job, ...] = ("engine", "router", "node", "dcgm")
 ROUTER_SETTINGS = frozenset({"k2_router_metrics_port"})
+# The fleet's and PD's router process: its metrics are on ROUTER_SETTINGS' port only.
+ROUTER_PROCESS = "sglang-router"
 
 
 class ScrapeTarget(Record):
@@ -83,6 +85,8 @@ def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
                 if binding.setting not in engine.METRICS_PORTS:
                     continue
                 router = binding.setting in ROUTER_SETTINGS
+                if binding.process == ROUTER_PROCESS and not router:
+                    continue  # the router's endpoint port (k2_api_port in a vLLM fleet)
                 found.append(
                     target(
                         job="router" if router else "engine",

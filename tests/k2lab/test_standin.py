@@ -194,7 +194,7 @@ def assert_serves(base: str, proc: Proc, model_id: str) -> None:
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == [model_id]
     assert models["data"][0]["object"] == "model"
-    assert get_json(f"{base}/server_info")["standin"] is True
+    assert get_json(f"{base}/standin/info")["standin"] is True
     status, body = http(f"{base}/v1/chat/completions", {
         "model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
     })
@@ -528,7 +528,7 @@ def test_vllm_data_parallel_across_nodes(env: Env, procs: list[Proc]) -> None:
                                   "--data-parallel-start-rank", "2", "--headless"])
     wait_status(f"{base}/health", head)
     assert env.record("vllm", headless.pid)["role"] == "headless"
-    assert get_json(f"{base}/server_info")["joined"][1]["ranks"] == [2, 4]
+    assert get_json(f"{base}/standin/info")["joined"][1]["ranks"] == [2, 4]
     assert headless.terminate() == 0
 
 
@@ -591,7 +591,7 @@ def test_ray_cluster_and_vllm_on_ray(env: Env, procs: list[Proc]) -> None:
         *vllm_argv(env, v_port), "--tensor-parallel-size", "16",
         "--distributed-executor-backend", "ray"])
     wait_status(f"http://127.0.0.1:{v_port}/health", vllm)
-    assert get_json(f"http://127.0.0.1:{v_port}/server_info")["ray_address"] == \
+    assert get_json(f"http://127.0.0.1:{v_port}/standin/info")["ray_address"] == \
         f"127.0.0.1:{port}"
     assert vllm.terminate() == 0
     assert worker.terminate() == 0
@@ -814,7 +814,7 @@ def test_images_carry_the_catalogs_pins(containerfile: str, arg: str, pinned: st
 # The stand-ins drain on SIGTERM as SGLang and vLLM do (k2standin.drain), run directly on this
 # machine: a request in flight is answered whole, new ones and the health routes get 503, and
 # the process exits 0 once nothing is left; vLLM's default (`--shutdown-timeout 0`) cuts the
-# request off instead. Each server reports the spec it runs (`/server_info` standin_spec, and
+# request off instead. Each server reports the spec it runs (`/standin/info` standin_spec, and
 # `/v1/models` max_model_len as the engines do), so a smoke test can tell a new spec from the
 # old.
 
@@ -904,7 +904,7 @@ def test_a_server_reports_the_spec_it_runs(env: Env, procs: list[Proc]) -> None:
         proc = start(procs, env, sglang_argv(env, port, "--context-length", length))
         wait_status(f"{base}/health", proc)
         assert get_json(f"{base}/v1/models")["data"][0]["max_model_len"] == int(length)
-        specs.append(get_json(f"{base}/server_info")["standin_spec"])
+        specs.append(get_json(f"{base}/standin/info")["standin_spec"])
         assert proc.terminate() == 0
     assert specs[0] != specs[1]
     port = free_port()

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
+    launch_registrations,
+)
 from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan, Process
 from k2provision.errors import InventoryError, PlanError
@@ -97,6 +100,7 @@ def test_each_instance_ranks_meet_at_their_own_master() -> None:
 
 def test_replica_fleet_routes_through_one_router_in_regular_mode() -> None:
     plan = _plan(TP_FLEET)
+    assert launch_registrations(plan.model_dump(mode="json")) == []  # SGLang's name themselves
     (router,) = _routers(plan)
     urls = [i.url for i in plan.pools[0].instances]
     assert len(urls) == 4
@@ -147,12 +151,58 @@ def test_instance_counts_of_pools_the_layout_lacks_are_refused(tmp_path: Path) -
 
 
 def test_an_engine_without_fleets_refuses_them_naming_what_works(tmp_path: Path) -> None:
-    path = _edited(tmp_path, TP_FLEET, "k2_engine=sglang", "k2_engine=vllm")
+    path = _edited(tmp_path, EXAMPLES / "trtllm-tp-ep.ini", "k2_layout=tp_ep",
+                   "k2_layout=tp_ep\nk2_instances=2")
     with pytest.raises(PlanError) as caught:
         _plan(path)
     (line,) = caught.value.problems
-    assert line.startswith("k2_instances=4: vLLM layout tp renders one instance")
-    assert "SGLang tp, pd" in line
+    assert line.startswith("k2_instances=2: TensorRT-LLM layout tp_ep renders one instance")
+    assert "SGLang tp, pd; vLLM tp, tp_pp, dp_ep" in line
+
+
+@pytest.mark.parametrize("layout", ["tp", "dp_ep"])
+def test_a_vllm_fleet_is_replicas_behind_the_router_on_the_private_address(
+    tmp_path: Path, layout: str
+) -> None:
+    """Four 2-node vLLM instances (Ray TP, or DP+EP), each serving the router on its head's
+    k2_local_ip and k2_vllm_port and registered by the launch with its model id (the router
+    starts without them, gated on its liveness); the router alone is the endpoint, holds the
+    key, and is scraped on its metrics port only."""
+    path = _edited(tmp_path, TP_FLEET, "k2_engine=sglang\nk2_layout=tp",
+                   f"k2_engine=vllm\nk2_layout={layout}\nk2_api_key_file=/etc/k2/key")
+    plan = _plan(path)
+    heads = [i.master for i in plan.pools[0].instances]
+    assert heads == ["node-01", "node-03", "node-05", "node-07"]
+    local = {h.name: h.local_ip for h in plan.hosts}
+    urls = [f"http://{local[h]}:8100" for h in heads]
+    assert [i.url for i in plan.pools[0].instances] == urls
+    (router,) = _routers(plan)
+    assert "--worker-urls" not in router.argv
+    assert router.health is not None
+    assert router.health.url == "http://10.20.1.5:8000/health"
+    assert launch_registrations(plan.model_dump(mode="json")) == [
+        {"url": url, "model_id": "kimi-k2"} for url in urls
+    ]
+    assert "--api-key" in router.argv
+    assert plan.endpoint == "http://10.20.1.5:8000"
+    served = [b for h in plan.hosts for b in h.ports if b.setting == "k2_vllm_port"]
+    assert [(b.bind, b.port, b.public) for b in served] == [(local[h], 8100, False) for h in heads]
+    public = [(h.name, b.setting) for h in plan.hosts for b in h.ports if b.public]
+    assert public == [("router-01", "k2_api_port")]
+    serves = [p for h in plan.hosts for p in h.processes if p.name == "vllm-serve"]
+    assert len(serves) == 4
+    for serve in serves:
+        assert serve.instance is not None
+        assert "VLLM_API_KEY" not in serve.env
+        assert "--ssl-certfile" not in serve.argv
+        assert serve.health is not None
+        assert serve.health.url is not None
+        assert serve.health.url.endswith(":8100/health")
+    engine = sorted(t.address for t in scrape_targets(plan) if t.job == "engine")
+    assert engine == sorted(f"{local[h]}:8100" for h in heads)
+    assert [t.address for t in scrape_targets(plan) if t.job == "router"] == [
+        f"{local['router-01']}:29000"
+    ]
 
 
 def test_metrics_are_labelled_by_instance() -> None:

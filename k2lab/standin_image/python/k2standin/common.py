@@ -327,7 +327,7 @@ def write_record(entry: str, argv: Sequence[str], **extra: Any) -> Path | None:
 
 
 def spec_digest(argv: Sequence[str]) -> str:
-    """A short digest of a launch argv: the spec a server runs, as `/server_info` reports it
+    """A short digest of a launch argv: the spec a server runs, as `/standin/info` reports it
     (`standin_spec`), so a smoke test tells a new spec from the old."""
     return hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
 

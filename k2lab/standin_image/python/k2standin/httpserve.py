@@ -1,8 +1,9 @@
 """A small OpenAI-compatible HTTP server (stdlib ThreadingHTTPServer) for the stand-ins.
 
 It answers the endpoints k2provision's health gates and verify role use (`/health`,
-`/health_generate`, `/liveness`, `/readiness`, `/v1/models`, `/server_info`) and returns a
-well-formed chat completion whose content says it came from the stand-in. No model runs.
+`/health_generate`, `/liveness`, `/readiness`, `/v1/models`, `/server_info`; `/standin/info`
+for the lab's tests) and returns a well-formed chat completion whose content says it came
+from the stand-in. No model runs.
 """
 
 from __future__ import annotations
@@ -192,10 +193,17 @@ class ModelServer:
         g["/readiness"] = self.health
         g["/liveness"] = self.liveness
         g["/v1/models"] = self.models
-        g["/server_info"] = self.server_info
-        g["/get_server_info"] = self.server_info
-        g["/get_model_info"] = self.model_info
-        g["/model_info"] = self.model_info
+        # What the stand-in knows of itself, for the lab's tests, under a path no engine has.
+        g["/standin/info"] = self.server_info
+        if engine != "vllm":
+            # SGLang's introspection routes, which sglang-router asks a new worker for. vLLM
+            # 0.33.0 serves /server_info only with VLLM_SERVER_DEV_MODE
+            # (entrypoints/launchers/api_server/routers.py) and no /model_info, so its
+            # stand-in serves neither and a fleet's router meets vLLM's real surface.
+            g["/server_info"] = self.server_info
+            g["/get_server_info"] = self.server_info
+            g["/get_model_info"] = self.model_info
+            g["/model_info"] = self.model_info
         g["/version"] = self.version
         g["/metrics"] = self.metrics
         p["/v1/chat/completions"] = self.chat

@@ -213,6 +213,19 @@ def json_body(result: dict[str, Any]) -> Any:
         return {}
 
 
+def launch_registrations(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `POST /workers` bodies of the fleet's workers the launch registers with the router
+    (WorkerRegistration.at_launch), in the plan's order; empty when the router takes all of
+    its workers from its command line."""
+    parsed = Plan.model_validate(plan)
+    return [
+        dict(i.router_worker.body)
+        for pool in parsed.pools
+        for i in pool.members()
+        if i.router_worker is not None and i.router_worker.at_launch
+    ]
+
+
 def converge_skips(own: list[str], every_host: list[Any]) -> list[str]:
     """This host's skipped phases once every host's look is in (`every_host`: each one's
     skipped_phases; a host the look could not judge counts as running everything)."""
@@ -238,5 +251,6 @@ class FilterModule:
             rollout_start_reason,
             rollout_smoke_reason,
             json_body,
+            launch_registrations,
         )
         return {f.__name__: _plain_args(f) for f in funcs}

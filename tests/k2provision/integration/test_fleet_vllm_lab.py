@@ -1,0 +1,119 @@
+"""A vLLM fleet on real lab hosts (the `lab-fleet` stream): two vLLM replicas of one host each
+behind the real, pinned sglang-router on a third host. The stand-ins serve vLLM 0.33.0's HTTP
+surface, so the router meets what it meets in production: no /server_info or /model_info
+(vLLM serves them only in its development mode), which the router asks a new worker for and
+goes on without.
+
+- `apply` brings the fleet up: each replica serves the router on its k2_local_ip and
+  k2_vllm_port, the launch registers both with their model id (the router cannot learn it
+  from a vLLM server), the router lists both healthy and /v1/models the served name, `status`
+  shows the fleet up, and every request sent through the router is answered 200, by both
+  replicas;
+- `restart --limit lab2` rolls replica-1 through the router (out, drained, started, smoke-tested
+  on its own URL, back in) while a client keeps streaming: every request is answered 200 and
+  only replica-1's container is new.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import k2lab as lab_api
+from k2lab.traffic import Traffic
+from tests.pd_lab import MODEL_DIR, applied_fleet, k2
+from tests.runners import on_host
+
+pytestmark = pytest.mark.lab
+
+ROUTER, REPLICAS = "lab1", ("lab2", "lab3")
+VLLM_PORT = 8100  # k2_vllm_port's default
+VARS: dict[str, lab_api.VarValue] = {
+    "k2_engine": "vllm",
+    "k2_layout": "tp",
+    "k2_instances": 2,
+    "k2_model_dir": MODEL_DIR,
+    "k2_context_length": 32768,
+}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    """3 lab hosts: the router on lab1, replica-1 on lab2, replica-2 on lab3; applied."""
+    yield from applied_fleet(tmp_path_factory, "vllm-fleet", {"router": 1, "nodes": 2}, VARS)
+
+
+def endpoint(state: Any) -> str:
+    return f"http://{state.host(ROUTER).address}:8000"
+
+
+def router_workers(state: Any) -> dict[str, bool]:
+    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
+    return {w["url"]: bool(w["is_healthy"]) for w in listed["workers"]}
+
+
+def served(state: Any, host: str) -> float:
+    """The requests the vLLM server on `host` has answered (its e2e latency count)."""
+    text = on_host(state, ROUTER, f"curl -s http://{state.host(host).address}:{VLLM_PORT}/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:e2e_request_latency_seconds_count")
+    )
+
+
+def serving_container(state: Any, host: str) -> str:
+    name = "k2-router" if host == ROUTER else "k2-vllm"
+    return on_host(state, host, f"docker inspect --format '{{{{.Id}}}}' {name}").strip()
+
+
+def test_the_router_serves_both_vllm_replicas_from_their_private_port(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    urls = [f"http://{state.host(h).address}:{VLLM_PORT}" for h in REPLICAS]
+    assert router_workers(state) == dict.fromkeys(urls, True)
+    # vLLM's surface: no SGLang introspection for the router to name the workers by, so the
+    # launch registered each with its model id, and /v1/models lists the served name.
+    gone = on_host(state, ROUTER, f"curl -s -o /dev/null -w '%{{http_code}}' {urls[0]}/server_info")
+    assert gone == "404"
+    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
+    assert {w["model_id"] for w in listed["workers"]} == {"kimi-k2"}
+    models = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/v1/models"))
+    assert [m["id"] for m in models["data"]] == ["kimi-k2"]
+    status = k2("status", str(inventory), runs=tmp_path / "runs")
+    assert status.returncode == 0, status.stdout[-3000:]
+    assert "fleet: 2/2 instances up" in status.stdout
+    before = {h: served(state, h) for h in REPLICAS}
+    with Traffic(endpoint(state), threads=4) as client:
+        deadline = time.monotonic() + 120
+        while sum(client.counts.values()) < 40 and time.monotonic() < deadline:
+            time.sleep(0.5)
+    assert client.failures == [], client.counts
+    assert all(served(state, h) > before[h] for h in REPLICAS), before
+
+
+def test_restarting_one_vllm_instance_rolls_it_through_the_router(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    before = {h: serving_container(state, h) for h in (ROUTER, *REPLICAS)}
+    with Traffic(endpoint(state)) as client:
+        run = k2("restart", str(inventory), "--limit", "lab2", "--yes", runs=tmp_path / "runs")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "rolling, the endpoint serving: 1. replica-1 on lab2" in run.stdout
+    assert client.failures == [], client.counts
+    assert client.counts["200"] > 10
+    after = {h: serving_container(state, h) for h in (ROUTER, *REPLICAS)}
+    assert after["lab2"] != before["lab2"]  # replica-1 runs in a new container
+    assert after["lab3"] == before["lab3"]
+    assert after[ROUTER] == before[ROUTER]
+    assert list(router_workers(state).values()) == [True, True]
+    # Back in the router under its model id (the rollout posts the plan's registration body).
+    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
+    assert {w["model_id"] for w in listed["workers"]} == {"kimi-k2"}
