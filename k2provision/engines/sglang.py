@@ -544,10 +544,15 @@ def _workers(deployment: Deployment) -> tuple[str, ...]:
         # cache-aware routing sends a request to the replica most likely to hold its prefix.
         # Workers the launch registers (WorkerRegistration.at_launch) are not on the command
         # line: the router starts without them.
-        urls = [i.url for i in deployment.pool("nodes").members() if not _registered_later(i)]
+        members = deployment.pool("nodes").members()
+        urls = [
+            url
+            for instance, url in zip(members, _pool_urls(deployment, "nodes"), strict=True)
+            if not _registered_later(instance)
+        ]
         if not urls:
             return ("--policy", "cache_aware")
-        return ("--worker-urls", *_pool_urls(deployment, "nodes"), "--policy", "cache_aware")
+        return ("--worker-urls", *urls, "--policy", "cache_aware")
     bootstrap = str(deployment.cluster.tunables.bootstrap_port)
     argv: tuple[str, ...] = ("--pd-disaggregation",)
     for url in _pool_urls(deployment, "prefill"):

@@ -267,8 +267,8 @@ def _container_status(
     if section is None:
         return "unknown", None, "-", "", None
     if section.rc != 0:
-        return ("missing" if inspect_error(sections, process) is None else "unknown"), None, \
-            "-", "", None
+        looked = "missing" if inspect_error(sections, process) is None else "unknown"
+        return looked, None, "-", "", None
     try:
         info = json.loads("\n".join(section.text))[0]
     except (ValueError, IndexError, KeyError):
