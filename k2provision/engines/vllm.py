@@ -110,7 +110,6 @@ from k2provision.engines.memory import (
 from k2provision.engines.sglang import add_router, router_host
 
 CONTAINER = "k2-vllm"
-RAY_LAYOUTS = ("tp", "tp_pp")
 
 RAY_CHECK_ATTEMPT_S = 60
 # Run inside a Ray node's container with argv HEAD:PORT NODES GPUS: exit 0 once the cluster
