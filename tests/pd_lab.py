@@ -19,6 +19,7 @@ import pytest
 
 import k2lab as lab_api
 from k2lab.standin import build_standin
+from k2lab.traffic import Traffic
 from tests import runners
 from tests.runners import on_host
 
@@ -131,3 +132,65 @@ def max_model_len(state: Any, router: str, host: str) -> int:
     """The context length the server on `host` reports (/v1/models), asked from `router`."""
     models = on_host(state, router, f"curl -s http://{state.host(host).address}:30000/v1/models")
     return int(json.loads(models)["data"][0]["max_model_len"])
+
+
+# ---------------------------------------------------------------- a fleet's router, asked
+# Every fleet module puts the router alone on lab1 and asks it from there.
+FLEET_ROUTER = "lab1"
+
+
+def fleet_endpoint(state: Any) -> str:
+    """The fleet's endpoint: the router on lab1."""
+    return f"http://{state.host(FLEET_ROUTER).address}:8000"
+
+
+def router_listing(state: Any) -> dict[str, dict[str, Any]]:
+    """The router's `GET /workers`, by worker URL."""
+    listed = json.loads(on_host(state, FLEET_ROUTER, "curl -s http://127.0.0.1:8000/workers"))
+    return {w["url"]: w for w in listed["workers"]}
+
+
+def router_health(state: Any) -> dict[str, bool]:
+    """Whether the router takes each worker (URL) as healthy."""
+    return {url: bool(w["is_healthy"]) for url, w in router_listing(state).items()}
+
+
+def metric_sum(state: Any, url: str, name: str) -> float:
+    """The sum of the samples of metric `name` at `url`/metrics, asked from the router host."""
+    text = on_host(state, FLEET_ROUTER, f"curl -s {url}/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)
+    )
+
+
+def container_id(state: Any, host: str, name: str) -> str:
+    """The ID of container `name` on `host`."""
+    return on_host(state, host, f"docker inspect --format '{{{{.Id}}}}' {name}").strip()
+
+
+def restart_rolls_replica_1(
+    state: Any, inventory: Path, tmp_path: Path, engine_container: str
+) -> None:
+    """`restart --limit lab2` on a fleet of two replicas (lab2, lab3) behind the router on
+    lab1, under traffic: replica-1 rolls through the router, every request is answered 200,
+    only replica-1's container is new, and the router takes both workers as healthy again."""
+    hosts = (FLEET_ROUTER, "lab2", "lab3")
+
+    def containers() -> dict[str, str]:
+        return {
+            h: container_id(state, h, "k2-router" if h == FLEET_ROUTER else engine_container)
+            for h in hosts
+        }
+
+    before = containers()
+    with Traffic(fleet_endpoint(state)) as client:
+        run = k2("restart", str(inventory), "--limit", "lab2", "--yes", runs=tmp_path / "runs")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "rolling, the endpoint serving: 1. replica-1 on lab2" in run.stdout
+    assert client.failures == [], client.counts
+    assert client.counts["200"] > 10
+    after = containers()
+    assert after["lab2"] != before["lab2"]  # replica-1 runs in a new container
+    assert after["lab3"] == before["lab3"]
+    assert after[FLEET_ROUTER] == before[FLEET_ROUTER]
+    assert list(router_health(state).values()) == [True, True]

@@ -17,7 +17,6 @@ client keeps streaming requests through the router (each ~2 s in flight) while
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +26,16 @@ import pytest
 
 import k2lab as lab_api
 from k2lab.traffic import Traffic
-from tests.pd_lab import MODEL_DIR, applied_fleet, k2, max_model_len
-from tests.runners import on_host
+from tests.pd_lab import (
+    MODEL_DIR,
+    applied_fleet,
+    fleet_endpoint,
+    k2,
+    max_model_len,
+    metric_sum,
+    restart_rolls_replica_1,
+    router_health,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -48,10 +55,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]
     yield from applied_fleet(tmp_path_factory, "fleet", {"router": 1, "nodes": 2}, VARS)
 
 
-def endpoint(state: Any) -> str:
-    return f"http://{state.host(ROUTER).address}:8000"
-
-
 def edited(inventory: Path, tmp_path: Path, old: str, new: str) -> Path:
     text = inventory.read_text()
     assert old in text
@@ -59,11 +62,6 @@ def edited(inventory: Path, tmp_path: Path, old: str, new: str) -> Path:
     path.write_text(text.replace(old, new))
     return path
 
-
-
-def router_workers(state: Any) -> dict[str, bool]:
-    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
-    return {w["url"]: bool(w["is_healthy"]) for w in listed["workers"]}
 
 
 def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
@@ -74,7 +72,7 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     assert status.returncode == 0, status.stdout[-3000:]
     assert "fleet: 2/2 instances up" in status.stdout
     changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
-    with Traffic(endpoint(state)) as client:
+    with Traffic(fleet_endpoint(state)) as client:
         run = k2("apply", str(changed), runs=tmp_path / "runs")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "rollout order: 1. replica-1 on lab2" in run.stdout
@@ -82,7 +80,7 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     assert client.failures == [], client.counts
     assert client.counts["200"] > 20
     assert [max_model_len(state, ROUTER, h) for h in REPLICAS] == [16384, 16384]
-    assert list(router_workers(state).values()) == [True, True]
+    assert list(router_health(state).values()) == [True, True]
     inventory.write_text(changed.read_text())  # the fleet's inventory from here on
 
 
@@ -94,7 +92,7 @@ def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(
     faulty = edited(
         inventory, tmp_path, "lab2 ansible_host=", "lab2 k2_lab_fault=exit_at_start ansible_host="
     )
-    with Traffic(endpoint(state)) as client:
+    with Traffic(fleet_endpoint(state)) as client:
         run = k2("apply", str(faulty), runs=tmp_path / "runs")
     assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
     assert "rollout stopped at replica-1: lab2: sglang: exited with code 1" in run.stdout
@@ -102,43 +100,23 @@ def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(
     assert client.counts["200"] > 10
     # replica-1 runs its previous spec again, from its previous launch files, and serves.
     assert max_model_len(state, ROUTER, "lab2") == before
-    assert list(router_workers(state).values()) == [True, True]
+    assert list(router_health(state).values()) == [True, True]
     check = k2("apply", str(inventory), "--check", runs=tmp_path / "check")
     assert check.returncode == 0, check.stdout[-4000:]
     assert "rollout order" not in check.stdout
-
-
-def engine_container(state: Any, host: str) -> str:
-    """The ID of the serving container on `host` (the router's on the router's host)."""
-    name = "k2-router" if host == ROUTER else "k2-sglang"
-    return on_host(state, host, f"docker inspect --format '{{{{.Id}}}}' {name}").strip()
 
 
 def test_restarting_one_instance_rolls_it_through_the_router(
     fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
     state, inventory = fleet
-    before = {h: engine_container(state, h) for h in (ROUTER, *REPLICAS)}
-    with Traffic(endpoint(state)) as client:
-        run = k2("restart", str(inventory), "--limit", "lab2", "--yes", runs=tmp_path / "runs")
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "rolling, the endpoint serving: 1. replica-1 on lab2" in run.stdout
-    assert client.failures == [], client.counts
-    assert client.counts["200"] > 10
-    after = {h: engine_container(state, h) for h in (ROUTER, *REPLICAS)}
-    assert after["lab2"] != before["lab2"]  # replica-1 runs in a new container
-    assert after["lab3"] == before["lab3"]
-    assert after[ROUTER] == before[ROUTER]
-    assert list(router_workers(state).values()) == [True, True]
+    restart_rolls_replica_1(state, inventory, tmp_path, "k2-sglang")
 
 
 def served(state: Any, host: str) -> float:
     """The requests the instance on `host` has answered (its sglang:num_requests_total)."""
-    text = on_host(state, ROUTER, f"curl -s http://{state.host(host).address}:30000/metrics")
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("sglang:num_requests_total")
+    return metric_sum(
+        state, f"http://{state.host(host).address}:30000", "sglang:num_requests_total"
     )
 
 
@@ -159,7 +137,7 @@ def test_a_stopped_instance_costs_only_its_in_flight_requests(
     state, inventory = fleet
     before = served(state, "lab3")
     try:
-        with Traffic(endpoint(state), threads=THREADS, timeout=READ_TIMEOUT) as client:
+        with Traffic(fleet_endpoint(state), threads=THREADS, timeout=READ_TIMEOUT) as client:
             # The router spreads the load over both: wait until lab3 has answered some of it
             # (a condition, not a timing: under load the first answers take longer).
             deadline = time.monotonic() + 60
@@ -180,7 +158,7 @@ def test_a_stopped_instance_costs_only_its_in_flight_requests(
         late = [a for a in client.since(settled) if a.started >= settled]
         assert late, client.counts
         assert [a for a in late if a.outcome != "200"] == []
-        assert router_workers(state)[f"http://{state.host('lab2').address}:30000"] is True
+        assert router_health(state)[f"http://{state.host('lab2').address}:30000"] is True
         status = k2("status", str(inventory), runs=tmp_path / "runs")
         assert status.returncode == 1, status.stdout[-3000:]
         assert "fleet: 1/2 instances up" in status.stdout, status.stdout[-3000:]

@@ -12,7 +12,6 @@ no GPUs either way, and the plan's fit is what admits the shape.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,14 @@ import pytest
 
 import k2lab as lab_api
 from k2lab.traffic import Traffic
-from tests.pd_lab import MODEL_DIR, applied_fleet, k2, max_model_len
-from tests.runners import on_host
+from tests.pd_lab import (
+    MODEL_DIR,
+    applied_fleet,
+    fleet_endpoint,
+    k2,
+    max_model_len,
+    router_listing,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -48,11 +53,6 @@ def pd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Pa
     yield from applied_fleet(tmp_path_factory, "pd-fleet", groups, VARS)
 
 
-def router_workers(state: Any) -> dict[str, dict[str, Any]]:
-    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
-    return {w["url"]: w for w in listed["workers"]}
-
-
 def test_a_changed_spec_rolls_each_pd_instance_and_the_router_takes_each_half_back(
     pd_fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
@@ -61,7 +61,7 @@ def test_a_changed_spec_rolls_each_pd_instance_and_the_router_takes_each_half_ba
     assert "k2_context_length=32768" in text
     changed = tmp_path / "inventory.ini"
     changed.write_text(text.replace("k2_context_length=32768", "k2_context_length=16384"))
-    with Traffic(f"http://{state.host(ROUTER).address}:8000") as client:
+    with Traffic(fleet_endpoint(state)) as client:
         run = k2("apply", str(changed), runs=tmp_path / "runs")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     for n, (instance, host) in enumerate(
@@ -72,7 +72,7 @@ def test_a_changed_spec_rolls_each_pd_instance_and_the_router_takes_each_half_ba
     assert client.failures == [], client.counts
     assert client.counts["200"] > 10
     assert [max_model_len(state, ROUTER, h) for h in (*PREFILL, *DECODE)] == [16384] * 4
-    workers = router_workers(state)
+    workers = router_listing(state)
     for host in PREFILL:
         worker = workers[f"http://{state.host(host).address}:30000"]
         assert worker["worker_type"] == "prefill", worker

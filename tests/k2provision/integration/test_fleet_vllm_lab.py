@@ -26,7 +26,16 @@ import pytest
 
 import k2lab as lab_api
 from k2lab.traffic import Traffic
-from tests.pd_lab import MODEL_DIR, applied_fleet, k2
+from tests.pd_lab import (
+    MODEL_DIR,
+    applied_fleet,
+    fleet_endpoint,
+    k2,
+    metric_sum,
+    restart_rolls_replica_1,
+    router_health,
+    router_listing,
+)
 from tests.runners import on_host
 
 pytestmark = pytest.mark.lab
@@ -48,28 +57,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]
     yield from applied_fleet(tmp_path_factory, "vllm-fleet", {"router": 1, "nodes": 2}, VARS)
 
 
-def endpoint(state: Any) -> str:
-    return f"http://{state.host(ROUTER).address}:8000"
-
-
-def router_workers(state: Any) -> dict[str, bool]:
-    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
-    return {w["url"]: bool(w["is_healthy"]) for w in listed["workers"]}
-
-
 def served(state: Any, host: str) -> float:
     """The requests the vLLM server on `host` has answered (its e2e latency count)."""
-    text = on_host(state, ROUTER, f"curl -s http://{state.host(host).address}:{VLLM_PORT}/metrics")
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:e2e_request_latency_seconds_count")
+    return metric_sum(
+        state, f"http://{state.host(host).address}:{VLLM_PORT}",
+        "vllm:e2e_request_latency_seconds_count",
     )
 
 
-def serving_container(state: Any, host: str) -> str:
-    name = "k2-router" if host == ROUTER else "k2-vllm"
-    return on_host(state, host, f"docker inspect --format '{{{{.Id}}}}' {name}").strip()
+def model_ids(state: Any) -> set[str]:
+    """The model ids the router holds its workers under."""
+    return {w["model_id"] for w in router_listing(state).values()}
 
 
 def test_the_router_serves_both_vllm_replicas_from_their_private_port(
@@ -77,20 +75,19 @@ def test_the_router_serves_both_vllm_replicas_from_their_private_port(
 ) -> None:
     state, inventory = fleet
     urls = [f"http://{state.host(h).address}:{VLLM_PORT}" for h in REPLICAS]
-    assert router_workers(state) == dict.fromkeys(urls, True)
+    assert router_health(state) == dict.fromkeys(urls, True)
     # vLLM's surface: no SGLang introspection for the router to name the workers by, so the
     # launch registered each with its model id, and /v1/models lists the served name.
     gone = on_host(state, ROUTER, f"curl -s -o /dev/null -w '%{{http_code}}' {urls[0]}/server_info")
     assert gone == "404"
-    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
-    assert {w["model_id"] for w in listed["workers"]} == {"kimi-k2"}
+    assert model_ids(state) == {"kimi-k2"}
     models = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/v1/models"))
     assert [m["id"] for m in models["data"]] == ["kimi-k2"]
     status = k2("status", str(inventory), runs=tmp_path / "runs")
     assert status.returncode == 0, status.stdout[-3000:]
     assert "fleet: 2/2 instances up" in status.stdout
     before = {h: served(state, h) for h in REPLICAS}
-    with Traffic(endpoint(state), threads=4) as client:
+    with Traffic(fleet_endpoint(state), threads=4) as client:
         deadline = time.monotonic() + 120
         while sum(client.counts.values()) < 40 and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -102,18 +99,6 @@ def test_restarting_one_vllm_instance_rolls_it_through_the_router(
     fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
     state, inventory = fleet
-    before = {h: serving_container(state, h) for h in (ROUTER, *REPLICAS)}
-    with Traffic(endpoint(state)) as client:
-        run = k2("restart", str(inventory), "--limit", "lab2", "--yes", runs=tmp_path / "runs")
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "rolling, the endpoint serving: 1. replica-1 on lab2" in run.stdout
-    assert client.failures == [], client.counts
-    assert client.counts["200"] > 10
-    after = {h: serving_container(state, h) for h in (ROUTER, *REPLICAS)}
-    assert after["lab2"] != before["lab2"]  # replica-1 runs in a new container
-    assert after["lab3"] == before["lab3"]
-    assert after[ROUTER] == before[ROUTER]
-    assert list(router_workers(state).values()) == [True, True]
+    restart_rolls_replica_1(state, inventory, tmp_path, "k2-vllm")
     # Back in the router under its model id (the rollout posts the plan's registration body).
-    listed = json.loads(on_host(state, ROUTER, "curl -s http://127.0.0.1:8000/workers"))
-    assert {w["model_id"] for w in listed["workers"]} == {"kimi-k2"}
+    assert model_ids(state) == {"kimi-k2"}
