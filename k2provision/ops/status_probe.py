@@ -260,15 +260,16 @@ def _container_status(
     process: Process,
     sections: dict[tuple[str, str], Section],
     now: float | None,
+    error: str | None,
 ) -> tuple[str, int | None, str, str, int | None]:
-    """(state, uptime, spec, running hash, restarts) of a process that is a container."""
+    """(state, uptime, spec, running hash, restarts) of a process that is a container;
+    `error`: inspect_error's answer for it."""
     planned = spec_hash(plan.container, process, host.files)
     section = sections.get(("inspect", process.name))
     if section is None:
         return "unknown", None, "-", "", None
     if section.rc != 0:
-        looked = "missing" if inspect_error(sections, process) is None else "unknown"
-        return looked, None, "-", "", None
+        return ("missing" if error is None else "unknown"), None, "-", "", None
     try:
         info = json.loads("\n".join(section.text))[0]
     except (ValueError, IndexError, KeyError):
@@ -320,10 +321,10 @@ def process_status(
         if not running:
             problems.append(f"{where}: exec'd process is not running")
     else:
-        state, uptime, spec, running_hash, restarts = _container_status(
-            plan, host, process, sections, now
-        )
         error = inspect_error(sections, process)
+        state, uptime, spec, running_hash, restarts = _container_status(
+            plan, host, process, sections, now, error
+        )
         if state == "missing":
             problems.append(f"{where}: container is missing")
         elif error is not None:
