@@ -44,6 +44,7 @@ from k2provision.ops.bench import (
     Point,
     RunSpec,
     Throughput,
+    ca_env,
     ca_text,
     client_argv,
     client_env,
@@ -105,8 +106,8 @@ def check_client(python: str, client: Client) -> None:
 
 
 _KEY_ENV: dict[str, str] = {}
-"""The endpoint's key and CA for a controller-side client (OPENAI_API_KEY, SSL_CERT_FILE), which
-both pinned clients read from the environment."""
+"""The endpoint's key and CA for a controller-side client (OPENAI_API_KEY; the CA as
+ops/bench.py `ca_env` names it), which both pinned clients read from the environment."""
 
 
 def _env() -> dict[str, str]:
@@ -345,7 +346,7 @@ def bench(
     else:
         tok = resolve_tokenizer(plan, tokenizer)
         _KEY_ENV.update({"OPENAI_API_KEY": key} if key else {})
-        _KEY_ENV.update({"SSL_CERT_FILE": str(loaded.tunables.tls_ca_file)} if ca else {})
+        _KEY_ENV.update(ca_env(str(loaded.tunables.tls_ca_file)) if ca else {})
         check_client(python, client)
 
     record = new_record_dir("bench")

@@ -158,6 +158,14 @@ def client_argv(client: Client, python: str, spec: RunSpec) -> list[str]:
     return [python, *client.command, *common, *(o.format(**values) for o in client.options)]
 
 
+def ca_env(path: str) -> dict[str, str]:
+    """The client's environment that makes it trust the endpoint's CA at `path`: Python's ssl
+    and aiohttp read SSL_CERT_FILE; `requests` (sglang 0.5.23 benchmark/serving.py
+    `wait_for_endpoint`, the readiness check before any request) reads only its own
+    REQUESTS_CA_BUNDLE and otherwise trusts certifi's store alone."""
+    return {"SSL_CERT_FILE": path, "REQUESTS_CA_BUNDLE": path}
+
+
 def client_env() -> dict[str, str]:
     """What the client's environment adds: never the network for tokenizers or datasets."""
     return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -219,7 +227,7 @@ def cluster_script(
     argv = cluster_argv(client, spec)
     env = [f"--env={k}={v}" for k, v in client_env().items()]
     if ca_pem is not None:
-        env.append(f"--env=SSL_CERT_FILE={CONTAINER_DIR}/ca.pem")
+        env += [f"--env={k}={v}" for k, v in ca_env(f"{CONTAINER_DIR}/ca.pem").items()]
     tokenizer = spec.tokenizer
     mounts = [f"--volume={tokenizer}:{tokenizer}:ro"] if tokenizer.startswith("/") else []
     docker = ["docker", "run", "--rm", "--network=host", "--env-file={d}/env", *env,

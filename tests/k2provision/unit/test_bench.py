@@ -410,6 +410,8 @@ def test_the_in_cluster_script_takes_the_key_from_stdin_and_the_ca_as_a_file(
     assert 'printf "OPENAI_API_KEY="; head -n 1' in script  # the key: stdin -> env file
     assert '--env-file="$d"/env' in script
     assert f"--env=SSL_CERT_FILE={CONTAINER_DIR}/ca.pem" in script
+    # requests (the sglang client's readiness check) reads only its own variable
+    assert f"--env=REQUESTS_CA_BUNDLE={CONTAINER_DIR}/ca.pem" in script
     assert "--volume=/tok:/tok:ro" in script  # the tokenizer, mounted read-only
     assert str(tmp_path) not in script  # the controller's directory means nothing there
     assert f"{CONTAINER_DIR}/out" in script
@@ -417,6 +419,7 @@ def test_the_in_cluster_script_takes_the_key_from_stdin_and_the_ca_as_a_file(
     keyless = in_cluster(tmp_path, with_key=False, ca=None)
     assert "OPENAI_API_KEY" not in keyless
     assert "SSL_CERT_FILE" not in keyless
+    assert "REQUESTS_CA_BUNDLE" not in keyless
 
 
 def fake_docker(bin_dir: Path, import_ok: bool) -> None:
