@@ -23,6 +23,7 @@ import pytest
 from k2provision.core.inventory import load_cluster
 from k2provision.ops.bench import LAB_NOTICE, SCHEMA_VERSION
 from k2provision.plan.assemble import build_plan
+from k2provision.weights import kernel
 from tests.pd_lab import (
     LAB_HF_TOKEN,
     k2,
@@ -285,19 +286,13 @@ def test_verify_is_0_names_the_tool_call_and_records_both_answers(
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny tokenizer, made by the client's own Python, offline."""
+    """The synthetic weights' word-level tokenizer (k2_weights' synthetic set), here on the
+    controller for its client, the parsers' sglang venv."""
     if not CLIENT_PYTHON.exists():
         pytest.fail(f"{CLIENT_PYTHON} is missing: run scripts/install-engine-parsers sglang")
     out = tmp_path_factory.mktemp("tokenizer")
-    made = subprocess.run(
-        [str(CLIENT_PYTHON), str(ROOT / "tests" / "bench_tokenizer.py"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert made.returncode == 0, made.stderr[-3000:]
-    assert (out / "tokenizer.json").is_file()
+    for name, data in kernel.synthetic.tokenizer_files():
+        (out / name).write_bytes(data)
     return out
 
 

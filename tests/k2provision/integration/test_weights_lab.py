@@ -111,7 +111,8 @@ def test_synthetic_source_reaches_every_host_verified(
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     record = record_of(tmp_path)
     names = [f["name"] for f in record["manifest"]["files"]]
-    assert names == ["config.json", *(shard(i) for i in range(1, SHARDS + 1))]
+    assert names == ["config.json", *(shard(i) for i in range(1, SHARDS + 1)),
+                     "tokenizer.json", "tokenizer_config.json"]
     config = json.loads(on_host(state, "lab1", f"cat {MODEL_DIR}/config.json"))
     assert (config["hidden_size"], config["num_hidden_layers"], config["n_routed_experts"]) == (
         7168,
@@ -127,7 +128,7 @@ def test_synthetic_source_reaches_every_host_verified(
         if name != "lab1":
             assert sorted(host["received"]) == sorted(names)
     assert "lab4" in out.stdout  # the final table
-    assert "4/4" in out.stdout
+    assert f"{len(names)}/{len(names)}" in out.stdout  # verified, per host
     copies_match_manifest(state, record["manifest"], MODEL_DIR)
     assert changed_by_host(tmp_path)["lab4"] > 0
 

@@ -77,15 +77,25 @@ def test_synthetic_set_is_valid_deterministic_and_seeded(tmp_path: Path) -> None
         "config.json",
         "model-1-of-2.safetensors",
         "model-2-of-2.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     assert files == again["manifest"]["files"]
-    assert [f["sha256"] for f in other["manifest"]["files"][1:]] != [f["sha256"] for f in files[1:]]
+    assert [f["sha256"] for f in other["manifest"]["files"][1:3]] != [
+        f["sha256"] for f in files[1:3]
+    ]
     for name, blocks in kernel.synthetic.synthetic_set(2, 100_000, 3, {"hidden_size": 7168}):
         data = b"".join(blocks())
         entry = next(f for f in files if f["name"] == name)
         assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"], entry["sha256"])
         if name == "config.json":
             assert json.loads(data) == {"hidden_size": 7168}
+        elif name == "tokenizer.json":
+            vocab = json.loads(data)["model"]["vocab"]
+            assert len(vocab) == kernel.synthetic.TOKENIZER_WORDS
+            assert sorted(vocab.values()) == list(range(len(vocab)))
+        elif name == "tokenizer_config.json":
+            assert json.loads(data)["tokenizer_class"] == "PreTrainedTokenizerFast"
         else:
             assert kernel.safetensors.check_safetensors_header(data, len(data)) is None
 

@@ -58,12 +58,39 @@ def shard_blocks(size: int, seed: int, tensors: int = 2) -> Iterator[bytes]:
         left -= n
 
 
+TOKENIZER_WORDS = 2048
+
+
+def tokenizer_files() -> list[tuple[str, bytes]]:
+    """A word-level tokenizer (the synthetic shards encode nothing, yet the benchmark clients
+    need a tokenizer from the model directory): tokenizer.json, a `tokenizers` WordLevel model
+    over TOKENIZER_WORDS words split on whitespace, and tokenizer_config.json naming the fast
+    tokenizer class, so `AutoTokenizer.from_pretrained(model_dir)` loads it. The clients'
+    random datasets (sglang 0.5.23 benchmark/datasets/random.py, vllm 0.33.0
+    benchmarks/datasets/datasets.py) draw ids from `get_vocab()` and decode them to a prompt;
+    N ids decode to N words, the count the lab's stand-in reports as prompt tokens."""
+    vocab = {"[UNK]": 0, "k2": 1, **{f"w{i}": i + 2 for i in range(TOKENIZER_WORDS - 2)}}
+    unk = {"id": 0, "content": "[UNK]", "single_word": False, "lstrip": False,
+           "rstrip": False, "normalized": False, "special": True}
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [unk],
+        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    }
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
+              "model_max_length": 1 << 21, "k2provision_synthetic": True}
+    return [(name, (json.dumps(doc, indent=2) + "\n").encode())
+            for name, doc in (("tokenizer.json", tokenizer), ("tokenizer_config.json", config))]
+
+
 def synthetic_set(
     count: int, shard_bytes: int, seed: int = 0, config: dict[str, Any] | None = None,
     padded: bool = False,
 ) -> list[tuple[str, Blocks]]:  # fmt: skip
     """(name, blocks) of a synthetic set in transfer order: config.json (when ``config`` is
-    given), then ``count`` shards; shard i draws its data from seed * 1000 + i."""
+    given), ``count`` shards, then the tokenizer's two files (with ``config``); shard i draws
+    its data from seed * 1000 + i."""
     files: list[tuple[str, Blocks]] = []
     if config is not None:
         text = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
@@ -74,6 +101,9 @@ def synthetic_set(
             return shard_blocks(shard_bytes, seed * 1000 + i)
 
         files.append((shard_name(i, count, padded), blocks))
+    if config is not None:
+        for name, data in tokenizer_files():
+            files.append((name, lambda data=data: iter([data])))
     return files
 
 
