@@ -21,7 +21,7 @@ from k2lab.config import LabConfig
 from k2lab.errors import LabError
 from k2lab.inventory import parse_pairs, parse_var_value
 from k2lab.proc import require_root, stderr_log
-from k2lab.standin import build_standin
+from k2lab.standin import CLIENT_IMAGE, build_standin, build_standin_client
 from k2lab.state import LabState
 from k2provision.commands.params import FormatOpt, OutputFormat
 from k2provision.run.display import console as _out
@@ -96,6 +96,15 @@ def up_cmd(
             "reaches them through it (ProxyJump).",
         ),
     ] = False,
+    bench_client: Annotated[
+        bool,
+        typer.Option(
+            "--bench-client",
+            help=f"Build {CLIENT_IMAGE}, the stand-in with sglang's real benchmark client "
+            "(about 6 GB), and set k2_image to it, so `k2provision bench` runs its default "
+            "in-cluster client.",
+        ),
+    ] = False,
 ) -> None:
     """Start N hosts (idempotent: running hosts are kept, dead ones restarted).
 
@@ -116,6 +125,8 @@ def up_cmd(
             # refused here, before anything is made
             chosen = demo.choose(LabConfig.default(), n, instances)
             counts, all_vars = chosen.groups, chosen.all_vars
+        if bench_client:
+            all_vars = {**all_vars, "k2_image": CLIENT_IMAGE}
         state = core.up(
             n,
             shape_mbit=shape_mbit,
@@ -125,7 +136,9 @@ def up_cmd(
             all_vars=all_vars or None,
             bastion=bastion,
         )
-        if chosen is not None:
+        if bench_client:
+            build_standin_client(log=stderr_log)
+        elif chosen is not None:
             build_standin(log=stderr_log)
     except ValueError as exc:
         raise _fail(LabError(f"--group: expected NAME=COUNT with a whole number ({exc})")) from exc

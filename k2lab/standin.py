@@ -5,12 +5,22 @@ plan uses instead of every engine image when the inventory sets ``k2_lab=true``)
 image store, so every lab host can run it at once. It rebuilds only when the content of
 ``k2lab/standin_image`` or the base image changed: the image carries a key (a digest of both)
 in the label ``io.k2provision.standin.key``. Root is required, as for every lab operation.
+
+`build_standin_client()` builds ``k2lab/standin_client`` on top of it as
+``localhost/k2-standin:lab-client``: the same stand-in, plus SGLang's real benchmark client at
+the pinned versions (about 6 GB, mostly torch's CUDA build), for a lab cluster that runs
+`k2provision bench` with its default in-cluster client (the inventory's ``k2_image``). Its key
+covers ``k2lab/standin_client`` and the stand-in image it was built on.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from k2lab.config import LabConfig
@@ -20,6 +30,7 @@ from k2lab.proc import Log, quiet_log, require_root
 from k2provision.plan.assemble import LAB_IMAGE
 
 STANDIN_IMAGE = LAB_IMAGE
+CLIENT_IMAGE = "localhost/k2-standin:lab-client"
 KEY_LABEL = "io.k2provision.standin.key"
 KEY_BUILD_ARG = "K2_STANDIN_KEY"
 _SKIP_PARTS = frozenset({"__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"})
@@ -28,6 +39,11 @@ _SKIP_PARTS = frozenset({"__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_c
 def standin_dir() -> Path:
     """The image's build context, shipped inside this package (k2lab/standin_image)."""
     return Path(__file__).resolve().parent / "standin_image"
+
+
+def client_dir() -> Path:
+    """The client image's Containerfile and pinned requirements (k2lab/standin_client)."""
+    return Path(__file__).resolve().parent / "standin_client"
 
 
 def content_hash(directory: Path | None = None) -> str:
@@ -51,9 +67,9 @@ def _inspect(cfg: LabConfig, tag: str, template: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def image_key(cfg: LabConfig) -> str | None:
-    """The key label of the built stand-in image, None when there is none."""
-    return _inspect(cfg, STANDIN_IMAGE, f'{{{{index .Labels "{KEY_LABEL}"}}}}')
+def image_key(cfg: LabConfig, tag: str = STANDIN_IMAGE) -> str | None:
+    """The key label of a built stand-in image, None when there is none."""
+    return _inspect(cfg, tag, f'{{{{index .Labels "{KEY_LABEL}"}}}}')
 
 
 def wanted_key(cfg: LabConfig) -> str:
@@ -88,3 +104,61 @@ def build_standin(
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return STANDIN_IMAGE
+
+
+# Wheels for the image's interpreter whatever the controller runs: Debian 12's CPython 3.11 on
+# glibc 2.36, x86_64 (the lab rootfs, k2lab/rootfs.py).
+_WHEEL_TARGET = (
+    "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+    "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+    *(a for v in range(36, 4, -1) for a in ("--platform", f"manylinux_2_{v}_x86_64")),
+    "--platform", "manylinux2014_x86_64", "--platform", "manylinux2010_x86_64",
+    "--platform", "manylinux1_x86_64",
+)
+
+
+def _client_site(into: Path, log: Log) -> None:
+    """The pinned client's distributions, unpacked into `into` by this Python's pip."""
+    log(f"image: fetching sglang's benchmark client ({client_dir() / 'requirements.txt'})")
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+         "--disable-pip-version-check", "--target", str(into), *_WHEEL_TARGET,
+         "-r", str(client_dir() / "requirements.txt")],
+        capture_output=True, text=True, check=False,
+    )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise LabError(f"pip could not fetch the benchmark client's distributions:\n{tail}")
+
+
+def build_standin_client(
+    cfg: LabConfig | None = None, *, force: bool = False, log: Log = quiet_log
+) -> str:
+    """Build the stand-in image with SGLang's real benchmark client unless it is current (the
+    plain stand-in first); returns its tag."""
+    config = cfg or LabConfig.default()
+    build_standin(config, log=log)
+    # A lock of its own: the plain stand-in's users need not wait for this long build.
+    with (config.lab_dir / "standin-client.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            base_id = _inspect(config, STANDIN_IMAGE, "{{.Id}}")
+            key = hashlib.sha256(f"{content_hash(client_dir())}\n{base_id}".encode()).hexdigest()
+            key = key[:32]
+            if not force and image_key(config, CLIENT_IMAGE) == key:
+                log(f"image: {CLIENT_IMAGE} is current")
+                return CLIENT_IMAGE
+            context = Path(tempfile.mkdtemp(prefix="standin-client.", dir=config.lab_dir))
+            try:
+                shutil.copy2(client_dir() / "Containerfile", context / "Containerfile")
+                _client_site(context / "site", log)
+                build_image(config, CLIENT_IMAGE, context,
+                            build_args={KEY_BUILD_ARG: key, "K2_STANDIN_BASE": STANDIN_IMAGE},
+                            log=log)
+            finally:
+                shutil.rmtree(context, ignore_errors=True)
+            if image_key(config, CLIENT_IMAGE) != key:
+                raise LabError(f"{CLIENT_IMAGE} was built but does not carry key {key}")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return CLIENT_IMAGE

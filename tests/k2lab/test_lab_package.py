@@ -86,8 +86,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return found
 
 
-def test_a_wheel_carries_the_lab_and_its_stand_in_sources(wheel: Path, tmp_path: Path) -> None:
-    tracked = git_files("k2lab/standin_image")
+def test_a_wheel_carries_the_lab_and_its_stand_in_sources_and_client_pins(
+    wheel: Path, tmp_path: Path
+) -> None:
+    tracked = git_files("k2lab/standin_image", "k2lab/standin_client")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         assert set(tracked) <= names

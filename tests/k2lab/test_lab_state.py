@@ -147,3 +147,26 @@ def test_status_of_a_lab_that_is_not_up(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert not st.up
     assert not st.healthy
     assert st.hosts == ()
+
+
+def test_up_with_bench_client_sets_the_client_image_and_builds_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`lab up --bench-client` wiring only (the image itself is built and used by the bastion
+    lab test): the inventory's k2_image names the client image, which is built instead of the
+    plain stand-in."""
+    import k2lab.cli as lab_cli
+    from k2lab.standin import CLIENT_IMAGE
+
+    monkeypatch.setenv("K2_LAB_DIR", str(tmp_path))
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(lab_cli.core, "up", lambda n, **kw: seen.update(kw) or state())
+    monkeypatch.setattr(lab_cli, "build_standin_client", lambda **kw: seen.update(client=1))
+    monkeypatch.setattr(lab_cli, "build_standin", lambda **kw: seen.update(plain=1))
+    monkeypatch.setattr(lab_cli, "_print_hosts", lambda st: None)
+    result = CliRunner().invoke(lab_app, ["up", "2", "--bench-client", "--var", "k2_engine=sglang",
+                                          "--group", "sglang=2"])
+    assert result.exit_code == 0, result.output
+    assert seen["all_vars"] == {"k2_engine": "sglang", "k2_image": CLIENT_IMAGE}
+    assert seen.get("client") == 1
+    assert "plain" not in seen

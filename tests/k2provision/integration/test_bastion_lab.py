@@ -2,15 +2,17 @@
 accept SSH only from the bastion; the inventory reaches them with ProxyJump) and an API key and
 a TLS certificate signed by a lab CA for the router; then apply, status, logs, restart --limit
 and verify, each reaching the hosts through the bastion as Ansible does; status reading the
-endpoint through an SSH port forward, and bench starting its client in the engine image on the
-router's host. The endpoint answers
+endpoint through an SSH port forward, and bench running sglang's real pinned benchmark client
+in the engine image on the router's host (the stand-in image that carries that client,
+`localhost/k2-standin:lab-client`, as the cluster's `k2_image`). The endpoint answers
 401 without the key and 200 with it, over TLS checked against the lab CA; neither the key nor
 the TLS private key is in any run record. A host that cannot be reached is named with the
 setting that failed.
 
-Stream `lab` (scripts/test). Its own lab instance (`side_instance`: the stream's name with a
-`j`, its subnet's second octet moved by 120), so the stream's other modules keep their hosts;
-about four minutes, most of it the apply.
+Stream `lab-fleet` (scripts/test), which has the time for the client image (about 6 GB: torch's
+CUDA build, which the client imports): its own lab instance (`side_instance`: the stream's name
+with a `j`, its subnet's second octet moved by 120), so the stream's other modules keep their
+hosts; about seven minutes, most of it the client image and the apply.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 import pytest
 
 import k2lab as lab_api
-from k2lab.standin import build_standin
+from k2lab.standin import CLIENT_IMAGE, build_standin_client
 from tests.lab_support import side_instance
 from tests.pd_lab import k2
 from tests.runners import on_host
@@ -50,6 +52,9 @@ LAB_VARS: dict[str, lab_api.VarValue] = {
     "k2_context_length": 32768,
     "k2_cuda_graph_max_bs_decode": 256,
     "k2_weights_source": "synthetic",
+    # The stand-in with sglang's real benchmark client, so bench's default in-cluster client
+    # (the engine image's own) runs for real.
+    "k2_image": CLIENT_IMAGE,
 }
 
 
@@ -133,7 +138,7 @@ def cluster(
         cfg=cfg,
     )
     try:
-        build_standin()
+        build_standin_client()
         applied = cli(work, "apply", str(inventory))
         assert applied.returncode == 0, applied.stdout[-4000:] + applied.stderr[-2000:]
         yield state, inventory, work
@@ -181,15 +186,27 @@ def test_status_reads_the_endpoint_through_a_forward_and_bench_runs_on_the_route
     assert "read through an SSH port forward to lab1" in " ".join(status.stderr.split())
     assert "router readiness: ready (2/2 workers healthy)" in status.stdout
     # The client runs in the engine image on lab1, reached through the bastion, with the key
-    # on stdin. The lab's stand-in image does not carry the pinned client (its imports are
-    # torch and the engine's own tree), so the run ends at the import check, naming it.
-    bench = cli(work, "bench", str(inventory), "--num-prompts", "2")
+    # on stdin and the lab CA: sglang's own benchmark client, against the router over TLS,
+    # with the tokenizer of the model directory there (the synthetic weights carry one).
+    bench = cli(work, "bench", str(inventory), "--num-prompts", "8", "--workload", "custom",
+                "--input-len", "64", "--output-len", "16")
     said = " ".join((bench.stdout + bench.stderr).split())
-    assert bench.returncode == 1, said[-4000:]
-    assert f"in localhost/k2-standin:lab on lab1 against https://{state.host('lab1').address}" \
-        in said
-    assert "lab1: `import sglang.benchmark.serving` fails in localhost/k2-standin:lab, which " \
-        "lacks the engine's pinned client" in said
+    assert bench.returncode == 0, said[-4000:]
+    address = state.host("lab1").address
+    assert f"in {CLIENT_IMAGE} on lab1 against https://{address}" in said
+    assert "concurrency all (1/1): the client exited 0 on lab1" in said
+    [record] = [p for p in (work / "runs").iterdir() if p.name.endswith("-bench")]
+    doc = json.loads((record / "bench.json").read_text())
+    assert doc["ok"] is True, doc["problems"]
+    assert doc["client"]["kind"] == "sglang"
+    assert doc["client"]["command"] == "python -m sglang.benchmark.serving"
+    [point] = doc["points"]
+    assert (point["completed"], point["failed"]) == (8, 0)
+    assert point["input_tokens"] == 8 * 64
+    assert point["output_tokens"] == 8 * 16
+    # The client's own log: sglang's result table, not a stand-in's
+    log = (record / "concurrency-all" / "client.log").read_text()
+    assert "Serving Benchmark Result" in log
 
 
 def ask(url: str, work: Path, key: str | None) -> int:
