@@ -103,7 +103,11 @@ def synthetic_set(
         files.append((shard_name(i, count, padded), blocks))
     if config is not None:
         for name, data in tokenizer_files():
-            files.append((name, lambda data=data: iter([data])))
+
+            def whole(data: bytes = data) -> Iterator[bytes]:
+                return iter([data])
+
+            files.append((name, whole))
     return files
 
 
