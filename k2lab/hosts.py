@@ -175,6 +175,35 @@ def ssh_only_from(address: str, port: int) -> str:
     )
 
 
+STORE_LOCKS = ("overlay-images/images.lock", "overlay-layers/layers.lock")
+"""The lock files of the shared image store that a host's podman takes when it reads the store
+(an additional, read-only image store there)."""
+
+
+def private_store_locks(cfg: LabConfig, name: str) -> list[tuple[Path, str]]:
+    """(the host's own lock file, the store's lock file relative to the store) for each of
+    STORE_LOCKS; `launch` makes both.
+
+    A host mounts its own files over the store's lock files. Without them, a host's podman
+    reading the store (images.lock, then layers.lock, for reading) and the controller's podman
+    writing it (a build's commit, an image removal: layers.lock, then images.lock, for writing)
+    can each hold the lock the other waits for, and both wait for ever; seen when a host ran a
+    container while the controller built an image. With its own lock files a host never waits
+    for the controller: the store's metadata files are replaced whole (written aside, renamed),
+    each `docker` command on a host reads them afresh, and a host runs only images whose build
+    has ended."""
+    own = cfg.host_dir(name) / "store-locks"
+    return [(own / Path(rel).name, rel) for rel in STORE_LOCKS]
+
+
+def make_store_locks(cfg: LabConfig, name: str) -> None:
+    """The host's own lock files and the store's (before podman first made them), empty."""
+    for own, rel in private_store_locks(cfg, name):
+        for path in (own, cfg.image_store / rel):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(exist_ok=True)
+
+
 def init_script(cfg: LabConfig, name: str, ssh_from: str | None = None) -> str:
     """What PID 1 of the host's namespaces runs: mount its world, pivot into it, exec sshd
     (reachable only from `ssh_from` when given)."""
@@ -207,6 +236,11 @@ def init_script(cfg: LabConfig, name: str, ssh_from: str | None = None) -> str:
             f"mount --bind {q['containers']} {r}/var/lib/containers",
             f"mount --bind {q['images']} {r}{IMAGES_MOUNT}",
             f"mount -o remount,bind,ro {r}{IMAGES_MOUNT}",
+            *(
+                f"mount --bind {shlex.quote(str(own))} "
+                f"{r}{shlex.quote(f'{IMAGES_MOUNT}/{shared}')}"
+                for own, shared in private_store_locks(cfg, name)
+            ),
             f"hostname {shlex.quote(name)}",
             # pivot_root, not chroot: the overlay becomes the namespace's real root, so runc
             # inside can pivot too and `docker exec` sees the container's filesystem.
@@ -230,6 +264,7 @@ def launch(
     for sub in ("upper", "work", "root", "containers"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     cfg.image_store.mkdir(parents=True, exist_ok=True)
+    make_store_locks(cfg, name)
     inner = init_script(cfg, name, ssh_from)
     script = (
         'echo $$ > "$K2_PIDFILE"; exec nsenter --net=/run/netns/'
