@@ -27,9 +27,16 @@ def up(hosts: int, *, name: str, subnet: str) -> tuple[lab.LabState, Path, LabCo
     inventory = Path(tempfile.mkdtemp(prefix=f"{name}-")) / "bench.ini"
     cfg = LabConfig(lab_dir=default_lab_dir(), name=name, subnet=subnet)
     state = lab.up(
-        hosts, inventory=inventory, groups={"nodes": hosts}, cfg=cfg,
-        all_vars={"k2_engine": "vllm", "k2_layout": "dp_ep", "k2_model_dir": MODEL_DIR,
-                  "k2_context_length": 8192},
+        hosts,
+        inventory=inventory,
+        groups={"nodes": hosts},
+        cfg=cfg,
+        all_vars={
+            "k2_engine": "vllm",
+            "k2_layout": "dp_ep",
+            "k2_model_dir": MODEL_DIR,
+            "k2_context_length": 8192,
+        },
     )
     try:
         build_standin()

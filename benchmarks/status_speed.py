@@ -30,8 +30,9 @@ import k2lab as lab
 def timed(argv: list[str], expect: int = 0) -> float:
     """Run argv from the repository root; its wall time, or NotOk with its output."""
     started = time.monotonic()
-    out = subprocess.run(argv, cwd=ROOT, env=ansible_env(ROOT / "ansible.cfg"),
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        argv, cwd=ROOT, env=ansible_env(ROOT / "ansible.cfg"), capture_output=True, text=True
+    )
     elapsed = time.monotonic() - started
     if out.returncode != expect:
         raise NotOk(f"{' '.join(argv[:3])} exited {out.returncode}, not {expect}:\n"
@@ -47,16 +48,33 @@ def main() -> int:
     state, inventory, cfg = dp_ep_lab.up(args.hosts, name="k2stat", subnet="10.80.0.0/24")
     try:
         for host in state.hosts:
-            out = subprocess.run(lab.ssh_command(state, host.name, WRITE_CHECKPOINT),
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                lab.ssh_command(state, host.name, WRITE_CHECKPOINT), capture_output=True, text=True
+            )
             if out.returncode != 0:
                 raise NotOk(f"checkpoint stub on {host.name} exited {out.returncode}:"
                             f" {out.stderr[-1000:]}")  # fmt: skip
-        timed([str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml",
-               "--tags", "launch,verify"])
+        timed(
+            [
+                str(BIN / "ansible-playbook"),
+                "-i",
+                str(inventory),
+                "playbooks/site.yml",
+                "--tags",
+                "launch,verify",
+            ]
+        )
         status = [str(BIN / "k2provision"), "status", str(inventory)]
-        adhoc = [str(BIN / "ansible"), "-i", str(inventory), "all", "-m",
-                 "ansible.builtin.command", "-a", "docker ps -a"]
+        adhoc = [
+            str(BIN / "ansible"),
+            "-i",
+            str(inventory),
+            "all",
+            "-m",
+            "ansible.builtin.command",
+            "-a",
+            "docker ps -a",
+        ]
         times: dict[str, list[float]] = {"status": [], "ansible": []}
         for _ in range(args.rounds):
             times["status"].append(timed(status))
@@ -68,8 +86,10 @@ def main() -> int:
     print(f"{'question':<44}{'s':>8}")
     print(f"{'k2provision status (everything, endpoint too)':<44}{best['status']:>8.1f}")
     print(f"{'ansible ad-hoc docker ps (one command)':<44}{best['ansible']:>8.1f}")
-    print(f"status answers in {best['status'] / best['ansible']:.2f}x the time of one "
-          "ad-hoc Ansible command")
+    print(
+        f"status answers in {best['status'] / best['ansible']:.2f}x the time of one "
+        "ad-hoc Ansible command"
+    )
     return 0
 
 

@@ -218,4 +218,3 @@ def choose(cfg: LabConfig, n: int, instances: int = 1) -> DemoLayout:
         f"{', '.join(models())}); host counts that plan, up to {VALID_SCAN_LIMIT}: {shown}; "
         "fix: pick one of those, or give the layout yourself with --group and --var"
     )
-

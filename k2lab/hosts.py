@@ -170,8 +170,7 @@ def ssh_only_from(address: str, port: int) -> str:
     """The host's firewall rule (in its own network namespace) that refuses SSH from anywhere
     but `address` (the bastion) with a TCP reset, so a direct attempt fails at once."""
     return (
-        f"iptables -A INPUT -p tcp --dport {port} ! -s {address} "
-        "-j REJECT --reject-with tcp-reset"
+        f"iptables -A INPUT -p tcp --dport {port} ! -s {address} -j REJECT --reject-with tcp-reset"
     )
 
 
@@ -237,8 +236,7 @@ def init_script(cfg: LabConfig, name: str, ssh_from: str | None = None) -> str:
             f"mount --bind {q['images']} {r}{IMAGES_MOUNT}",
             f"mount -o remount,bind,ro {r}{IMAGES_MOUNT}",
             *(
-                f"mount --bind {shlex.quote(str(own))} "
-                f"{r}{shlex.quote(f'{IMAGES_MOUNT}/{shared}')}"
+                f"mount --bind {shlex.quote(str(own))} {r}{shlex.quote(f'{IMAGES_MOUNT}/{shared}')}"
                 for own, shared in private_store_locks(cfg, name)
             ),
             f"hostname {shlex.quote(name)}",

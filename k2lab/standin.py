@@ -109,11 +109,24 @@ def build_standin(
 # Wheels for the image's interpreter whatever the controller runs: Debian 12's CPython 3.11 on
 # glibc 2.36, x86_64 (the lab rootfs, k2lab/rootfs.py).
 _WHEEL_TARGET = (
-    "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-    "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+    "--only-binary=:all:",
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp311",
+    "--abi",
+    "abi3",
+    "--abi",
+    "none",
     *(a for v in range(36, 4, -1) for a in ("--platform", f"manylinux_2_{v}_x86_64")),
-    "--platform", "manylinux2014_x86_64", "--platform", "manylinux2010_x86_64",
-    "--platform", "manylinux1_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+    "--platform",
+    "manylinux2010_x86_64",
+    "--platform",
+    "manylinux1_x86_64",
 )
 
 
@@ -121,10 +134,24 @@ def _client_site(into: Path, log: Log) -> None:
     """The pinned client's distributions, unpacked into `into` by this Python's pip."""
     log(f"image: fetching sglang's benchmark client ({client_dir() / 'requirements.txt'})")
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-         "--disable-pip-version-check", "--target", str(into), *_WHEEL_TARGET,
-         "-r", str(client_dir() / "requirements.txt")],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--target",
+            str(into),
+            *_WHEEL_TARGET,
+            "-r",
+            str(client_dir() / "requirements.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
@@ -152,9 +179,13 @@ def build_standin_client(
             try:
                 shutil.copy2(client_dir() / "Containerfile", context / "Containerfile")
                 _client_site(context / "site", log)
-                build_image(config, CLIENT_IMAGE, context,
-                            build_args={KEY_BUILD_ARG: key, "K2_STANDIN_BASE": STANDIN_IMAGE},
-                            log=log)
+                build_image(
+                    config,
+                    CLIENT_IMAGE,
+                    context,
+                    build_args={KEY_BUILD_ARG: key, "K2_STANDIN_BASE": STANDIN_IMAGE},
+                    log=log,
+                )
             finally:
                 shutil.rmtree(context, ignore_errors=True)
             if image_key(config, CLIENT_IMAGE) != key:

@@ -97,8 +97,9 @@ def pd_cluster(lab_cluster: Callable[[str], tuple[Any, Path]]) -> tuple[Any, Pat
 def remove_engine_containers(state: Any) -> None:
     """Every k2- container on every lab host removed (best effort, for teardown)."""
     for host in state.hosts:
-        on_host(state, host.name, "docker rm -f $(docker ps -aq --filter name=k2-) || true",
-                check=False)
+        on_host(
+            state, host.name, "docker rm -f $(docker ps -aq --filter name=k2-) || true", check=False
+        )
 
 
 def applied_fleet(
@@ -158,9 +159,7 @@ def router_health(state: Any) -> dict[str, bool]:
 def metric_sum(state: Any, url: str, name: str) -> float:
     """The sum of the samples of metric `name` at `url`/metrics, asked from the router host."""
     text = on_host(state, FLEET_ROUTER, f"curl -s {url}/metrics")
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)
-    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
 def container_id(state: Any, host: str, name: str) -> str:

@@ -87,22 +87,33 @@ MAX_GPU_HOUR_USD = 10_000.0
 def check_client(python: str, client: Client) -> None:
     """The client's module imports under `python`, or K2Error (exit 2) with the fix."""
     if not Path(python).exists():
-        raise K2Error([f"--client-python {python}: no such file; name the Python of an "
-                       f"environment where `{client.module}` imports"])
+        raise K2Error(
+            [
+                f"--client-python {python}: no such file; name the Python of an "
+                f"environment where `{client.module}` imports"
+            ]
+        )
     try:
         out = subprocess.run(
             [python, "-c", f"import {client.module}"],
-            capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S,
-            env=_env(), check=False,
+            capture_output=True,
+            text=True,
+            timeout=IMPORT_TIMEOUT_S,
+            env=_env(),
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise K2Error([f"--client-python {python}: cannot run it ({error})"]) from None
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
         pins = client.install
-        raise K2Error([f"--client-python {python}: `import {client.module}` fails ({last}); "
-                       f"install the pinned client there, {pins}, or pass --client-python "
-                       "PATH of a Python that has it"])
+        raise K2Error(
+            [
+                f"--client-python {python}: `import {client.module}` fails ({last}); "
+                f"install the pinned client there, {pins}, or pass --client-python "
+                "PATH of a Python that has it"
+            ]
+        )
 
 
 _KEY_ENV: dict[str, str] = {}
@@ -122,11 +133,13 @@ def resolve_tokenizer(plan: Plan, tokenizer: str | None) -> str:
         Path(plan.model_dir).glob("tokenizer*")
     ):
         return str(plan.model_dir)
-    raise K2Error([
-        f"no tokenizer: the model directory {plan.model_dir} is not on this machine; pass "
-        "--tokenizer with the model's directory here (its tokenizer files are enough) or a "
-        "Hugging Face id already in the local cache (bench never downloads)"
-    ])
+    raise K2Error(
+        [
+            f"no tokenizer: the model directory {plan.model_dir} is not on this machine; pass "
+            "--tokenizer with the model's directory here (its tokenizer files are enough) or a "
+            "Hugging Face id already in the local cache (bench never downloads)"
+        ]
+    )
 
 
 def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
@@ -134,8 +147,9 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
     return lines[-n:]
 
 
-def run_client(argv: list[str], log: Path, label: str, stdin: bytes | None = None,
-               *, says: str = "client") -> int:
+def run_client(
+    argv: list[str], log: Path, label: str, stdin: bytes | None = None, *, says: str = "client"
+) -> int:
     """The client, its output to `log`, a spinner meanwhile; its exit status. A stop signal
     ends the client and what it started (its own process group), then stops the command.
     `stdin`, when given, is written to the client's input (a secret never goes in argv)."""
@@ -144,9 +158,14 @@ def run_client(argv: list[str], log: Path, label: str, stdin: bytes | None = Non
         # A signal while Popen is still returning would leave the client started and not
         # ended: it is noted meanwhile, and acted on once the client is ours to end.
         with cleaning(CURRENT):
-            proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=_env(),
-                                    start_new_session=True,
-                                    stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE)
+            proc = subprocess.Popen(
+                argv,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+                start_new_session=True,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            )
         if CURRENT.signum is not None:
             end_child(proc)
             raise Interrupted(CURRENT.signum)
@@ -180,8 +199,13 @@ def in_cluster_target(inventory: Path, plan: Plan) -> InCluster:
 
 
 def run_in_cluster(
-    where: InCluster, client: Client, spec: RunSpec, key: str | None, ca: str | None,
-    out_dir: Path, label: str,
+    where: InCluster,
+    client: Client,
+    spec: RunSpec,
+    key: str | None,
+    ca: str | None,
+    out_dir: Path,
+    label: str,
 ) -> int:
     """One client run on the cluster's host: its log and result file land in `out_dir` as a
     controller run leaves them; the exit status is the client's (SSH_UNREACHABLE with the
@@ -189,21 +213,31 @@ def run_in_cluster(
     script = cluster_script(client, where.run, spec, with_key=key is not None, ca_pem=ca)
     argv = ssh_command(where.target, script)
     raw = out_dir / "host-output.log"
-    rc = run_client(argv, raw, label, stdin=(key + "\n").encode() if key else b"",
-                    says=f"ssh to {where.run.host}")
+    rc = run_client(
+        argv,
+        raw,
+        label,
+        stdin=(key + "\n").encode() if key else b"",
+        says=f"ssh to {where.run.host}",
+    )
     answer = split_output(raw.read_text(errors="replace"))
     raw.unlink()
     log = out_dir / "client.log"
     if answer.rc is None:
-        reason = (unreachable_reason(where.target, argv, answer.log) if rc == SSH_UNREACHABLE
-                  else f"the host script ended with {rc} before the client ran")
+        reason = (
+            unreachable_reason(where.target, argv, answer.log)
+            if rc == SSH_UNREACHABLE
+            else f"the host script ended with {rc} before the client ran"
+        )
         log.write_text(answer.log + f"{where.run.host}: {reason}\n")
         return rc if rc else 1
     if answer.rc == NO_CLIENT_RC:
-        log.write_text(answer.log + f"{where.run.host}: `import {client.module}` fails in "
-                       f"{where.run.image}, which lacks the engine's pinned client; fix: run "
-                       "the engine's own image there, or --client controller with "
-                       "--client-python\n")
+        log.write_text(
+            answer.log + f"{where.run.host}: `import {client.module}` fails in "
+            f"{where.run.image}, which lacks the engine's pinned client; fix: run "
+            "the engine's own image there, or --client controller with "
+            "--client-python\n"
+        )
         return answer.rc
     console.print(f"{label}: the client exited {answer.rc} on {where.run.host}")
     log.write_text(answer.log)
@@ -230,8 +264,17 @@ def tables(points: list[Point]) -> tuple[Table, Table]:
     """Throughput (per node, per GPU, against the published figure) and cost per
     concurrency and kind of token; latency percentiles per concurrency."""
     rates = Table(title="throughput (tok/s) and cost", title_justify="left")
-    for column in ("concurrency", "done", "tokens", "tok/s", "per node", "per GPU",
-                   "published/node", "% of published", "$ per 1M"):
+    for column in (
+        "concurrency",
+        "done",
+        "tokens",
+        "tok/s",
+        "per node",
+        "per GPU",
+        "published/node",
+        "% of published",
+        "$ per 1M",
+    ):
         rates.add_column(column, justify="left" if column == "tokens" else "right")
     for p in points:
         for i, kind in enumerate(("input", "output", "total")):
@@ -239,18 +282,25 @@ def tables(points: list[Point]) -> tuple[Table, Table]:
             rates.add_row(
                 _concurrency(p) if i == 0 else "",
                 f"{p.completed}/{p.completed + p.failed}" if i == 0 else "",
-                kind, f"{t.total:,.0f}", f"{t.per_node:,.0f}", f"{t.per_gpu:,.0f}",
-                *_published(t), _usd(p.cost_usd_per_1m.get(kind)),
+                kind,
+                f"{t.total:,.0f}",
+                f"{t.per_node:,.0f}",
+                f"{t.per_gpu:,.0f}",
+                *_published(t),
+                _usd(p.cost_usd_per_1m.get(kind)),
                 end_section=kind == "total",
             )
     latency = Table(title="latency (ms): p50 / p90 / p99", title_justify="left")
     for column in ("concurrency", "TTFT", "ITL", "E2E"):
         latency.add_column(column, justify="right")
     for p in points:
-        latency.add_row(_concurrency(p), *(
-            f"{q.p50:,.2f} / {q.p90:,.2f} / {q.p99:,.2f}"
-            for q in (p.latency_ms["ttft"], p.latency_ms["itl"], p.latency_ms["e2e"])
-        ))
+        latency.add_row(
+            _concurrency(p),
+            *(
+                f"{q.p50:,.2f} / {q.p90:,.2f} / {q.p99:,.2f}"
+                for q in (p.latency_ms["ttft"], p.latency_ms["itl"], p.latency_ms["e2e"])
+            ),
+        )
     return rates, latency
 
 
@@ -269,9 +319,14 @@ def chart(points: list[Point], num_prompts: int, title: str, path: Path) -> None
     styles = {"p50": "-", "p90": "--", "p99": ":"}
     for metric, colour in (("ttft", "tab:blue"), ("itl", "tab:orange"), ("e2e", "tab:green")):
         for name, style in styles.items():
-            right.plot(xs, [getattr(p.latency_ms[metric], name) for p in points],
-                       color=colour, linestyle=style, marker="o",
-                       label=f"{metric.upper()} {name}")
+            right.plot(
+                xs,
+                [getattr(p.latency_ms[metric], name) for p in points],
+                color=colour,
+                linestyle=style,
+                marker="o",
+                label=f"{metric.upper()} {name}",
+            )
     right.set(xlabel="concurrency", ylabel="ms", title="latency")
     right.set_yscale("symlog", linthresh=0.1)  # ITL is far below TTFT and E2E
     for axis in (left, right):
@@ -287,30 +342,55 @@ def chart(points: list[Point], num_prompts: int, title: str, path: Path) -> None
 
 def bench(
     inventory: InventoryArg,
-    workload_name: Annotated[str, typer.Option(
-        "--workload", help=f"one of {', '.join(WORKLOAD_NAMES)}")] = "lmsys-2000-100",
-    num_prompts: Annotated[int, typer.Option(
-        "--num-prompts", help="requests per run")] = DEFAULT_NUM_PROMPTS,
-    concurrency: Annotated[str | None, typer.Option(
-        "--concurrency", help="at most C requests at once; a list (1,8,64) runs once per value "
-        "(default: all requests at once)")] = None,
-    gpu_hour_price: Annotated[float, typer.Option(
-        "--gpu-hour-price", help="USD per GPU-hour, for the cost per 1M tokens")
+    workload_name: Annotated[
+        str, typer.Option("--workload", help=f"one of {', '.join(WORKLOAD_NAMES)}")
+    ] = "lmsys-2000-100",
+    num_prompts: Annotated[
+        int, typer.Option("--num-prompts", help="requests per run")
+    ] = DEFAULT_NUM_PROMPTS,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency",
+            help="at most C requests at once; a list (1,8,64) runs once per value "
+            "(default: all requests at once)",
+        ),
+    ] = None,
+    gpu_hour_price: Annotated[
+        float, typer.Option("--gpu-hour-price", help="USD per GPU-hour, for the cost per 1M tokens")
     ] = DEFAULT_GPU_HOUR_USD,
-    input_len: Annotated[int | None, typer.Option(
-        "--input-len", help="prompt tokens per request (--workload custom)")] = None,
-    output_len: Annotated[int | None, typer.Option(
-        "--output-len", help="output tokens per request (--workload custom)")] = None,
-    tokenizer: Annotated[str | None, typer.Option(
-        "--tokenizer", help="the model's directory (on the client's machine), or a Hugging Face "
-        "id in its local cache (default: the plan's model directory)")] = None,
-    client_place: Annotated[str, typer.Option(
-        "--client", help="where the client runs: cluster (the engine's image on the "
-        "endpoint's host, over SSH as Ansible connects) or controller (this machine)")
+    input_len: Annotated[
+        int | None,
+        typer.Option("--input-len", help="prompt tokens per request (--workload custom)"),
+    ] = None,
+    output_len: Annotated[
+        int | None,
+        typer.Option("--output-len", help="output tokens per request (--workload custom)"),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            help="the model's directory (on the client's machine), or a Hugging Face "
+            "id in its local cache (default: the plan's model directory)",
+        ),
+    ] = None,
+    client_place: Annotated[
+        str,
+        typer.Option(
+            "--client",
+            help="where the client runs: cluster (the engine's image on the "
+            "endpoint's host, over SSH as Ansible connects) or controller (this machine)",
+        ),
     ] = "cluster",
-    client_python: Annotated[str | None, typer.Option(
-        "--client-python", help="with --client controller: the Python that runs the engine's "
-        "benchmark client (default: this one)")] = None,
+    client_python: Annotated[
+        str | None,
+        typer.Option(
+            "--client-python",
+            help="with --client controller: the Python that runs the engine's "
+            "benchmark client (default: this one)",
+        ),
+    ] = None,
 ) -> None:
     """Run the engine's own benchmark client against the endpoint: throughput per node and
     per GPU, TTFT / ITL / E2E percentiles, cost per 1M tokens; JSON and a chart in the run
@@ -330,12 +410,17 @@ def bench(
     print_warnings(loaded.notices)
     client = client_for(plan)
     if client_place not in CLIENT_PLACES:
-        raise ArgumentError([f"--client {client_place!r}: expected one of "
-                             f"{', '.join(CLIENT_PLACES)}"])
+        raise ArgumentError(
+            [f"--client {client_place!r}: expected one of {', '.join(CLIENT_PLACES)}"]
+        )
     in_cluster = client_place == "cluster"
     if in_cluster and client_python:
-        raise ArgumentError(["--client-python goes with --client controller (in the cluster "
-                             "the engine image's own Python runs the client)"])
+        raise ArgumentError(
+            [
+                "--client-python goes with --client controller (in the cluster "
+                "the engine image's own Python runs the client)"
+            ]
+        )
     python = client_python or sys.executable
     key = read_secret(loaded.tunables.api_key_file) if loaded.tunables.api_key_file else None
     ca = ca_text(loaded.tunables)
@@ -353,11 +438,13 @@ def bench(
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if plan.lab:
         console.print(Text(f"note: {LAB_NOTICE}", "yellow"), soft_wrap=True)
-    place = (f"in {where.run.image} on {where.run.host}" if where is not None
-             else "on this machine")
-    console.print(f"bench {chosen.name} ({chosen.input_len} in / {chosen.output_len} out), "
-                  f"{num_prompts} prompts, {client.label} {place} against {plan.endpoint}; "
-                  f"record: {record}", soft_wrap=True)
+    place = f"in {where.run.image} on {where.run.host}" if where is not None else "on this machine"
+    console.print(
+        f"bench {chosen.name} ({chosen.input_len} in / {chosen.output_len} out), "
+        f"{num_prompts} prompts, {client.label} {place} against {plan.endpoint}; "
+        f"record: {record}",
+        soft_wrap=True,
+    )
     scale = scale_of(plan)
     published = published_for(plan, chosen.name)
     points: list[Point] = []
@@ -366,10 +453,12 @@ def bench(
         tag = "all" if level is None else str(level)
         out_dir = record / f"concurrency-{tag}"
         out_dir.mkdir()
-        spec = RunSpec(plan.endpoint, plan.served_model_name, tok, chosen, num_prompts,
-                       level, out_dir)
-        argv = (cluster_argv(client, spec) if where is not None
-                else client_argv(client, python, spec))
+        spec = RunSpec(
+            plan.endpoint, plan.served_model_name, tok, chosen, num_prompts, level, out_dir
+        )
+        argv = (
+            cluster_argv(client, spec) if where is not None else client_argv(client, python, spec)
+        )
         label = f"concurrency {tag} ({i}/{len(levels)})"
         log = out_dir / "client.log"
         try:
@@ -378,19 +467,29 @@ def bench(
             else:
                 rc = run_client(argv, log, label)
         except Interrupted as stop:
-            summary = {"status": "cancelled", "cancelled": signal_name(stop.signum),
-                       "rc": exit_code(stop.signum), "done": [_concurrency(p) for p in points],
-                       "started_at": started_at}
+            summary = {
+                "status": "cancelled",
+                "cancelled": signal_name(stop.signum),
+                "rc": exit_code(stop.signum),
+                "done": [_concurrency(p) for p in points],
+                "started_at": started_at,
+            }
             (record / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            err_console.print(f"bench cancelled ({signal_name(stop.signum)}) during {label}; "
-                              f"the client was stopped; record: {record}", soft_wrap=True)
+            err_console.print(
+                f"bench cancelled ({signal_name(stop.signum)}) during {label}; "
+                f"the client was stopped; record: {record}",
+                soft_wrap=True,
+            )
             raise
         result_file = out_dir / client.result_name
         if rc != 0 or not result_file.exists():
-            problems.append(f"{label}: the client exited {rc}"
-                            + ("" if result_file.exists() else " without a result file"))
-            err_console.print(Text(f"{label}: the client failed; its last lines ({log}):",
-                                   "bold red"))
+            problems.append(
+                f"{label}: the client exited {rc}"
+                + ("" if result_file.exists() else " without a result file")
+            )
+            err_console.print(
+                Text(f"{label}: the client failed; its last lines ({log}):", "bold red")
+            )
             for line in _tail(log):
                 err_console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
             break
@@ -399,28 +498,47 @@ def bench(
         result = parse_result(client.result_format, text, num_prompts, str(result_file))
         points.append(point(result, level, scale, gpu_hour_price, published, argv))
         if result.failed:
-            problems.append(f"{label}: {result.failed} of {num_prompts} requests failed "
-                            f"(client log: {log})")
+            problems.append(
+                f"{label}: {result.failed} of {num_prompts} requests failed (client log: {log})"
+            )
 
-    doc = document(plan=plan, inventory=inventory, client=client, workload=chosen,
-                   num_prompts=num_prompts, gpu_hour_usd=gpu_hour_price, points=points,
-                   record=record, started_at=started_at, ok=not problems, problems=problems)
+    doc = document(
+        plan=plan,
+        inventory=inventory,
+        client=client,
+        workload=chosen,
+        num_prompts=num_prompts,
+        gpu_hour_usd=gpu_hour_price,
+        points=points,
+        record=record,
+        started_at=started_at,
+        ok=not problems,
+        problems=problems,
+    )
     (record / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
     code = EXIT_OK if not problems else EXIT_FAILED
-    summary = {"status": "successful" if code == EXIT_OK else "failed", "rc": code,
-               "problems": problems, "started_at": started_at}
+    summary = {
+        "status": "successful" if code == EXIT_OK else "failed",
+        "rc": code,
+        "problems": problems,
+        "started_at": started_at,
+    }
     (record / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if points:
-        title = (f"{plan.engine} {plan.layout}, {scale.nodes} nodes / {scale.gpus} GPUs, "
-                 f"{chosen.name}, {num_prompts} prompts" + (" (lab: meaningless)" if plan.lab
-                                                             else ""))
+        title = (
+            f"{plan.engine} {plan.layout}, {scale.nodes} nodes / {scale.gpus} GPUs, "
+            f"{chosen.name}, {num_prompts} prompts" + (" (lab: meaningless)" if plan.lab else "")
+        )
         chart(points, num_prompts, title, record / "bench.png")
         for table in tables(points):
             console.print(table)
         for p in published:
             console.print(f"published: {p.source}", soft_wrap=True)
-        console.print(f"cost: {scale.gpus} GPUs x ${gpu_hour_price:g}/GPU-hour, the whole "
-                      "cluster's time charged to each kind of token", soft_wrap=True)
+        console.print(
+            f"cost: {scale.gpus} GPUs x ${gpu_hour_price:g}/GPU-hour, the whole "
+            "cluster's time charged to each kind of token",
+            soft_wrap=True,
+        )
     if plan.lab:
         console.print(Text(f"note: {LAB_NOTICE}", "yellow"), soft_wrap=True)
     for line in problems:

@@ -91,7 +91,9 @@ def load_plan(inventory: Path) -> LoadedPlan:
     with ansible_output_captured() as said:
         cluster = load_cluster(inventory)
     return LoadedPlan(
-        build_plan(cluster), notices_from(said.getvalue()), cluster.tunables,
+        build_plan(cluster),
+        notices_from(said.getvalue()),
+        cluster.tunables,
         cluster.max_unavailable,
     )
 

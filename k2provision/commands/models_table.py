@@ -184,8 +184,6 @@ def markdown(data: list[dict[str, Any]]) -> str:
         for row in data:
             nodes = row["smallest_nodes"][gpu]
             lines.append(
-                f"| `{row['model']}` | "
-                + " | ".join(_cell(nodes[k]) for k in layouts)
-                + " |"
+                f"| `{row['model']}` | " + " | ".join(_cell(nodes[k]) for k in layouts) + " |"
             )
     return "\n".join(lines) + "\n"

@@ -56,8 +56,16 @@ FullOpt = Annotated[
 ]
 
 
-SITE_TAGS = ("preflight", "prepare", "ssh_mesh", "weights", "nccl", "launch", "verify",
-             "monitoring")
+SITE_TAGS = (
+    "preflight",
+    "prepare",
+    "ssh_mesh",
+    "weights",
+    "nccl",
+    "launch",
+    "verify",
+    "monitoring",
+)
 """The tags of playbooks/site.yml's phases, in their order (a test holds them to the plays)."""
 
 
@@ -67,10 +75,13 @@ def split_tags(tags: str | None) -> tuple[str, ...]:
     chosen = tuple(t.strip() for t in (tags or "").split(",") if t.strip())
     unknown = [t for t in chosen if t not in SITE_TAGS]
     if unknown:
-        raise ArgumentError([
-            f"--tags {t}: no phase carries that tag; expected one or more of "
-            f"{', '.join(SITE_TAGS)}, comma-separated" for t in unknown
-        ])
+        raise ArgumentError(
+            [
+                f"--tags {t}: no phase carries that tag; expected one or more of "
+                f"{', '.join(SITE_TAGS)}, comma-separated"
+                for t in unknown
+            ]
+        )
     return chosen
 
 

@@ -40,9 +40,7 @@ RestartLimitOpt = Annotated[
         "default: every host",
     ),
 ]
-YesOpt = Annotated[
-    bool, typer.Option("--yes", "-y", help="restart without asking (for scripts)")
-]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="restart without asking (for scripts)")]
 
 
 def set_table(chosen: RestartSet) -> Table:

@@ -201,9 +201,7 @@ def document(
         "ok": not problems,
         "hosts": [h.as_json() for h in hosts],
         "endpoint": endpoint.as_json(),
-        "instances": [
-            {**asdict(i), "up": i.up, "problem": i.problem} for i in fleet
-        ],
+        "instances": [{**asdict(i), "up": i.up, "problem": i.problem} for i in fleet],
         "problems": problems,
         "record": str(record),
     }
@@ -336,10 +334,15 @@ def status(
             help=f"check again every SECONDS ({WATCH_DEFAULT_S:g} when not given) until Ctrl-C",
         ),
     ] = None,
-    via_bastion: Annotated[bool, typer.Option(
-        "--via-bastion", help="read the endpoint through an SSH port forward to its host, "
-        "connected as Ansible connects (ProxyJump included); automatic when the endpoint "
-        "does not answer from here")] = False,
+    via_bastion: Annotated[
+        bool,
+        typer.Option(
+            "--via-bastion",
+            help="read the endpoint through an SSH port forward to its host, "
+            "connected as Ansible connects (ProxyJump included); automatic when the endpoint "
+            "does not answer from here",
+        ),
+    ] = False,
 ) -> None:
     """Per host and planned process: state, uptime, drift, health gate, GPU memory, restarts,
     last error; then the endpoint. Exit 0 only when all runs as planned and the endpoint
@@ -362,13 +365,19 @@ def status(
             try:
                 local = stack.enter_context(port_forward(targets[plan.endpoint_host], address))
             except K2Error as error:  # the hosts' table still comes; the endpoint says why
-                err_console.print(f"warning: endpoint {plan.endpoint}: {error}; asked "
-                                  "directly", soft_wrap=True, markup=False)
+                err_console.print(
+                    f"warning: endpoint {plan.endpoint}: {error}; asked directly",
+                    soft_wrap=True,
+                    markup=False,
+                )
             else:
                 access = replace(access, dial=Dial(local))
-                err_console.print(f"endpoint {plan.endpoint}: read through an SSH port "
-                                  f"forward to {plan.endpoint_host} (local "
-                                  f"{local[0]}:{local[1]})", soft_wrap=True)
+                err_console.print(
+                    f"endpoint {plan.endpoint}: read through an SSH port "
+                    f"forward to {plan.endpoint_host} (local "
+                    f"{local[0]}:{local[1]})",
+                    soft_wrap=True,
+                )
         code = check_once(inventory, plan, targets, record, as_json, access, monitoring)
         if watch is None:
             raise typer.Exit(code)

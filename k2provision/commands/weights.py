@@ -83,7 +83,11 @@ def weights(
     # is asked for the weights' state on every host, and its record (weights.json) reports it.
     # The role's own no-op is quick (its manifest state; --verify re-hashes).
     run = HostRun(
-        command="weights", inventory=inventory, tags=("weights",), limit=limit, check=check,
+        command="weights",
+        inventory=inventory,
+        tags=("weights",),
+        limit=limit,
+        check=check,
         full=True,
     )
     raise typer.Exit(run_on_hosts(run, WeightsHooks(verify=verify)))

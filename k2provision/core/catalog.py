@@ -79,9 +79,7 @@ _KIMI_K2_CONFIG: dict[str, Any] = {
 }
 
 # MoonViT of Kimi-K2.5 and later (config.json vision_config: vt_* fields).
-MOONVIT = VisionSpec(
-    hidden_size=1152, num_hidden_layers=27, intermediate_size=4304, patch_size=14
-)
+MOONVIT = VisionSpec(hidden_size=1152, num_hidden_layers=27, intermediate_size=4304, patch_size=14)
 
 RECIPES = "vllm-project/recipes models/moonshotai"
 _K2_SUPPORT = {
@@ -223,8 +221,7 @@ MODELS: dict[str, ModelSpec] = {
         "moonshotai/Kimi-K2.7-Code",
         "0.19.1",
         f"{RECIPES}/Kimi-K2.7-Code.yaml min_vllm_version",
-        f"{RECIPES}/Kimi-K2.7-Code.yaml: built on K2.6, thinking only (keep the reasoning "
-        "parser)",
+        f"{RECIPES}/Kimi-K2.7-Code.yaml: built on K2.6, thinking only (keep the reasoning parser)",
     ),
 }
 
@@ -398,8 +395,10 @@ def model_from_config(base: ModelSpec, config_json: Path) -> ModelSpec:
             "to use the catalog's numbers"
             for problem in exc.problems
         ) from None
-    if spec.quantization != base.quantization or spec.vision != base.vision or any(
-        getattr(spec, k) != getattr(base, k) for k in _KIMI_K2_CONFIG
+    if (
+        spec.quantization != base.quantization
+        or spec.vision != base.vision
+        or any(getattr(spec, k) != getattr(base, k) for k in _KIMI_K2_CONFIG)
     ):
         spec = spec.model_copy(update={"checkpoint_gib": round(weights(spec).total / GIB, 1)})
     return spec

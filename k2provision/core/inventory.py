@@ -586,9 +586,7 @@ def _relay_ports(hv: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
 def _instance_problems(source: str, cluster: Cluster) -> list[str]:
     """Instance counts the layout has no pool for, and pools they do not split evenly."""
     problems = []
-    names: tuple[PoolName, ...] = (
-        ("prefill", "decode") if cluster.layout == "pd" else ("nodes",)
-    )
+    names: tuple[PoolName, ...] = ("prefill", "decode") if cluster.layout == "pd" else ("nodes",)
     for pool, variable in INSTANCE_VARS.items():
         count = cluster.instance_count(pool)
         if pool not in names:

@@ -97,19 +97,29 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     argv = (
         *LAUNCH_SERVER,
         *model_args(deployment),
-        "--kt-weight-path", model_dir,
-        "--kt-method", KT_METHODS[deployment.model.quantization.routed_experts.scheme],
-        "--kt-cpuinfer", threads,
-        "--kt-threadpool-count", NUMA_NODES.ref,
-        "--kt-num-gpu-experts", str(t.ktransformers_gpu_experts),
-        "--tp-size", str(pool.parallel.tp),
-        "--mem-fraction-static", str(pool.mem_fraction),
-        "--max-total-tokens", str(t.ktransformers_cache_lens),
+        "--kt-weight-path",
+        model_dir,
+        "--kt-method",
+        KT_METHODS[deployment.model.quantization.routed_experts.scheme],
+        "--kt-cpuinfer",
+        threads,
+        "--kt-threadpool-count",
+        NUMA_NODES.ref,
+        "--kt-num-gpu-experts",
+        str(t.ktransformers_gpu_experts),
+        "--tp-size",
+        str(pool.parallel.tp),
+        "--mem-fraction-static",
+        str(pool.mem_fraction),
+        "--max-total-tokens",
+        str(t.ktransformers_cache_lens),
         # Shared experts stay on the GPU with the attention (kt-kernel takes routed ones).
         "--disable-shared-experts-fusion",
         *SERVER_METRICS_ARGS,
-        "--host", any_address(cluster),
-        "--port", str(t.api_port),
+        "--host",
+        any_address(cluster),
+        "--port",
+        str(t.api_port),
         # The key as SGLang's server takes it: sglang-kt 0.7.2 has the same --api-key and
         # --config (sglang/srt/server_args.py) and leaves /health open (srt/utils/auth.py).
         *server_key(t),
@@ -125,8 +135,12 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
     )
     port = listener(
-        process, "k2_api_port", "the ktransformers server", t.api_port,
-        bind=any_address(cluster), public=True,
+        process,
+        "k2_api_port",
+        "the ktransformers server",
+        t.api_port,
+        bind=any_address(cluster),
+        public=True,
     )
     return {pool.master: HostRender(processes=(process,), listeners=(port,))}
 

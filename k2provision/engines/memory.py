@@ -109,9 +109,7 @@ def kv_bytes_per_token(f: PoolFit) -> int:
     """KV cache bytes of one token on one GPU: every layer of its pipeline stage, in the KV
     dtype rendered."""
     layers_per_gpu = -(-f.spec.num_hidden_layers // f.parallel.pp)
-    return (
-        catalog.kv_bytes_per_token_per_layer(f.spec, KV_DTYPE_BYTES[f.kv_dtype]) * layers_per_gpu
-    )
+    return catalog.kv_bytes_per_token_per_layer(f.spec, KV_DTYPE_BYTES[f.kv_dtype]) * layers_per_gpu
 
 
 # ---------------------------------------------------------------- the runtime reserve

@@ -116,21 +116,32 @@ FLEET_ROUTER_ARGS: tuple[str, ...] = (
     # Health checks (:84-88): every 10 s (default 60) on the servers' own /health, a worker
     # taken out after 3 failed checks (a dead instance serves errors for about 30 s at most)
     # and put back after 2 good ones.
-    "--health-check-interval-secs", "10",
-    "--health-failure-threshold", "3",
-    "--health-success-threshold", "2",
-    "--health-check-timeout-secs", "5",
-    "--health-check-endpoint", "/health",
+    "--health-check-interval-secs",
+    "10",
+    "--health-failure-threshold",
+    "3",
+    "--health-success-threshold",
+    "2",
+    "--health-check-timeout-secs",
+    "5",
+    "--health-check-endpoint",
+    "/health",
     # Circuit breaker (:91-94): 5 failed requests within 60 s open a worker's circuit (no
     # requests for 30 s), 2 good ones in half-open close it: faster than the 10 / 120 s
     # defaults, since the other instances take the load meanwhile.
-    "--cb-failure-threshold", "5",
-    "--cb-success-threshold", "2",
-    "--cb-timeout-duration-secs", "30",
-    "--cb-window-duration-secs", "60",
+    "--cb-failure-threshold",
+    "5",
+    "--cb-success-threshold",
+    "2",
+    "--cb-timeout-duration-secs",
+    "30",
+    "--cb-window-duration-secs",
+    "60",
     # Retries (:77, default 5): a request the first worker failed goes to up to two others.
-    "--retry-max-retries", "3",
-    "--request-timeout-secs", str(ROUTER_REQUEST_TIMEOUT_S),
+    "--retry-max-retries",
+    "3",
+    "--request-timeout-secs",
+    str(ROUTER_REQUEST_TIMEOUT_S),
 )
 PD_FLEET_POLICIES: tuple[str, ...] = (
     # No --dp-aware (:42, default off), though both pools run DP attention: the router splits
@@ -147,10 +158,12 @@ PD_FLEET_POLICIES: tuple[str, ...] = (
     # cache_aware balances by queue length once the instances' loads differ past the balance
     # thresholds and otherwise keeps a shared prefix on the instance that saw it (the
     # production PD router's prefill policy).
-    "--policy", "cache_aware",
+    "--policy",
+    "cache_aware",
     # Decode (:30 decode_policy): power_of_two sends each request to the less loaded of two
     # decode instances; a prefix tree buys decode nothing (its KV arrives from prefill).
-    "--decode-policy", "power_of_two",
+    "--decode-policy",
+    "power_of_two",
 )
 # Prometheus metrics: sglang 0.5.23 serves /metrics on each HTTP server once --enable-metrics
 # is given (srt/arg_groups/fields/observability.py enable_metrics, default off); the router
@@ -316,12 +329,20 @@ def _render_tp_instance(deployment: Deployment, pool: PoolPlan) -> dict[str, Hos
         listeners = (
             (
                 listener(
-                    process, "k2_sglang_port", "the SGLang server", t.sglang_port,
-                    bind=bind, public=not fleet,
+                    process,
+                    "k2_sglang_port",
+                    "the SGLang server",
+                    t.sglang_port,
+                    bind=bind,
+                    public=not fleet,
                 ),
                 listener(
-                    process, "k2_dist_port", "the rendezvous", t.dist_port,
-                    bind=any_address(cluster), wildcard_why=TCP_STORE_BINDS_ALL,
+                    process,
+                    "k2_dist_port",
+                    "the rendezvous",
+                    t.dist_port,
+                    bind=any_address(cluster),
+                    wildcard_why=TCP_STORE_BINDS_ALL,
                 ),
             )
             if rank == 0
@@ -472,9 +493,7 @@ def _pd_listeners(
     t = cluster.tunables
     if rank != 0:
         return []
-    found = [
-        listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port, bind=local_ip)
-    ]
+    found = [listener(process, "k2_sglang_port", "the SGLang server", t.sglang_port, bind=local_ip)]
     if pool.name == "prefill":
         # The bootstrap server binds --host (srt/managers/disagg_service.py).
         found.append(
@@ -484,8 +503,13 @@ def _pd_listeners(
         )
     found.append(
         listener(
-            process, "k2_dist_port", "the rendezvous", t.dist_port,
-            bind=any_address(cluster), count=DIST_PORT_SPAN + 1, wildcard_why=TCP_STORE_BINDS_ALL,
+            process,
+            "k2_dist_port",
+            "the rendezvous",
+            t.dist_port,
+            bind=any_address(cluster),
+            count=DIST_PORT_SPAN + 1,
+            wildcard_why=TCP_STORE_BINDS_ALL,
         )
     )
     return found
@@ -645,12 +669,19 @@ def add_router(out: dict[str, HostRender], deployment: Deployment) -> None:
     what = "the PD router" if deployment.cluster.layout == "pd" else "the fleet's router"
     mine = (
         listener(
-            router, "k2_api_port", what, t.api_port,
-            bind=any_address(deployment.cluster), public=True,
+            router,
+            "k2_api_port",
+            what,
+            t.api_port,
+            bind=any_address(deployment.cluster),
+            public=True,
         ),
         listener(
-            router, "k2_router_metrics_port", f"{what}'s metrics",
-            t.router_metrics_port, bind=host.local_ip,
+            router,
+            "k2_router_metrics_port",
+            f"{what}'s metrics",
+            t.router_metrics_port,
+            bind=host.local_ip,
         ),
     )
     before = out.get(host.name, HostRender())
@@ -743,20 +774,34 @@ BENCH_CLIENT = BenchClient(
     # names the tokenizer so its chat-template probe stays local; requests carry the served
     # name.
     (
-        "--dataset-name", "random-ids",
-        "--random-range-ratio", "1.0",
-        "--model", "{tokenizer}",
-        "--served-model-name", "{served_model_name}",
-        "--output-file", "{out_dir}/{result_name}",
+        "--dataset-name",
+        "random-ids",
+        "--random-range-ratio",
+        "1.0",
+        "--model",
+        "{tokenizer}",
+        "--served-model-name",
+        "{served_model_name}",
+        "--output-file",
+        "{out_dir}/{result_name}",
     ),
 )
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = (
-    PublishedFigure("pd", "lmsys-2000-100", "input", 56_000,
-                    "seed 002 (LMSYS): 896k prefill tok/s on 16 nodes of 8 x H200 (4P12D), "
-                    "56k per node"),
-    PublishedFigure("pd", "lmsys-2000-100", "output", 24_000,
-                    "seed 002 (LMSYS): 384k decode tok/s on 16 nodes of 8 x H200 (4P12D, "
-                    "decode batch 480), 24k per node"),
+    PublishedFigure(
+        "pd",
+        "lmsys-2000-100",
+        "input",
+        56_000,
+        "seed 002 (LMSYS): 896k prefill tok/s on 16 nodes of 8 x H200 (4P12D), 56k per node",
+    ),
+    PublishedFigure(
+        "pd",
+        "lmsys-2000-100",
+        "output",
+        24_000,
+        "seed 002 (LMSYS): 384k decode tok/s on 16 nodes of 8 x H200 (4P12D, "
+        "decode batch 480), 24k per node",
+    ),
 )
 NUMA_BINDING = (
     "SYS_NICE",
@@ -800,7 +845,10 @@ DIST_PORT_SPAN = 6
 # pool fits only with fewer.
 BATCH_TUNABLES: tuple[BatchTunable, ...] = (
     BatchTunable(
-        "cuda_graph_max_bs_decode", ("pd",), ("decode",), (384, 256, 192, 128, 64, 32),
+        "cuda_graph_max_bs_decode",
+        ("pd",),
+        ("decode",),
+        (384, 256, 192, 128, 64, 32),
         "decode CUDA graphs and DeepEP dispatch buffers for batches up to {value} per rank",
     ),
 )
@@ -913,9 +961,7 @@ def reserve(f: PoolFit) -> MemoryReserve:
         # The render sizes DeepEP's dispatch to the largest graph batch (_pd_env).
         tokens = t.cuda_graph_max_bs_decode
         scale = deepep_decode_scale()
-        graphs, all2all = (
-            term * scale for term in deepep_decode_model(spec, p, tokens, tokens)
-        )
+        graphs, all2all = (term * scale for term in deepep_decode_model(spec, p, tokens, tokens))
         calibration = f"CUDA graphs and DeepEP x{scale:.2f}: {DEEPEP_DECODE_SOURCE}"
     elif f.pool == "prefill":
         # The render gives SGLang per rank x DP, which 0.5.23 divides by the attention-DP size.

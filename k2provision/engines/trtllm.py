@@ -101,27 +101,68 @@ MPI_FORWARD_ENV = ("PATH", "LD_LIBRARY_PATH")
 
 # Every option of `trtllm-serve serve` in tensorrt_llm/commands/serve.py of the mirrored 1.2
 # line (stored revision 00209af149e7774406881a37283dce303571eb11), aliases included.
-SERVE_OPTIONS: frozenset[str] = frozenset({
-    "--tokenizer", "--custom_tokenizer", "--host", "--port", "--backend",
-    "--custom_module_dirs", "--log_level", "--max_beam_width", "--max_batch_size",
-    "--max_num_tokens", "--max_seq_len", "--tensor_parallel_size", "--tp_size",
-    "--pipeline_parallel_size", "--pp_size", "--context_parallel_size", "--cp_size",
-    "--moe_expert_parallel_size", "--ep_size", "--moe_cluster_parallel_size", "--cluster_size",
-    "--gpus_per_node", "--free_gpu_memory_fraction", "--kv_cache_free_gpu_memory_fraction",
-    "--num_postprocess_workers", "--trust_remote_code", "--revision", "--config",
-    "--extra_llm_api_options", "--reasoning_parser", "--tool_parser",
-    "--metadata_server_config_file", "--server_role", "--fail_fast_on_attention_window_too_large",
-    "--otlp_traces_endpoint", "--disagg_cluster_uri", "--enable_chunked_prefill",
-    "--media_io_kwargs", "--chat_template",
-})
+SERVE_OPTIONS: frozenset[str] = frozenset(
+    {
+        "--tokenizer",
+        "--custom_tokenizer",
+        "--host",
+        "--port",
+        "--backend",
+        "--custom_module_dirs",
+        "--log_level",
+        "--max_beam_width",
+        "--max_batch_size",
+        "--max_num_tokens",
+        "--max_seq_len",
+        "--tensor_parallel_size",
+        "--tp_size",
+        "--pipeline_parallel_size",
+        "--pp_size",
+        "--context_parallel_size",
+        "--cp_size",
+        "--moe_expert_parallel_size",
+        "--ep_size",
+        "--moe_cluster_parallel_size",
+        "--cluster_size",
+        "--gpus_per_node",
+        "--free_gpu_memory_fraction",
+        "--kv_cache_free_gpu_memory_fraction",
+        "--num_postprocess_workers",
+        "--trust_remote_code",
+        "--revision",
+        "--config",
+        "--extra_llm_api_options",
+        "--reasoning_parser",
+        "--tool_parser",
+        "--metadata_server_config_file",
+        "--server_role",
+        "--fail_fast_on_attention_window_too_large",
+        "--otlp_traces_endpoint",
+        "--disagg_cluster_uri",
+        "--enable_chunked_prefill",
+        "--media_io_kwargs",
+        "--chat_template",
+    }
+)
 # Options of `serve` that are flags (take no value).
-SERVE_FLAGS: frozenset[str] = frozenset({
-    "--trust_remote_code", "--fail_fast_on_attention_window_too_large", "--enable_chunked_prefill",
-})
+SERVE_FLAGS: frozenset[str] = frozenset(
+    {
+        "--trust_remote_code",
+        "--fail_fast_on_attention_window_too_large",
+        "--enable_chunked_prefill",
+    }
+)
 # `--tool_parser` is a click.Choice over ToolParserFactory.parsers of the same line.
-TOOL_PARSERS: frozenset[str] = frozenset({
-    "qwen3", "qwen3_coder", "kimi_k2", "deepseekv3", "deepseekv3.1", "deepseek_v32",
-})
+TOOL_PARSERS: frozenset[str] = frozenset(
+    {
+        "qwen3",
+        "qwen3_coder",
+        "kimi_k2",
+        "deepseekv3",
+        "deepseekv3.1",
+        "deepseek_v32",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -222,8 +263,7 @@ def options_yaml(options: ExtraLlmApiOptions) -> str:
     text = (
         f"# TensorRT-LLM {TRTLLM_VERSION} extra LLM API options for trtllm-serve\n"
         "# --extra_llm_api_options: rendered by k2provision; edits are overwritten.\n"
-        "# Checked against k2provision's mirror of TorchLlmArgs (unknown keys are errors).\n"
-        + body
+        "# Checked against k2provision's mirror of TorchLlmArgs (unknown keys are errors).\n" + body
     )
     parsed = validate_extra_llm_api_options(yaml.safe_load(text))
     if parsed.model_dump(exclude_unset=True) != options.model_dump(exclude_unset=True):
@@ -252,7 +292,10 @@ def mpi_interface(deployment: Deployment) -> tuple[str | None, tuple[LaunchValue
 
 
 def mpirun_argv(
-    deployment: Deployment, hosts: tuple[HostSpec, ...], pool: PoolPlan, paths: Paths,
+    deployment: Deployment,
+    hosts: tuple[HostSpec, ...],
+    pool: PoolPlan,
+    paths: Paths,
     env_names: tuple[str, ...],
 ) -> tuple[str, ...]:
     """The mpirun line rank 0 runs: every rank of every host, trtllm-serve on rank 0."""
@@ -261,15 +304,18 @@ def mpirun_argv(
     argv: list[str] = [
         "mpirun",
         "--allow-run-as-root",
-        "-np", str(len(hosts) * gpn),
-        "-H", ",".join(f"{h.local_ip}:{gpn}" for h in hosts),
+        "-np",
+        str(len(hosts) * gpn),
+        "-H",
+        ",".join(f"{h.local_ip}:{gpn}" for h in hosts),
         # One argv element: Open MPI passes it to ssh as its arguments.
-        "-mca", "plm_rsh_args", f"-p {t.ssh_port} -F {paths.ssh_config}",
+        "-mca",
+        "plm_rsh_args",
+        f"-p {t.ssh_port} -F {paths.ssh_config}",
     ]
     interface, _ = mpi_interface(deployment)
     if interface:
-        argv += ["-mca", "btl_tcp_if_include", interface,
-                 "-mca", "oob_tcp_if_include", interface]
+        argv += ["-mca", "btl_tcp_if_include", interface, "-mca", "oob_tcp_if_include", interface]
     for name in env_names:
         argv += ["-x", name]
     argv += ["trtllm-llmapi-launch", *serve_argv(deployment, pool, paths)]
@@ -281,21 +327,34 @@ def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[st
     t = deployment.cluster.tunables
     p = pool.parallel
     return (
-        "trtllm-serve", "serve", deployment.cluster.model_dir,
-        "--backend", "pytorch",
-        "--host", any_address(deployment.cluster),
-        "--port", str(t.api_port),
-        "--tp_size", str(p.tp),
-        "--ep_size", str(p.ep),
-        "--gpus_per_node", str(deployment.cluster.gpus_per_node),
-        "--max_batch_size", str(t.trtllm_max_batch_size),
-        "--max_num_tokens", str(t.trtllm_max_num_tokens),
-        "--max_seq_len", str(deployment.context_length),
-        "--kv_cache_free_gpu_memory_fraction", f"{pool.mem_fraction:g}",
+        "trtllm-serve",
+        "serve",
+        deployment.cluster.model_dir,
+        "--backend",
+        "pytorch",
+        "--host",
+        any_address(deployment.cluster),
+        "--port",
+        str(t.api_port),
+        "--tp_size",
+        str(p.tp),
+        "--ep_size",
+        str(p.ep),
+        "--gpus_per_node",
+        str(deployment.cluster.gpus_per_node),
+        "--max_batch_size",
+        str(t.trtllm_max_batch_size),
+        "--max_num_tokens",
+        str(t.trtllm_max_num_tokens),
+        "--max_seq_len",
+        str(deployment.context_length),
+        "--kv_cache_free_gpu_memory_fraction",
+        f"{pool.mem_fraction:g}",
         "--trust_remote_code",
         *parser_args(deployment.model, "--tool_parser", "--reasoning_parser"),
         # `--config` is the same option in this release; the long name also works on 1.0/1.1.
-        "--extra_llm_api_options", paths.extra_options,
+        "--extra_llm_api_options",
+        paths.extra_options,
     )
 
 
@@ -308,7 +367,10 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     hosts = tuple(cluster.host(name) for name in pool.hosts)
 
     template_vars = {
-        "container": CONTAINER, "port": t.ssh_port, "ssh_dir": paths.ssh_dir, "sshd": SSHD,
+        "container": CONTAINER,
+        "port": t.ssh_port,
+        "ssh_dir": paths.ssh_dir,
+        "sshd": SSHD,
         "user_environment": SSH_SESSION_ENV,
     }
     files = {
@@ -336,7 +398,10 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         # The compile cache variables are set on the container (plan/caches.py); the ranks
         # on the other hosts get them from mpirun too.
         argv=mpirun_argv(
-            deployment, hosts, pool, paths,
+            deployment,
+            hosts,
+            pool,
+            paths,
             (*MPI_FORWARD_ENV, *sorted({*env, *(name for name, _ in COMPILE_CACHES)})),
         ),
         env=env,
@@ -523,7 +588,10 @@ def kv_budget(f: PoolFit, reserve: MemoryReserve, weights_gib: float) -> KvBudge
     """The fraction of the memory free after weights and warm-up that leaves the graphs and
     the margin, allocated later, outside."""
     free = (
-        f.gpu.usable_gib - weights_gib - reserve.activations - reserve.comm_buffers
+        f.gpu.usable_gib
+        - weights_gib
+        - reserve.activations
+        - reserve.comm_buffers
         - reserve.runtime
     )
     later = reserve.cuda_graphs + reserve.margin

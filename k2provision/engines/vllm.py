@@ -199,7 +199,10 @@ def _serve_listener(deployment: Deployment, pool: PoolPlan, serve: Process) -> L
     if endpoint_itself:
         return listener(serve, "k2_api_port", "the vLLM API server", port, bind=bind, public=True)
     return listener(
-        serve, "k2_vllm_port", "the vLLM API server of an instance behind the router", port,
+        serve,
+        "k2_vllm_port",
+        "the vLLM API server of an instance behind the router",
+        port,
         bind=bind,
     )
 
@@ -255,11 +258,7 @@ def _env(
 def _deepep(deployment: Deployment, pool: PoolPlan) -> bool:
     """Whether the instance's experts travel through DeepEP (NVSHMEM) between nodes."""
     layout, t = deployment.cluster.layout, deployment.cluster.tunables
-    return (
-        layout == "dp_ep"
-        and len(pool.hosts) > 1
-        and t.vllm_all2all_backend.startswith("deepep")
-    )
+    return layout == "dp_ep" and len(pool.hosts) > 1 and t.vllm_all2all_backend.startswith("deepep")
 
 
 def _hosts(deployment: Deployment, pool: PoolPlan) -> list[HostSpec]:
@@ -279,7 +278,9 @@ def _serve_args(deployment: Deployment, pool: PoolPlan, parallel: list[str]) -> 
         "--trust-remote-code",
     ]
     args += parser_args(
-        deployment.model, "--tool-call-parser", "--reasoning-parser",
+        deployment.model,
+        "--tool-call-parser",
+        "--reasoning-parser",
         tool_switch=("--enable-auto-tool-choice",),
     )
     bind, port, _ = _serving(deployment, pool)
@@ -420,8 +421,12 @@ def _render_ray(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRender]
         processes=(head_ray, serve),
         listeners=(
             listener(
-                head_ray, "k2_ray_port", "the Ray head", t.ray_port,
-                bind=any_address(deployment.cluster), wildcard_why=RAY_BINDS_ALL,
+                head_ray,
+                "k2_ray_port",
+                "the Ray head",
+                t.ray_port,
+                bind=any_address(deployment.cluster),
+                wildcard_why=RAY_BINDS_ALL,
             ),
             _serve_listener(deployment, pool, serve),
         ),
@@ -495,9 +500,11 @@ def _render_dp_ep(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRende
         head = rank == 0
         # The head holds DP ranks 0..local-1 without a start rank (internal load balancing);
         # a start rank there would switch vLLM to hybrid mode, which refuses headless ranks.
-        argv = [*shared, *_tls(deployment, pool)] if head else [
-            *shared, "--data-parallel-start-rank", str(rank * local), "--headless"
-        ]
+        argv = (
+            [*shared, *_tls(deployment, pool)]
+            if head
+            else [*shared, "--data-parallel-start-rank", str(rank * local), "--headless"]
+        )
         env, values = _env(deployment, pool, host)
         if head:
             env, values = _api_key(deployment, pool, env, values)
@@ -518,7 +525,10 @@ def _render_dp_ep(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRende
                 # The DP handshake binds --data-parallel-address (v1/engine/utils.py
                 # get_engine_client_zmq_addr(host=data_parallel_address)).
                 listener(
-                    process, "k2_dp_rpc_port", "the DP RPC", t.dp_rpc_port,
+                    process,
+                    "k2_dp_rpc_port",
+                    "the DP RPC",
+                    t.dp_rpc_port,
                     bind=hosts[0].local_ip,
                 ),
             )
@@ -555,20 +565,26 @@ BENCH_CLIENT = BenchClient(
     "result.json",
     "vllm==0.33.0 (scripts/install-engine-parsers vllm builds .venv-vllm)",
     # One JSON document with the percentiles it was asked for (p50/p90/p99) and `failed`.
-    ResultFormat(
-        json_lines=False, median="p50_{metric}_ms", e2e_metric="e2el", counts_failed=True
-    ),
+    ResultFormat(json_lines=False, median="p50_{metric}_ms", e2e_metric="e2el", counts_failed=True),
     (
-        "--endpoint", "/v1/completions",
-        "--dataset-name", "random",
-        "--random-range-ratio", "0",  # lengths in [L(1-r), L(1+r)]; 0 is exact
+        "--endpoint",
+        "/v1/completions",
+        "--dataset-name",
+        "random",
+        "--random-range-ratio",
+        "0",  # lengths in [L(1-r), L(1+r)]; 0 is exact
         "--ignore-eos",
-        "--model", "{served_model_name}",
-        "--percentile-metrics", "ttft,itl,e2el",
-        "--metric-percentiles", "{percentiles}",
+        "--model",
+        "{served_model_name}",
+        "--percentile-metrics",
+        "ttft,itl,e2el",
+        "--metric-percentiles",
+        "{percentiles}",
         "--save-result",
-        "--result-dir", "{out_dir}",
-        "--result-filename", "{result_name}",
+        "--result-dir",
+        "{out_dir}",
+        "--result-filename",
+        "{result_name}",
     ),
 )
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
@@ -634,6 +650,7 @@ def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) ->
             update={"redundant_experts": default if spare is None else spare}
         )
     return parallel
+
 
 def weight_slices(cluster: Cluster, pool: PoolName, parallel: Parallel) -> WeightSlices:
     """tp and tp_pp: every MLP weight over the TP group (FusedMoE without expert parallelism

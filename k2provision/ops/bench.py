@@ -44,6 +44,7 @@ LAB_NOTICE = (
     "(client, router, streaming), not an engine; they are meaningless as performance figures"
 )
 
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -55,12 +56,21 @@ class Workload:
 PRESETS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("lmsys-2000-100", 2000, 100,
-                 "seed 002: LMSYS, Kimi K2 on 128 x H200 (4P12D), 2000 in / 100 out"),
-        Workload("vllm-1000-512", 1000, 512,
-                 "seed 003: vLLM recipe, FP8 on 16 x H800, 1000 in / 512 out"),
-        Workload("vllm-8000-1000", 8000, 1000,
-                 "seed 003: vLLM recipe, FP8 on 16 x H200, 8000 in / 1000 out"),
+        Workload(
+            "lmsys-2000-100",
+            2000,
+            100,
+            "seed 002: LMSYS, Kimi K2 on 128 x H200 (4P12D), 2000 in / 100 out",
+        ),
+        Workload(
+            "vllm-1000-512", 1000, 512, "seed 003: vLLM recipe, FP8 on 16 x H800, 1000 in / 512 out"
+        ),
+        Workload(
+            "vllm-8000-1000",
+            8000,
+            1000,
+            "seed 003: vLLM recipe, FP8 on 16 x H200, 8000 in / 1000 out",
+        ),
     )
 }
 CUSTOM = "custom"
@@ -73,22 +83,31 @@ def workload(name: str, input_len: int | None, output_len: int | None) -> Worklo
     """A preset, or custom lengths (both needed; a preset takes none)."""
     if name == CUSTOM:
         if input_len is None or output_len is None:
-            missing = [o for o, v in (("--input-len", input_len), ("--output-len", output_len))
-                       if v is None]
+            missing = [
+                o
+                for o, v in (("--input-len", input_len), ("--output-len", output_len))
+                if v is None
+            ]
             raise ArgumentError(
                 [f"--workload custom needs {' and '.join(missing)} (tokens per request)"]
             )
-        bad = [f"{o} {v}: expected a positive number of tokens, at most {MAX_TOKENS}"
-               for o, v in (("--input-len", input_len), ("--output-len", output_len))
-               if not 1 <= v <= MAX_TOKENS]
+        bad = [
+            f"{o} {v}: expected a positive number of tokens, at most {MAX_TOKENS}"
+            for o, v in (("--input-len", input_len), ("--output-len", output_len))
+            if not 1 <= v <= MAX_TOKENS
+        ]
         if bad:
             raise ArgumentError(bad)
         return Workload(CUSTOM, input_len, output_len, "custom lengths")
     if name not in PRESETS:
         raise ArgumentError([f"--workload {name!r}: expected one of {', '.join(WORKLOAD_NAMES)}"])
     if input_len is not None or output_len is not None:
-        raise ArgumentError([f"--input-len/--output-len go with --workload custom; {name} fixes "
-                       f"{PRESETS[name].input_len} in / {PRESETS[name].output_len} out"])
+        raise ArgumentError(
+            [
+                f"--input-len/--output-len go with --workload custom; {name} fixes "
+                f"{PRESETS[name].input_len} in / {PRESETS[name].output_len} out"
+            ]
+        )
     return PRESETS[name]
 
 
@@ -99,8 +118,12 @@ def concurrency_list(text: str | None) -> tuple[int | None, ...]:
     values = []
     for word in (w.strip() for w in text.split(",")):
         if not word.isdigit() or int(word) < 1:
-            raise ArgumentError([f"--concurrency {text!r}: expected positive whole numbers, "
-                           "comma-separated (e.g. 1,8,64)"])
+            raise ArgumentError(
+                [
+                    f"--concurrency {text!r}: expected positive whole numbers, "
+                    "comma-separated (e.g. 1,8,64)"
+                ]
+            )
         values.append(int(word))
     if len(set(values)) != len(values):
         raise ArgumentError([f"--concurrency {text!r}: a value is repeated"])
@@ -138,14 +161,21 @@ def client_argv(client: Client, python: str, spec: RunSpec) -> list[str]:
     w = spec.workload
     limit = [] if spec.concurrency is None else ["--max-concurrency", str(spec.concurrency)]
     common = [
-        "--backend", client.backend,
-        "--base-url", spec.base_url.rstrip("/"),
-        "--random-input-len", str(w.input_len),
-        "--random-output-len", str(w.output_len),
-        "--num-prompts", str(spec.num_prompts),
+        "--backend",
+        client.backend,
+        "--base-url",
+        spec.base_url.rstrip("/"),
+        "--random-input-len",
+        str(w.input_len),
+        "--random-output-len",
+        str(w.output_len),
+        "--num-prompts",
+        str(spec.num_prompts),
         *limit,
-        "--tokenizer", spec.tokenizer,
-        "--seed", str(spec.seed),
+        "--tokenizer",
+        spec.tokenizer,
+        "--seed",
+        str(spec.seed),
         "--disable-tqdm",
     ]
     values = {
@@ -168,8 +198,13 @@ def ca_env(path: str) -> dict[str, str]:
 
 def client_env() -> dict[str, str]:
     """What the client's environment adds: never the network for tokenizers or datasets."""
-    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "VLLM_TARGET_DEVICE": "cpu", "PYTHONUNBUFFERED": "1"}
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 # ---------------------------------------------------------------- in the cluster
@@ -200,15 +235,27 @@ def cluster_run(plan: Plan) -> ClusterRun:
     host = plan.endpoint_host if plan.endpoint_host in names else names[0]
     images = [p.image for h in plan.hosts if h.gpus > 0 for p in h.processes]
     if not images:
-        raise K2Error([f"{plan.engine} {plan.layout}: no engine process in the plan, so no "
-                       "image to run the benchmark client in; fix: --client controller"])
+        raise K2Error(
+            [
+                f"{plan.engine} {plan.layout}: no engine process in the plan, so no "
+                "image to run the benchmark client in; fix: --client controller"
+            ]
+        )
     return ClusterRun(host, images[0])
 
 
 def cluster_argv(client: Client, spec: RunSpec) -> list[str]:
     """The client's argv inside its container on the cluster's host."""
-    inside = RunSpec(spec.base_url, spec.served_model_name, spec.tokenizer, spec.workload,
-                     spec.num_prompts, spec.concurrency, Path(CONTAINER_DIR, "out"), spec.seed)
+    inside = RunSpec(
+        spec.base_url,
+        spec.served_model_name,
+        spec.tokenizer,
+        spec.workload,
+        spec.num_prompts,
+        spec.concurrency,
+        Path(CONTAINER_DIR, "out"),
+        spec.seed,
+    )
     return client_argv(client, CONTAINER_PYTHON, inside)
 
 
@@ -230,28 +277,39 @@ def cluster_script(
         env += [f"--env={k}={v}" for k, v in ca_env(f"{CONTAINER_DIR}/ca.pem").items()]
     tokenizer = spec.tokenizer
     mounts = [f"--volume={tokenizer}:{tokenizer}:ro"] if tokenizer.startswith("/") else []
-    docker = ["docker", "run", "--rm", "--network=host", "--env-file={d}/env", *env,
-              "--volume={d}:" + CONTAINER_DIR, *mounts, run.image]
+    docker = [
+        "docker",
+        "run",
+        "--rm",
+        "--network=host",
+        "--env-file={d}/env",
+        *env,
+        "--volume={d}:" + CONTAINER_DIR,
+        *mounts,
+        run.image,
+    ]
     # "{d}" stands for the scratch directory: fixed text of ours, left unquoted around "$d".
-    quoted = " ".join(a.replace("{d}", '"$d"') if "{d}" in a else shlex.quote(a)
-                      for a in docker)
+    quoted = " ".join(a.replace("{d}", '"$d"') if "{d}" in a else shlex.quote(a) for a in docker)
     check = shlex.join([CONTAINER_PYTHON, "-c", f"import {client.module}"])
     lines = [
         "umask 077",
         "d=$(mktemp -d /tmp/k2-bench.XXXXXX) || exit 70",
         "trap 'rm -rf \"$d\"' EXIT",
         'mkdir "$d/out" && chmod 0777 "$d/out"',
-        ('{ printf "OPENAI_API_KEY="; head -n 1; echo; } > "$d/env"' if with_key
-         else ': > "$d/env"'),
+        (
+            '{ printf "OPENAI_API_KEY="; head -n 1; echo; } > "$d/env"'
+            if with_key
+            else ': > "$d/env"'
+        ),
     ]
     if ca_pem is not None:
         encoded = base64.b64encode(ca_pem.encode()).decode()
         lines.append(f'echo {encoded} | base64 -d > "$d/ca.pem" && chmod 0644 "$d/ca.pem"')
     lines += [
-        f"{quoted} {check} > \"$d/check.log\" 2>&1 || {{ tail -n 5 \"$d/check.log\"; "
+        f'{quoted} {check} > "$d/check.log" 2>&1 || {{ tail -n 5 "$d/check.log"; '
         f"echo '{RESULT_MARK} rc={NO_CLIENT_RC}@@'; exit 0; }}",
         f"{quoted} {shlex.join(argv)} 2>&1",
-        f"echo; echo \"{RESULT_MARK} rc=$?@@\"",
+        f'echo; echo "{RESULT_MARK} rc=$?@@"',
         f'cat "$d/out/{client.result_name}" 2>/dev/null',
         "exit 0",
     ]
@@ -287,8 +345,12 @@ def ca_text(tunables: Tunables) -> str | None:
     try:
         return Path(tunables.tls_ca_file).read_text()
     except OSError as error:
-        raise K2Error([f"k2_tls_ca_file {tunables.tls_ca_file}: {error.strerror}; fix: point "
-                       "it at the CA certificate that signed k2_tls_cert_file"]) from None
+        raise K2Error(
+            [
+                f"k2_tls_ca_file {tunables.tls_ca_file}: {error.strerror}; fix: point "
+                "it at the CA certificate that signed k2_tls_cert_file"
+            ]
+        ) from None
 
 
 # ---------------------------------------------------------------- results
@@ -356,8 +418,9 @@ def parse_result(fmt: ResultFormat, text: str, num_prompts: int, where: str) -> 
     if not isinstance(doc, dict):
         raise K2Error([f"{where}: expected a JSON object"])
     completed = int(_number(doc, "completed", where))
-    failed = (int(_number(doc, "failed", where)) if fmt.counts_failed
-              else max(0, num_prompts - completed))
+    failed = (
+        int(_number(doc, "failed", where)) if fmt.counts_failed else max(0, num_prompts - completed)
+    )
     e2e = fmt.e2e_metric
     p50 = fmt.median
     return ClientResult(
@@ -408,8 +471,11 @@ def scale_of(plan: Plan) -> Scale:
 def published_for(plan: Plan, workload_name: str) -> list[PublishedFigure]:
     """The published figures measured with the plan's engine and layout on this workload
     (the engine declares them)."""
-    return [p for p in REGISTRY[plan.engine].PUBLISHED_FIGURES
-            if (p.layout, p.workload) == (plan.layout, workload_name)]
+    return [
+        p
+        for p in REGISTRY[plan.engine].PUBLISHED_FIGURES
+        if (p.layout, p.workload) == (plan.layout, workload_name)
+    ]
 
 
 @dataclass(frozen=True)
@@ -450,7 +516,9 @@ def _throughput(rate: float, scale: Scale, published: PublishedFigure | None) ->
     if published is None:
         return Throughput(rate, per_node, rate / scale.gpus if scale.gpus else 0.0)
     return Throughput(
-        rate, per_node, rate / scale.gpus if scale.gpus else 0.0,
+        rate,
+        per_node,
+        rate / scale.gpus if scale.gpus else 0.0,
         published_per_node=published.per_node,
         published_percent=100 * per_node / published.per_node,
         published_source=published.source,

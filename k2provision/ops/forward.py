@@ -50,8 +50,15 @@ def forward_argv(target: SshTarget, local_port: int, remote: Address) -> list[st
     base = ssh_command(target)
     host, port = remote
     bracketed = f"[{host}]" if ":" in host else host
-    return [base[0], "-N", "-o", "ExitOnForwardFailure=yes",
-            "-L", f"127.0.0.1:{local_port}:{bracketed}:{port}", *base[1:]]
+    return [
+        base[0],
+        "-N",
+        "-o",
+        "ExitOnForwardFailure=yes",
+        "-L",
+        f"127.0.0.1:{local_port}:{bracketed}:{port}",
+        *base[1:],
+    ]
 
 
 def _free_port() -> int:
@@ -61,15 +68,21 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def port_forward(target: SshTarget, remote: Address,
-                 timeout: float = FORWARD_TIMEOUT_S) -> Iterator[Address]:
+def port_forward(
+    target: SshTarget, remote: Address, timeout: float = FORWARD_TIMEOUT_S
+) -> Iterator[Address]:
     """A local address that reaches `remote` as `target` sees it, while the block runs;
     K2Error naming the host and the setting that failed when the forward does not open."""
     local = ("127.0.0.1", _free_port())
     argv = forward_argv(target, local[1], remote)
     with tempfile.TemporaryFile() as err:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=err, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + timeout
             while not reachable(local, timeout=1.0):
@@ -79,8 +92,12 @@ def port_forward(target: SshTarget, remote: Address,
                     err.seek(0)
                     stderr = err.read().decode(errors="replace")
                     reason = unreachable_reason(target, argv, stderr)
-                    raise K2Error([f"{target.name}: no SSH port forward to {remote[0]}:"
-                                   f"{remote[1]} ({reason})"])
+                    raise K2Error(
+                        [
+                            f"{target.name}: no SSH port forward to {remote[0]}:"
+                            f"{remote[1]} ({reason})"
+                        ]
+                    )
                 time.sleep(0.2)
             yield local
         finally:
@@ -101,14 +118,16 @@ class Dial:
     address: Address
 
 
-def connection(url: str, timeout: float, context: ssl.SSLContext | None,
-               dial: Dial | None) -> http.client.HTTPConnection:
+def connection(
+    url: str, timeout: float, context: ssl.SSLContext | None, dial: Dial | None
+) -> http.client.HTTPConnection:
     """An HTTP(S) connection for `url` that connects to `dial` when given."""
     host, port = endpoint_address(url)
     conn: http.client.HTTPConnection
     if urlsplit(url).scheme == "https":
         conn = http.client.HTTPSConnection(
-            host, port, timeout=timeout, context=context or ssl.create_default_context())
+            host, port, timeout=timeout, context=context or ssl.create_default_context()
+        )
     else:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
     if dial is not None:

@@ -82,8 +82,7 @@ def probe_command(processes: Sequence[Process], python: str = "python3") -> str:
             parts.append(f'echo G{i} "$({probe} 2>/dev/null || echo error probe)"')
         else:
             parts.append(
-                f"docker exec {container} {shlex.join(gate.command)} >/dev/null 2>&1; "
-                f"echo G{i} $?"
+                f"docker exec {container} {shlex.join(gate.command)} >/dev/null 2>&1; echo G{i} $?"
             )
     return "; ".join(parts) if parts else "true"
 

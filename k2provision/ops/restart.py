@@ -66,9 +66,7 @@ def _selected(plan: Plan, names: Sequence[str]) -> set[tuple[str, str]]:
     pools: dict[str, tuple[str, ...]] = {p.name: p.hosts for p in plan.pools}
     # A fleet's instances are named too (decode-2): a pool's engine ranks, one instance's.
     pools.update({i.instance: i.hosts for p in plan.pools for i in p.instances})
-    routers = {
-        (h.name, p.name) for h in plan.hosts for p in h.processes if not _joins_instance(p)
-    }
+    routers = {(h.name, p.name) for h in plan.hosts for p in h.processes if not _joins_instance(p)}
     chosen: set[tuple[str, str]] = set()
     unknown: list[str] = []
     for name in names:

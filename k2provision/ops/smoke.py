@@ -262,8 +262,13 @@ def check_tool_call(
     return ChatCheck(tuple(problems), shown_answer(body), content, _reasoning(message), seen)
 
 
-def expected_text(kind: str, *, thinking: bool, function: str = TOOL_NAME,
-                  required: Sequence[str] = (TOOL_PARAMETER,)) -> str:
+def expected_text(
+    kind: str,
+    *,
+    thinking: bool,
+    function: str = TOOL_NAME,
+    required: Sequence[str] = (TOOL_PARAMETER,),
+) -> str:
     """What a good answer of `kind` ("chat" or "tool") looks like, in words."""
     if kind == "tool":
         return (
@@ -273,15 +278,21 @@ def expected_text(kind: str, *, thinking: bool, function: str = TOOL_NAME,
         )
     if thinking:
         return (
-            "200 with a message, the reasoning in reasoning_content and no think markers in "
-            "content"
+            "200 with a message, the reasoning in reasoning_content and no think markers in content"
         )
     return "200 with a message"
 
 
-def failure_message(host: str, url: str, kind: str, check: ChatCheck, *, thinking: bool,
-                    function: str = TOOL_NAME,
-                    required: Sequence[str] = (TOOL_PARAMETER,)) -> str:
+def failure_message(
+    host: str,
+    url: str,
+    kind: str,
+    check: ChatCheck,
+    *,
+    thinking: bool,
+    function: str = TOOL_NAME,
+    required: Sequence[str] = (TOOL_PARAMETER,),
+) -> str:
     """One message for a wrong answer: host, endpoint, what came back, what was expected, fix."""
     asked = "a chat completion with tools" if kind == "tool" else "a chat completion"
     fix = (

@@ -50,9 +50,7 @@ def _q(word: str) -> str:
 
 def _gate_command(process: Process, gate: HealthGate) -> str:
     if gate.url is not None:
-        return (
-            f"{url_probe(gate.url, timeout_s=GATE_TIMEOUT_S)} 2>&1; echo '{MARK} rc 0'"
-        )
+        return f"{url_probe(gate.url, timeout_s=GATE_TIMEOUT_S)} 2>&1; echo '{MARK} rc 0'"
     argv = " ".join(_q(a) for a in gate.command)
     return (
         f"timeout {GATE_TIMEOUT_S} docker exec {_q(process.container)} {argv} >/dev/null 2>&1; "

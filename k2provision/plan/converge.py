@@ -408,7 +408,6 @@ def _weights_differences(expected: HostExpectation, weights: Any) -> list[str]:
     ]
 
 
-
 def repairs(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[str, list[str]]:
     """What the launch writes and recreates on the host: the files whose content or mode
     differs or that are missing, and the containers missing, stopped or of another spec."""
@@ -418,12 +417,11 @@ def repairs(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[str,
         "containers": [c for c in sorted(expected.containers) if f"container {c}" in differing],
     }
 
+
 def selected(tag: str, run_tags: Sequence[str], skip_tags: Sequence[str]) -> bool:
     """Whether ``--tags`` / ``--skip-tags`` let a play tagged `tag` run (any special tag
     other than ``all`` counts as selecting it, so nothing is left out by mistake)."""
-    chosen = not run_tags or any(
-        t in {tag, "all", "tagged", "untagged"} for t in run_tags
-    )
+    chosen = not run_tags or any(t in {tag, "all", "tagged", "untagged"} for t in run_tags)
     return chosen and tag not in skip_tags
 
 
@@ -439,9 +437,7 @@ def everywhere(own: Sequence[str], every_host: Sequence[Sequence[str]]) -> list[
     skips them."""
     shared = (*CLUSTER_PHASES, *CHECK_PHASES)
     return [
-        phase
-        for phase in own
-        if phase not in shared or all(phase in skips for skips in every_host)
+        phase for phase in own if phase not in shared or all(phase in skips for skips in every_host)
     ]
 
 

@@ -88,7 +88,7 @@ def edge_warnings(reports: list[FitReport] | tuple[FitReport, ...]) -> list[str]
     return [
         f"[{r.pool}] AT THE EDGE: {kv_headroom_gib(r):.1f} GiB of KV cache per GPU beyond one "
         f"{r.context_length}-token request, within the fit's own error ({error} GiB per GPU, "
-        "docs/fit.md \"Calibration\"): the engine may refuse to start or hold only one such "
+        'docs/fit.md "Calibration"): the engine may refuse to start or hold only one such '
         "request; fix: add nodes, or lower k2_context_length"
         for r in reports
         if r.fits and kv_headroom_gib(r) < error

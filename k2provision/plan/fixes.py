@@ -145,8 +145,10 @@ def _smaller_batch(
     for value in (v for v in knob.candidates if v < current):
         trial = cluster.model_copy(update={"tunables": t.model_copy(update={knob.field: value})})
         if _poolall_pools_fit(trial, pool, counts, spec, gpu, context):
-            return (f"{knob.variable}={value} ({knob.effect.format(value=value)}; "
-                    f"{current} now) on these {nodes_text(counts[pool])}")
+            return (
+                f"{knob.variable}={value} ({knob.effect.format(value=value)}; "
+                f"{current} now) on these {nodes_text(counts[pool])}"
+            )
     return None
 
 

@@ -22,8 +22,7 @@ __all__ = ["host_ports", "port_clashes"]
 def host_ports(listeners: Sequence[Listener]) -> tuple[PortBinding, ...]:
     """Every port the processes of one host bind, as the plan records them."""
     return tuple(
-        PortBinding.model_validate(x.model_dump(exclude={"what", "count"}))
-        for x in listeners
+        PortBinding.model_validate(x.model_dump(exclude={"what", "count"})) for x in listeners
     )
 
 

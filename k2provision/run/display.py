@@ -133,7 +133,9 @@ def router_line(plan: Plan) -> Text | None:
         for process in host.processes:
             if all(url in process.argv for url in urls):
                 return Text.assemble(
-                    "router: ", (f"{process.name} on {host.name}", "bold"), ": ",
+                    "router: ",
+                    (f"{process.name} on {host.name}", "bold"),
+                    ": ",
                     " ".join(process.argv),
                 )
     return None

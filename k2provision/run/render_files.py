@@ -74,9 +74,7 @@ def _check_target(out: Path, force: bool) -> list[str] | None:
     for parent in (out, *out.parents):
         if parent.exists() and not parent.is_dir():
             where = "is a file" if parent == out else f"lies under {parent}, which is a file"
-            raise K2Error(
-                [f"--out {out} {where}; expected a directory; fix: choose another --out"]
-            )
+            raise K2Error([f"--out {out} {where}; expected a directory; fix: choose another --out"])
         if parent.exists():
             break
     if not out.exists():
@@ -166,4 +164,3 @@ def _remove_stale(out: Path, relative: str) -> None:
     while parent.resolve() != root and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
-

@@ -174,9 +174,9 @@ def scrubbed(env: Mapping[str, str], *, token_path: Path | None) -> dict[str, st
     return {k: v for k, v in env.items() if k not in dropped}
 
 
-def runner_kwargs(run: PlaybookRun, environ: Mapping[str, str], token_path: Path | None) -> dict[
-    str, Any
-]:
+def runner_kwargs(
+    run: PlaybookRun, environ: Mapping[str, str], token_path: Path | None
+) -> dict[str, Any]:
     """ansible_runner's arguments for `run` (the event handler apart)."""
     cmdline = [flag for flag, on in (("--check", run.check), ("--diff", run.diff)) if on]
     cmdline += vault.playbook_args(run.vault)
@@ -314,9 +314,7 @@ def run_playbook(
         record_dir=run.record_dir,
         tally=tally,
         stats=stats,
-        error_tail=""
-        if stopped or not rc or tally.failures
-        else _output_tail(run.record_dir),
+        error_tail="" if stopped or not rc or tally.failures else _output_tail(run.record_dir),
         cancelled=stopped,
     )
     _write_summary(result)

@@ -19,4 +19,12 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.modu
 
 __all__ = [
     "checkpoint",
-    "common", "events", "hashing", "manifest", "names", "safetensors", "store", "synthetic"]
+    "common",
+    "events",
+    "hashing",
+    "manifest",
+    "names",
+    "safetensors",
+    "store",
+    "synthetic",
+]

@@ -219,4 +219,3 @@ def results_table(record: dict[str, Any]) -> Table:
         row.append(detail.strip()[:160])
         table.add_row(*row)
     return table
-

@@ -383,8 +383,9 @@ def warm_up() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     result: dict[str, Any] = {"warnings": [], "notes": []}
-    check(["/models/warm-up", "--tensor-parallel-size", "1"], False, {"engine_config": False},
-          result)
+    check(
+        ["/models/warm-up", "--tensor-parallel-size", "1"], False, {"engine_config": False}, result
+    )
 
 
 if __name__ == "__main__":

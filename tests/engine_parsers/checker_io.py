@@ -284,9 +284,7 @@ def serve(handle: Handler, warm_up: Callable[[], None]) -> NoReturn:
     sys.exit(0)
 
 
-def _in_child(
-    handle: Handler, request: dict[str, Any], environ: dict[str, str]
-) -> dict[str, Any]:
+def _in_child(handle: Handler, request: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: answer, hand the result over, leave without cleanup

@@ -136,8 +136,7 @@ class _Server:
             line = self.proc.stdout.readline()
         if not line:
             raise CheckerError(
-                f"{self.engine} checker server exited ({self.proc.poll()}).\n"
-                f"{self.stderr_tail()}"
+                f"{self.engine} checker server exited ({self.proc.poll()}).\n{self.stderr_tail()}"
             )
         data: dict[str, Any] = json.loads(line)
         return data

@@ -125,21 +125,30 @@ def test_the_old_dp_head_with_a_start_rank_fails_the_handshake() -> None:
     plan = goldens.plan(case)
     launches = sorted(vllm_launches(case), key=lambda x: plan.pools[0].hosts.index(x.host))
     head = goldens.process(launches[0])
-    old = check("vllm", with_flag(head, "--data-parallel-start-rank", "0"), dict(head.env),
-                options=goldens.OPTIONS["vllm"])
+    old = check(
+        "vllm",
+        with_flag(head, "--data-parallel-start-rank", "0"),
+        dict(head.env),
+        options=goldens.OPTIONS["vllm"],
+    )
     assert old.ok, old.error  # every parser accepts it
     assert old.raw["parallel"]["lb_mode"] == "hybrid"
     workers = [goldens.verdict(launch) for launch in launches[1:]]
     problems = vllm_problems(plan.pools[0], 8, [old, *workers])
-    assert any("must not use --headless in external or hybrid dp lb mode" in p
-               for p in problems), problems
+    assert any("must not use --headless in external or hybrid dp lb mode" in p for p in problems), (
+        problems
+    )
 
 
 def test_vllm_refuses_spare_experts_without_eplb() -> None:
     case = "vllm-dp16-ep"
     head = goldens.process(vllm_launches(case)[0])
-    result = check("vllm", with_flag(head, drop=["--enable-eplb"]), dict(head.env),
-                   options=goldens.OPTIONS["vllm"])
+    result = check(
+        "vllm",
+        with_flag(head, drop=["--enable-eplb"]),
+        dict(head.env),
+        options=goldens.OPTIONS["vllm"],
+    )
     assert not result.ok
     assert "but EPLB is not enabled" in result.error, result.error
 
@@ -208,12 +217,17 @@ def test_the_old_eplb_less_pd_render_is_caught() -> None:
     """The decode pool as rendered before: 8 spare slots, no --enable-eplb."""
     launch = next(x for x in PD_SERVERS if x.case == "sglang-pd-1p1d" and "decode" in x.name)
     proc = goldens.process(launch)
-    old = check("sglang", with_flag(proc, drop=["--enable-eplb"]), dict(proc.env),
-                options=goldens.OPTIONS["sglang"])
+    old = check(
+        "sglang",
+        with_flag(proc, drop=["--enable-eplb"]),
+        dict(proc.env),
+        options=goldens.OPTIONS["sglang"],
+    )
     assert old.ok, old.error  # SGLang accepts it and starts
     problems = sglang_problems(goldens.pool_of(launch), 0, old)
-    assert any("fixed copies of experts 0..7 and are never rebalanced" in p
-               for p in problems), problems
+    assert any("fixed copies of experts 0..7 and are never rebalanced" in p for p in problems), (
+        problems
+    )
 
 
 def test_uneven_expert_slots_fail_sglangs_placement() -> None:

@@ -254,8 +254,12 @@ def test_sglang_kt_refuses_what_only_upstream_sglang_accepts() -> None:
     (launch,) = KT_SERVERS
     proc = goldens.process(launch)
     argv = [*proc.argv, "--attn-dp-size", "2"]
-    assert check("sglang", ["python3", "-m", "sglang.launch_server", "--model-path", "/m",
-                            "--attn-dp-size", "2"], {}, options={"resolve": False}).ok
+    assert check(
+        "sglang",
+        ["python3", "-m", "sglang.launch_server", "--model-path", "/m", "--attn-dp-size", "2"],
+        {},
+        options={"resolve": False},
+    ).ok
     refused = check("sglang-kt", argv, dict(proc.env))
     assert not refused.ok
     assert refused.stage == "parse"

@@ -83,7 +83,8 @@ def test_parsed_sizes_match_the_plan(launch: Launch) -> None:
             assert (r.parsed["launch"], r.parsed["api_server_count"]) == ("headless", 0)
         else:
             assert (r.parsed["launch"], r.parsed["api_server_count"]) == (
-                "multi_api_server", par.dp
+                "multi_api_server",
+                par.dp,
             )
         assert r.value("distributed_executor_backend") in (None, "mp")
     else:

@@ -164,8 +164,9 @@ def test_up_with_bench_client_sets_the_client_image_and_builds_it(
     monkeypatch.setattr(lab_cli, "build_standin_client", lambda **kw: seen.update(client=1))
     monkeypatch.setattr(lab_cli, "build_standin", lambda **kw: seen.update(plain=1))
     monkeypatch.setattr(lab_cli, "_print_hosts", lambda st: None)
-    result = CliRunner().invoke(lab_app, ["up", "2", "--bench-client", "--var", "k2_engine=sglang",
-                                          "--group", "sglang=2"])
+    result = CliRunner().invoke(
+        lab_app, ["up", "2", "--bench-client", "--var", "k2_engine=sglang", "--group", "sglang=2"]
+    )
     assert result.exit_code == 0, result.output
     assert seen["all_vars"] == {"k2_engine": "sglang", "k2_image": CLIENT_IMAGE}
     assert seen.get("client") == 1

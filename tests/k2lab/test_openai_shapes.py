@@ -28,7 +28,8 @@ ASK_TOOL: dict[str, Any] = {
     "tool_choice": "auto",
 }
 ASK_CHAT: dict[str, Any] = {
-    "model": "kimi-k2", "messages": [{"role": "user", "content": "Reply with: ready"}],
+    "model": "kimi-k2",
+    "messages": [{"role": "user", "content": "Reply with: ready"}],
 }
 SGLANG = shapes.ServerFlags("sglang", tool_parser="kimi_k2")
 SGLANG_THINKING = shapes.ServerFlags(
@@ -56,23 +57,39 @@ def test_sglang_with_the_tool_parser_returns_its_tool_call_shape() -> None:
         "role": "assistant",
         "content": "",
         "reasoning_content": None,
-        "tool_calls": [{
-            "id": "functions.get_weather:0", "index": 0, "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-        }],
+        "tool_calls": [
+            {
+                "id": "functions.get_weather:0",
+                "index": 0,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
     }
     assert smoke.check_tool_call(200, doc).ok
 
 
 def test_sglang_numbers_a_call_after_the_conversations_earlier_calls() -> None:
-    earlier = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "functions.get_weather:0", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
-    request = {**ASK_TOOL, "messages": [
-        ASK_TOOL["messages"][0], earlier,
-        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
-        {"role": "user", "content": "And in Oslo?"},
-    ]}
+    earlier = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "functions.get_weather:0",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+            }
+        ],
+    }
+    request = {
+        **ASK_TOOL,
+        "messages": [
+            ASK_TOOL["messages"][0],
+            earlier,
+            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+            {"role": "user", "content": "And in Oslo?"},
+        ],
+    }
     call = message(request, SGLANG)["tool_calls"][0]
     assert call["id"] == "functions.get_weather:1"
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
@@ -82,7 +99,9 @@ def test_a_plain_chat_has_no_tool_calls_key_and_stops() -> None:
     doc = reply(ASK_CHAT, SGLANG)
     assert doc["choices"][0]["finish_reason"] == "stop"
     assert doc["choices"][0]["message"] == {
-        "role": "assistant", "content": shapes.REPLY, "reasoning_content": None,
+        "role": "assistant",
+        "content": shapes.REPLY,
+        "reasoning_content": None,
     }
     assert doc["usage"]["total_tokens"] > 0
     assert smoke.check_chat(200, doc).ok
@@ -108,10 +127,13 @@ def test_vllm_without_auto_tool_choice_returns_raw_text() -> None:
 def test_vllm_shape_native_id_no_index_reasoning_field() -> None:
     doc = reply(ASK_TOOL, VLLM_THINKING)
     msg = doc["choices"][0]["message"]
-    assert msg["tool_calls"] == [{
-        "id": "functions.get_weather:0", "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-    }]
+    assert msg["tool_calls"] == [
+        {
+            "id": "functions.get_weather:0",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        }
+    ]
     assert msg["content"] is None
     assert msg["reasoning"].startswith("The user asks")
     assert "reasoning_content" not in msg
@@ -148,8 +170,11 @@ def test_trtllm_shape() -> None:
 def test_tool_choice_none_and_a_named_tool() -> None:
     assert "tool_calls" not in message({**ASK_TOOL, "tool_choice": "none"}, SGLANG)
     other = smoke.weather_tool("get_time", "zone")
-    named = {**ASK_TOOL, "tools": [TOOL, other],
-             "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
+    named = {
+        **ASK_TOOL,
+        "tools": [TOOL, other],
+        "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+    }
     call = message(named, SGLANG)["tool_calls"][0]["function"]
     assert call["name"] == "get_time"
     assert json.loads(call["arguments"]) == {"zone": "Paris"}
@@ -162,11 +187,19 @@ def test_flags_are_read_from_each_engines_command_line(tmp_path: Path) -> None:
     k25.mkdir()
     (k25 / "config.json").write_text('{"model_type": "kimi_k25"}')
     sglang = shapes.server_flags(
-        "sglang", ["--model-path", str(thinking), "--tool-call-parser", "kimi_k2",
-                   "--reasoning-parser", "kimi_k2"], str(thinking))
+        "sglang",
+        [
+            "--model-path",
+            str(thinking),
+            "--tool-call-parser",
+            "kimi_k2",
+            "--reasoning-parser",
+            "kimi_k2",
+        ],
+        str(thinking),
+    )
     assert sglang == SGLANG_THINKING
-    vllm = shapes.server_flags(
-        "vllm", [str(k25), "--tool-call-parser", "kimi_k2"], str(k25))
+    vllm = shapes.server_flags("vllm", [str(k25), "--tool-call-parser", "kimi_k2"], str(k25))
     assert (vllm.tool_parser, vllm.auto_tools, vllm.thinking) == ("kimi_k2", False, True)
     trt = shapes.server_flags("trtllm", [str(tmp_path), "--tool_parser", "kimi_k2"], None)
     assert (trt.tool_parser, trt.reasoning_parser, trt.thinking) == ("kimi_k2", None, False)
@@ -198,16 +231,23 @@ def test_vllms_real_kimi_k2_parser_reads_the_stand_in_models_text_as_the_stand_i
         pytest.fail(f"{python} is missing: run scripts/install-engine-parsers")
     text = shapes.model_text(ASK_TOOL, thinking=True)
     out = subprocess.run(
-        [str(python), "-c", VLLM_PARSE], input=json.dumps({"request": ASK_TOOL, "text": text}),
-        capture_output=True, text=True, timeout=300, check=True,
+        [str(python), "-c", VLLM_PARSE],
+        input=json.dumps({"request": ASK_TOOL, "text": text}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     real = json.loads(out.stdout)
     ours = message(ASK_TOOL, VLLM_THINKING)
     assert real["reasoning"] == ours["reasoning"]
     assert real["content"] == ours["content"]
     assert [
-        {"id": c["id"], "type": c["type"],
-         "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+        {
+            "id": c["id"],
+            "type": c["type"],
+            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+        }
         for c in real["calls"]
     ] == ours["tool_calls"]
 
@@ -251,7 +291,7 @@ def test_a_rendered_plan_passes_and_fails_without_its_parser_flags(
         for dropped in (tool_opt, reasoning_opt) if thinking else (tool_opt,):
             at = argv.index(dropped)
             less = replace(
-                shapes.server_flags(engine, [*argv[:at], *argv[at + 2:]], None),
+                shapes.server_flags(engine, [*argv[:at], *argv[at + 2 :]], None),
                 thinking=thinking,
             )
             chat = smoke.check_chat(200, reply(ASK_CHAT, less), thinking=thinking)

@@ -65,8 +65,11 @@ def env(tmp_path: Path) -> Env:
     bindir.mkdir()
     # `python3` in the wrappers is this interpreter, so the tests run where pytest runs.
     (bindir / "python3").symlink_to(PYTHON)
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("SGLANG_", "K2_STANDIN_", "OMPI_", "VLLM_", "RAY_"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SGLANG_", "K2_STANDIN_", "OMPI_", "VLLM_", "RAY_"))
+    }
     variables = {
         **base,
         "PYTHONPATH": str(STANDIN / "python"),
@@ -89,8 +92,11 @@ class Proc:
         self.log = env.tmp / f"proc-{time.monotonic_ns()}.log"
         self.handle = self.log.open("wb")
         self.popen = subprocess.Popen(
-            argv, env={**env.vars, **(extra_env or {})}, stdout=self.handle,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            argv,
+            env={**env.vars, **(extra_env or {})},
+            stdout=self.handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     @property
@@ -128,15 +134,15 @@ def procs() -> Iterator[list[Proc]]:
         proc.kill()
 
 
-def start(procs: list[Proc], env: Env, argv: list[str], extra: dict[str, str] | None = None
-          ) -> Proc:
+def start(
+    procs: list[Proc], env: Env, argv: list[str], extra: dict[str, str] | None = None
+) -> Proc:
     proc = Proc(argv, env, extra)
     procs.append(proc)
     return proc
 
 
-def http(url: str, body: dict[str, Any] | None = None, timeout: float = 5
-         ) -> tuple[int, bytes]:
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 5) -> tuple[int, bytes]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
@@ -173,17 +179,39 @@ def get_json(url: str) -> Any:
     return json.loads(body)
 
 
-def run(env: Env, argv: list[str], extra: dict[str, str] | None = None, timeout: float = 15
-        ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, env={**env.vars, **(extra or {})}, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+def run(
+    env: Env, argv: list[str], extra: dict[str, str] | None = None, timeout: float = 15
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
+        env={**env.vars, **(extra or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def sglang_argv(env: Env, port: int, *extra: str) -> list[str]:
-    return ["python3", "-m", "sglang.launch_server", "--model-path", str(env.model),
-            "--served-model-name", "kimi-k2", "--trust-remote-code",
-            "--tool-call-parser", "kimi_k2", "--tp-size", "8",
-            "--host", "127.0.0.1", "--port", str(port), *extra]
+    return [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(env.model),
+        "--served-model-name",
+        "kimi-k2",
+        "--trust-remote-code",
+        "--tool-call-parser",
+        "kimi_k2",
+        "--tp-size",
+        "8",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
 
 
 def assert_serves(base: str, proc: Proc, model_id: str) -> None:
@@ -195,9 +223,14 @@ def assert_serves(base: str, proc: Proc, model_id: str) -> None:
     assert [m["id"] for m in models["data"]] == [model_id]
     assert models["data"][0]["object"] == "model"
     assert get_json(f"{base}/standin/info")["standin"] is True
-    status, body = http(f"{base}/v1/chat/completions", {
-        "model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
-    })
+    status, body = http(
+        f"{base}/v1/chat/completions",
+        {
+            "model": model_id,
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 8,
+        },
+    )
     assert status == 200, body
     reply = json.loads(body)
     assert reply["object"] == "chat.completion"
@@ -232,8 +265,10 @@ def test_sglang_stream_and_unknown_route(env: Env, procs: list[Proc]) -> None:
     proc = start(procs, env, sglang_argv(env, port))
     base = f"http://127.0.0.1:{port}"
     wait_status(f"{base}/health", proc)
-    status, body = http(f"{base}/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4})
+    status, body = http(
+        f"{base}/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4},
+    )
     assert status == 200
     events = [line for line in body.decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
@@ -241,8 +276,9 @@ def test_sglang_stream_and_unknown_route(env: Env, procs: list[Proc]) -> None:
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert sum("content" in c["choices"][0]["delta"] for c in chunks) == 4  # as many as asked
     assert chunks[-1]["usage"]["completion_tokens"] == 4
-    status, body = http(f"{base}/generate", {
-        "text": "hi", "sampling_params": {"max_new_tokens": 3}, "stream": True})
+    status, body = http(
+        f"{base}/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3}, "stream": True}
+    )
     assert status == 200
     last = json.loads(body.decode().split("data: ")[-2])
     assert last["meta_info"]["completion_tokens"] == 3
@@ -270,12 +306,11 @@ def test_sglang_stream_and_unknown_route(env: Env, procs: list[Proc]) -> None:
         ((), ("--tp-size", "16"), "GPUs per node"),
     ],
 )
-def test_sglang_rejects(env: Env, drop: tuple[str, ...], add: tuple[str, ...], named: str
-                        ) -> None:
+def test_sglang_rejects(env: Env, drop: tuple[str, ...], add: tuple[str, ...], named: str) -> None:
     argv = sglang_argv(env, free_port())
     if drop:
         index = argv.index(drop[0])
-        del argv[index:index + len(drop)]
+        del argv[index : index + len(drop)]
     result = run(env, [*argv, *add])
     assert result.returncode == 2, result.stderr
     assert named in result.stderr
@@ -295,8 +330,9 @@ def test_sglang_rejects_missing_model_dir(env: Env) -> None:
 
 
 def test_sglang_pd_env_needs_mode(env: Env) -> None:
-    result = run(env, sglang_argv(env, free_port()),
-                 {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"})
+    result = run(
+        env, sglang_argv(env, free_port()), {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"}
+    )
     assert result.returncode == 2
     assert "--disaggregation-mode" in result.stderr
     assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT" in result.stderr
@@ -316,7 +352,7 @@ def test_sglang_two_nodes_rendezvous(env: Env, procs: list[Proc]) -> None:
     port, dist = free_port(), free_port()
     multi = ("--tp-size", "16", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist}")
     argv0 = sglang_argv(env, port)
-    del argv0[argv0.index("--tp-size"):argv0.index("--tp-size") + 2]
+    del argv0[argv0.index("--tp-size") : argv0.index("--tp-size") + 2]
     rank0 = start(procs, env, [*argv0, *multi, "--node-rank", "0"])
     base = f"http://127.0.0.1:{port}"
     body = wait_status(f"{base}/health", rank0, want=503, containing=b"node ranks")
@@ -324,8 +360,19 @@ def test_sglang_two_nodes_rendezvous(env: Env, procs: list[Proc]) -> None:
     assert get_json(f"{base}/server_info")["missing_ranks"] == [1]
 
     # A node with other settings is refused and exits non-zero, naming the difference.
-    odd = [*argv0, "--tp-size", "8", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist}",
-           "--node-rank", "1", "--port", str(free_port())]
+    odd = [
+        *argv0,
+        "--tp-size",
+        "8",
+        "--nnodes",
+        "2",
+        "--dist-init-addr",
+        f"127.0.0.1:{dist}",
+        "--node-rank",
+        "1",
+        "--port",
+        str(free_port()),
+    ]
     refused = run(env, odd)
     assert refused.returncode == 1
     assert "tp_size" in refused.stderr
@@ -346,8 +393,17 @@ def test_sglang_two_nodes_rendezvous(env: Env, procs: list[Proc]) -> None:
 
 
 def pd_argv(env: Env, port: int, *extra: str) -> list[str]:
-    return sglang_argv(env, port, "--moe-a2a-backend", "deepep", "--attn-dp-size", "8",
-                       "--disaggregation-mode", "decode", *extra)
+    return sglang_argv(
+        env,
+        port,
+        "--moe-a2a-backend",
+        "deepep",
+        "--attn-dp-size",
+        "8",
+        "--disaggregation-mode",
+        "decode",
+        *extra,
+    )
 
 
 @pytest.mark.parametrize(
@@ -356,10 +412,23 @@ def pd_argv(env: Env, port: int, *extra: str) -> list[str]:
         # The PD decode render of old: spare slots that nothing rebalances.
         (("--ep-num-redundant-experts", "8"), "fixed copies of experts 0..7"),
         # SGLang asserts an even split of the slots over the EP ranks at model load.
-        (("--ep-num-redundant-experts", "6", "--enable-eplb"),
-         "390 physical expert slots (routed + --ep-num-redundant-experts) do not split over 8"),
-        (("--kt-weight-path", "/absent", "--kt-cpuinfer", "8", "--kt-threadpool-count", "1",
-          "--kt-num-gpu-experts", "0"), "--kt-weight-path /absent"),
+        (
+            ("--ep-num-redundant-experts", "6", "--enable-eplb"),
+            "390 physical expert slots (routed + --ep-num-redundant-experts) do not split over 8",
+        ),
+        (
+            (
+                "--kt-weight-path",
+                "/absent",
+                "--kt-cpuinfer",
+                "8",
+                "--kt-threadpool-count",
+                "1",
+                "--kt-num-gpu-experts",
+                "0",
+            ),
+            "--kt-weight-path /absent",
+        ),
     ],
 )
 def test_sglang_refuses_what_fails_or_wastes_a_gpu_launch(
@@ -373,13 +442,32 @@ def test_sglang_refuses_what_fails_or_wastes_a_gpu_launch(
 def test_sglang_accepts_eplb_spares_and_kt_kernel(env: Env) -> None:
     items = [
         {"argv": pd_argv(env, 1, "--ep-num-redundant-experts", "8", "--enable-eplb")},
-        {"argv": sglang_argv(env, 2, "--kt-weight-path", str(env.model), "--kt-method", "FP8",
-                             "--kt-cpuinfer", "56", "--kt-threadpool-count", "2",
-                             "--kt-num-gpu-experts", "0")},
+        {
+            "argv": sglang_argv(
+                env,
+                2,
+                "--kt-weight-path",
+                str(env.model),
+                "--kt-method",
+                "FP8",
+                "--kt-cpuinfer",
+                "56",
+                "--kt-threadpool-count",
+                "2",
+                "--kt-num-gpu-experts",
+                "0",
+            )
+        },
     ]
     checked = subprocess.run(
-        ["python3", "-m", "k2standin.dispatch"], input=json.dumps({"items": items}),
-        env=env.vars, capture_output=True, text=True, check=True, timeout=60)
+        ["python3", "-m", "k2standin.dispatch"],
+        input=json.dumps({"items": items}),
+        env=env.vars,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert [r["errors"] for r in json.loads(checked.stdout)["results"]] == [[], []]
 
 
@@ -396,8 +484,11 @@ def real_router(procs: list[Proc], env: Env, *argv: str) -> Proc:
     vars_ = {k: v for k, v in env.vars.items() if k != "PYTHONPATH"}
     router_env = Env(vars_, env.records, env.model, env.tmp)
     metrics = ("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()))
-    return start(procs, router_env,
-                 [str(ROUTER_PYTHON), "-m", "sglang_router.launch_router", *argv, *metrics])
+    return start(
+        procs,
+        router_env,
+        [str(ROUTER_PYTHON), "-m", "sglang_router.launch_router", *argv, *metrics],
+    )
 
 
 @pytest.mark.parsers
@@ -408,44 +499,90 @@ def test_real_router_serves_in_front_of_the_standins(env: Env, procs: list[Proc]
 
     p_port, d_port, boot, r_port = free_port(), free_port(), free_port(), free_port()
     pd = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"}
-    prefill = start(procs, env, sglang_argv(
-        env, p_port, "--disaggregation-mode", "prefill",
-        "--disaggregation-bootstrap-port", str(boot)), pd)
+    prefill = start(
+        procs,
+        env,
+        sglang_argv(
+            env,
+            p_port,
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            str(boot),
+        ),
+        pd,
+    )
     decode = start(procs, env, sglang_argv(env, d_port, "--disaggregation-mode", "decode"), pd)
     version = subprocess.run(
-        [str(ROUTER_PYTHON), "-c",
-         "import importlib.metadata as m; print(m.version('sglang-router'))"],
-        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+        [
+            str(ROUTER_PYTHON),
+            "-c",
+            "import importlib.metadata as m; print(m.version('sglang-router'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
     assert version == catalog.ROUTER.version
     router = real_router(
-        procs, env, "--pd-disaggregation",
-        "--prefill", f"http://127.0.0.1:{p_port}", str(boot),
-        "--decode", f"http://127.0.0.1:{d_port}",
-        "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(r_port),
+        procs,
+        env,
+        "--pd-disaggregation",
+        "--prefill",
+        f"http://127.0.0.1:{p_port}",
+        str(boot),
+        "--decode",
+        f"http://127.0.0.1:{d_port}",
+        "--policy",
+        "round_robin",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(r_port),
     )
     base = f"http://127.0.0.1:{r_port}"
     wait_status(f"{base}/readiness", router, timeout=120)
     models = get_json(f"{base}/v1/models")
     assert [m["id"] for m in models["data"]] == ["kimi-k2"]
-    status, body = http(f"{base}/v1/chat/completions", {
-        "model": "kimi-k2", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
-    }, timeout=30)
+    status, body = http(
+        f"{base}/v1/chat/completions",
+        {
+            "model": "kimi-k2",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 8,
+        },
+        timeout=30,
+    )
     assert status == 200, body
     assert "ready (stand-in)" in json.loads(body)["choices"][0]["message"]["content"]
     # A `tools` definition passes through the router; the decode server's parsed call comes back.
-    status, body = http(f"{base}/v1/chat/completions", {
-        "model": "kimi-k2", "messages": [{"role": "user", "content": smoke.TOOL_PROMPT}],
-        "tools": [smoke.weather_tool()], "tool_choice": "auto", "max_tokens": 64,
-    }, timeout=30)
+    status, body = http(
+        f"{base}/v1/chat/completions",
+        {
+            "model": "kimi-k2",
+            "messages": [{"role": "user", "content": smoke.TOOL_PROMPT}],
+            "tools": [smoke.weather_tool()],
+            "tool_choice": "auto",
+            "max_tokens": 64,
+        },
+        timeout=30,
+    )
     assert status == 200, body
     check = smoke.check_tool_call(200, body)
     assert check.ok, (check.problems, body)
     assert str(check.tool_call) == 'get_weather({"city": "Paris"}) [id functions.get_weather:0]'
     # sglang's benchmark client (backend sglang): a streamed /generate, which the router sends
     # to a prefill and a decode worker with bootstrap fields, streaming back the decode's
-    status, body = http(f"{base}/generate", {
-        "text": "a b c", "sampling_params": {"max_new_tokens": 7, "ignore_eos": True},
-        "stream": True}, timeout=30)
+    status, body = http(
+        f"{base}/generate",
+        {
+            "text": "a b c",
+            "sampling_params": {"max_new_tokens": 7, "ignore_eos": True},
+            "stream": True,
+        },
+        timeout=30,
+    )
     assert status == 200, body
     last = json.loads(body.decode().split("data: ")[-2])
     assert last["meta_info"]["completion_tokens"] == 7
@@ -457,10 +594,18 @@ def test_real_router_serves_in_front_of_the_standins(env: Env, procs: list[Proc]
 def test_real_router_is_not_ready_without_workers(env: Env, procs: list[Proc]) -> None:
     r_port = free_port()
     router = real_router(
-        procs, env, "--pd-disaggregation",
-        "--prefill", f"http://127.0.0.1:{free_port()}", "8998",
-        "--decode", f"http://127.0.0.1:{free_port()}",
-        "--host", "127.0.0.1", "--port", str(r_port),
+        procs,
+        env,
+        "--pd-disaggregation",
+        "--prefill",
+        f"http://127.0.0.1:{free_port()}",
+        "8998",
+        "--decode",
+        f"http://127.0.0.1:{free_port()}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(r_port),
     )
     wait_status(f"http://127.0.0.1:{r_port}/liveness", router, timeout=120)
     assert http(f"http://127.0.0.1:{r_port}/readiness")[0] == 503
@@ -470,9 +615,24 @@ def test_real_router_is_not_ready_without_workers(env: Env, procs: list[Proc]) -
 
 
 def vllm_argv(env: Env, port: int, *extra: str) -> list[str]:
-    return ["vllm", "serve", str(env.model), "--served-model-name", "kimi-k2",
-            "--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k2",
-            "--tensor-parallel-size", "8", "--host", "127.0.0.1", "--port", str(port), *extra]
+    return [
+        "vllm",
+        "serve",
+        str(env.model),
+        "--served-model-name",
+        "kimi-k2",
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "kimi_k2",
+        "--tensor-parallel-size",
+        "8",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
 
 
 def test_vllm_serves(env: Env, procs: list[Proc]) -> None:
@@ -480,8 +640,10 @@ def test_vllm_serves(env: Env, procs: list[Proc]) -> None:
     proc = start(procs, env, vllm_argv(env, port))
     base = f"http://127.0.0.1:{port}"
     assert_serves(base, proc, "kimi-k2")
-    status, _ = http(f"{base}/v1/chat/completions",
-                     {"model": "other", "messages": [{"role": "user", "content": "x"}]})
+    status, _ = http(
+        f"{base}/v1/chat/completions",
+        {"model": "other", "messages": [{"role": "user", "content": "x"}]},
+    )
     assert status == 404
     assert env.record("vllm", proc.pid)["argv"][:2] == ["vllm", "serve"]
     assert proc.terminate() == 0
@@ -491,13 +653,16 @@ def test_vllm_serves(env: Env, procs: list[Proc]) -> None:
     ("mutate", "named"),
     [
         (lambda a: a[:2] + a[3:], "a model is required"),
-        (lambda a: [x for x in a if x not in ("--tool-call-parser", "kimi_k2")],
-         "--tool-call-parser"),
-        (lambda a: [x for x in a if x != "--enable-auto-tool-choice"],
-         "--enable-auto-tool-choice"),
+        (
+            lambda a: [x for x in a if x not in ("--tool-call-parser", "kimi_k2")],
+            "--tool-call-parser",
+        ),
+        (lambda a: [x for x in a if x != "--enable-auto-tool-choice"], "--enable-auto-tool-choice"),
         (lambda a: [*a, "--headless"], "--data-parallel-address"),
-        (lambda a: [*a, "--data-parallel-size", "2", "--data-parallel-size-local", "1"],
-         "--data-parallel-address"),
+        (
+            lambda a: [*a, "--data-parallel-size", "2", "--data-parallel-size-local", "1"],
+            "--data-parallel-address",
+        ),
         (lambda a: [*a, "--tensor-parallel-size", "16"], "--distributed-executor-backend ray"),
         (lambda a: [*a, "--nccl-init-addr", "x:1"], "--nccl-init-addr"),
     ],
@@ -518,14 +683,27 @@ def test_vllm_missing_model_dir(env: Env) -> None:
 
 def test_vllm_data_parallel_across_nodes(env: Env, procs: list[Proc]) -> None:
     port, rpc = free_port(), free_port()
-    dp = ("--tensor-parallel-size", "1", "--data-parallel-size", "4",
-          "--data-parallel-size-local", "2", "--data-parallel-address", "127.0.0.1",
-          "--data-parallel-rpc-port", str(rpc), "--enable-expert-parallel")
+    dp = (
+        "--tensor-parallel-size",
+        "1",
+        "--data-parallel-size",
+        "4",
+        "--data-parallel-size-local",
+        "2",
+        "--data-parallel-address",
+        "127.0.0.1",
+        "--data-parallel-rpc-port",
+        str(rpc),
+        "--enable-expert-parallel",
+    )
     head = start(procs, env, [*vllm_argv(env, port), *dp])
     base = f"http://127.0.0.1:{port}"
     wait_status(f"{base}/health", head, want=503)
-    headless = start(procs, env, [*vllm_argv(env, free_port()), *dp,
-                                  "--data-parallel-start-rank", "2", "--headless"])
+    headless = start(
+        procs,
+        env,
+        [*vllm_argv(env, free_port()), *dp, "--data-parallel-start-rank", "2", "--headless"],
+    )
     wait_status(f"{base}/health", head)
     assert env.record("vllm", headless.pid)["role"] == "headless"
     assert get_json(f"{base}/standin/info")["joined"][1]["ranks"] == [2, 4]
@@ -536,13 +714,26 @@ def test_vllm_head_with_a_start_rank_refuses_headless_ranks(env: Env, procs: lis
     """vllm/v1/engine/utils.py: a head in hybrid load-balancing mode (a start rank on a node
     that is not headless) refuses headless ranks at the handshake, and its start fails."""
     port, rpc = free_port(), free_port()
-    dp = ("--tensor-parallel-size", "1", "--data-parallel-size", "4",
-          "--data-parallel-size-local", "2", "--data-parallel-address", "127.0.0.1",
-          "--data-parallel-rpc-port", str(rpc), "--enable-expert-parallel")
+    dp = (
+        "--tensor-parallel-size",
+        "1",
+        "--data-parallel-size",
+        "4",
+        "--data-parallel-size-local",
+        "2",
+        "--data-parallel-address",
+        "127.0.0.1",
+        "--data-parallel-rpc-port",
+        str(rpc),
+        "--enable-expert-parallel",
+    )
     head = start(procs, env, [*vllm_argv(env, port), *dp, "--data-parallel-start-rank", "0"])
     wait_status(f"http://127.0.0.1:{port}/health", head, want=503)
-    headless = start(procs, env, [*vllm_argv(env, free_port()), *dp,
-                                  "--data-parallel-start-rank", "2", "--headless"])
+    headless = start(
+        procs,
+        env,
+        [*vllm_argv(env, free_port()), *dp, "--data-parallel-start-rank", "2", "--headless"],
+    )
     assert headless.wait_exit(20) == 1
     assert head.wait_exit(20) == 1
     message = "Remote engine 2 must not use --headless in external or hybrid dp lb mode"
@@ -551,9 +742,17 @@ def test_vllm_head_with_a_start_rank_refuses_headless_ranks(env: Env, procs: lis
 
 
 def test_vllm_eplb_slots_must_split_over_the_ep_ranks(env: Env) -> None:
-    argv = [*vllm_argv(env, free_port()), "--tensor-parallel-size", "1",
-            "--data-parallel-size", "8", "--enable-expert-parallel", "--enable-eplb",
-            "--eplb-config", '{"num_redundant_experts": 4}']
+    argv = [
+        *vllm_argv(env, free_port()),
+        "--tensor-parallel-size",
+        "1",
+        "--data-parallel-size",
+        "8",
+        "--enable-expert-parallel",
+        "--enable-eplb",
+        "--eplb-config",
+        '{"num_redundant_experts": 4}',
+    ]
     result = run(env, argv)
     assert result.returncode == 2
     assert "EPLB: 388 expert slots do not split over 8 EP ranks" in result.stderr
@@ -562,21 +761,28 @@ def test_vllm_eplb_slots_must_split_over_the_ep_ranks(env: Env) -> None:
 def test_ray_cluster_and_vllm_on_ray(env: Env, procs: list[Proc]) -> None:
     port = free_port()
     common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats", "--num-gpus", "8"]
-    head = start(procs, env, ["ray", "start", "--head", "--port", str(port), *common, "--block"],
-                 {"VLLM_HOST_IP": "127.0.0.1"})
+    head = start(
+        procs,
+        env,
+        ["ray", "start", "--head", "--port", str(port), *common, "--block"],
+        {"VLLM_HOST_IP": "127.0.0.1"},
+    )
     status_cmd = ["ray", "status", "--address", f"127.0.0.1:{port}"]
     deadline = time.monotonic() + 10
     while run(env, status_cmd).returncode != 0:
         assert time.monotonic() < deadline, head.output()
         time.sleep(0.05)
-    worker = start(procs, env, ["ray", "start", "--address", f"127.0.0.1:{port}", *common,
-                                "--block"])
+    worker = start(
+        procs, env, ["ray", "start", "--address", f"127.0.0.1:{port}", *common, "--block"]
+    )
     # The health check k2provision plans for Ray (python3 -c "import ray; ray.init(...)").
-    check = ("import sys, ray\naddress, nodes, gpus = sys.argv[1], int(sys.argv[2]), "
-             "float(sys.argv[3])\nray.init(address=address, logging_level='ERROR', "
-             "log_to_driver=False)\nalive = [n for n in ray.nodes() if n['Alive']]\n"
-             "have = sum(n['Resources'].get('GPU', 0.0) for n in alive)\n"
-             "sys.exit(0 if len(alive) >= nodes and have >= gpus else 1)\n")
+    check = (
+        "import sys, ray\naddress, nodes, gpus = sys.argv[1], int(sys.argv[2]), "
+        "float(sys.argv[3])\nray.init(address=address, logging_level='ERROR', "
+        "log_to_driver=False)\nalive = [n for n in ray.nodes() if n['Alive']]\n"
+        "have = sum(n['Resources'].get('GPU', 0.0) for n in alive)\n"
+        "sys.exit(0 if len(alive) >= nodes and have >= gpus else 1)\n"
+    )
     deadline = time.monotonic() + 10
     while run(env, ["python3", "-c", check, f"127.0.0.1:{port}", "2", "16"]).returncode != 0:
         assert time.monotonic() < deadline, worker.output()
@@ -587,12 +793,19 @@ def test_ray_cluster_and_vllm_on_ray(env: Env, procs: list[Proc]) -> None:
 
     # vLLM with the Ray backend finds the head of "its container" and its 16 GPUs.
     v_port = free_port()
-    vllm = start(procs, env, [
-        *vllm_argv(env, v_port), "--tensor-parallel-size", "16",
-        "--distributed-executor-backend", "ray"])
+    vllm = start(
+        procs,
+        env,
+        [
+            *vllm_argv(env, v_port),
+            "--tensor-parallel-size",
+            "16",
+            "--distributed-executor-backend",
+            "ray",
+        ],
+    )
     wait_status(f"http://127.0.0.1:{v_port}/health", vllm)
-    assert get_json(f"http://127.0.0.1:{v_port}/standin/info")["ray_address"] == \
-        f"127.0.0.1:{port}"
+    assert get_json(f"http://127.0.0.1:{v_port}/standin/info")["ray_address"] == f"127.0.0.1:{port}"
     assert vllm.terminate() == 0
     assert worker.terminate() == 0
     assert head.terminate() == 0
@@ -600,15 +813,37 @@ def test_ray_cluster_and_vllm_on_ray(env: Env, procs: list[Proc]) -> None:
 
 def test_vllm_on_ray_without_enough_gpus(env: Env, procs: list[Proc]) -> None:
     port = free_port()
-    head = start(procs, env, ["ray", "start", "--head", "--port", str(port), "--node-ip-address",
-                              "127.0.0.1", "--num-gpus", "8", "--block"])
+    head = start(
+        procs,
+        env,
+        [
+            "ray",
+            "start",
+            "--head",
+            "--port",
+            str(port),
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-gpus",
+            "8",
+            "--block",
+        ],
+    )
     deadline = time.monotonic() + 10
     while not (env.tmp / "ray" / "ray_current_cluster").exists():
         assert time.monotonic() < deadline, head.output()
         time.sleep(0.05)
-    result = run(env, [*vllm_argv(env, free_port()), "--tensor-parallel-size", "16",
-                       "--distributed-executor-backend", "ray"],
-                 {"K2_STANDIN_RAY_WAIT": "1"})
+    result = run(
+        env,
+        [
+            *vllm_argv(env, free_port()),
+            "--tensor-parallel-size",
+            "16",
+            "--distributed-executor-backend",
+            "ray",
+        ],
+        {"K2_STANDIN_RAY_WAIT": "1"},
+    )
     assert result.returncode == 1
     assert "needs 16 GPUs" in result.stderr
     assert "8 GPUs on 1 alive nodes" in result.stderr
@@ -621,8 +856,7 @@ def test_vllm_on_ray_without_enough_gpus(env: Env, procs: list[Proc]) -> None:
         (["start", "--block"], "--address"),
         (["start", "--head", "--address", "127.0.0.1:1", "--block"], "--address"),
         (["start", "--address", "nowhere", "--block"], "--address"),
-        (["start", "--head", "--node-ip-address", "192.0.2.77", "--block"],
-         "--node-ip-address"),
+        (["start", "--head", "--node-ip-address", "192.0.2.77", "--block"], "--node-ip-address"),
     ],
 )
 def test_ray_rejects(env: Env, argv: list[str], named: str) -> None:
@@ -632,8 +866,11 @@ def test_ray_rejects(env: Env, argv: list[str], named: str) -> None:
 
 
 def test_ray_node_ip_must_match_vllm_host_ip(env: Env) -> None:
-    result = run(env, ["ray", "start", "--head", "--node-ip-address", "127.0.0.1", "--block"],
-                 {"VLLM_HOST_IP": "127.0.0.2"})
+    result = run(
+        env,
+        ["ray", "start", "--head", "--node-ip-address", "127.0.0.1", "--block"],
+        {"VLLM_HOST_IP": "127.0.0.2"},
+    )
     assert result.returncode == 2
     assert "VLLM_HOST_IP" in result.stderr
 
@@ -647,21 +884,54 @@ def test_ray_status_without_cluster(env: Env) -> None:
 # ---------------------------------------------------------------- TensorRT-LLM via mpirun
 
 
-def trtllm_argv(env: Env, port: int, np: int = 16, tp: int = 16,
-                hosts: str = "127.0.0.1:8,127.0.0.1:8", *extra: str) -> list[str]:
+def trtllm_argv(
+    env: Env,
+    port: int,
+    np: int = 16,
+    tp: int = 16,
+    hosts: str = "127.0.0.1:8,127.0.0.1:8",
+    *extra: str,
+) -> list[str]:
     ssh_config = env.tmp / "ssh_config"
     ssh_config.write_text("Host *\n    Port 2233\n")
     options = env.tmp / "extra-llm-api-config.yml"
     options.write_text("enable_attention_dp: true\n")
     return [
-        "mpirun", "--allow-run-as-root", "-np", str(np), "-H", hosts,
-        "-mca", "plm_rsh_args", f"-p 2233 -F {ssh_config}",
-        "-x", "PATH", "-x", "PYTHONUNBUFFERED",
-        "trtllm-llmapi-launch", "trtllm-serve", "serve", str(env.model),
-        "--backend", "pytorch", "--host", "127.0.0.1", "--port", str(port),
-        "--tp_size", str(tp), "--ep_size", "8", "--gpus_per_node", "8",
-        "--trust_remote_code", "--tool_parser", "kimi_k2",
-        "--extra_llm_api_options", str(options), *extra,
+        "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        str(np),
+        "-H",
+        hosts,
+        "-mca",
+        "plm_rsh_args",
+        f"-p 2233 -F {ssh_config}",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONUNBUFFERED",
+        "trtllm-llmapi-launch",
+        "trtllm-serve",
+        "serve",
+        str(env.model),
+        "--backend",
+        "pytorch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp_size",
+        str(tp),
+        "--ep_size",
+        "8",
+        "--gpus_per_node",
+        "8",
+        "--trust_remote_code",
+        "--tool_parser",
+        "kimi_k2",
+        "--extra_llm_api_options",
+        str(options),
+        *extra,
     ]
 
 
@@ -690,8 +960,9 @@ def test_mpirun_trtllm_serves(env: Env, procs: list[Proc]) -> None:
         ({}, ("--cuda-graph-bs", "8"), "--cuda-graph-bs"),
     ],
 )
-def test_mpirun_trtllm_rejects(env: Env, kwargs: dict[str, Any], extra: tuple[str, ...],
-                               named: str) -> None:
+def test_mpirun_trtllm_rejects(
+    env: Env, kwargs: dict[str, Any], extra: tuple[str, ...], named: str
+) -> None:
     result = run(env, trtllm_argv(env, free_port(), **kwargs) + list(extra))
     assert result.returncode == 2, result.stderr
     assert named in result.stderr
@@ -727,10 +998,16 @@ def test_mpirun_rejects_unknown_option_and_missing_ssh_config(env: Env) -> None:
 # ---------------------------------------------------------------- rendered plans
 
 
-EXAMPLES = [*sorted((REPO / "inventory" / "examples").glob("*.ini")),
-            REPO / "inventory" / "prod.ini"]
-HOST_VALUES = {"ifname-of": "bond0", "cidr-of": "10.0.0.0/16", "physical-cores-minus": "56",
-               "numa-nodes": "2"}
+EXAMPLES = [
+    *sorted((REPO / "inventory" / "examples").glob("*.ini")),
+    REPO / "inventory" / "prod.ini",
+]
+HOST_VALUES = {
+    "ifname-of": "bond0",
+    "cidr-of": "10.0.0.0/16",
+    "physical-cores-minus": "56",
+    "numa-nodes": "2",
+}
 
 
 @pytest.mark.parametrize("inventory", EXAMPLES, ids=lambda p: p.stem)
@@ -739,9 +1016,11 @@ def test_rendered_launches_pass_the_standin_checks(env: Env, inventory: Path) ->
     files pointed at local copies; the machine-dependent checks skipped)."""
     out = env.tmp / "render"
     rendered = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "k2provision"), "render", str(inventory), "--out",
-         str(out)],
-        capture_output=True, text=True, check=False, timeout=120,
+        [str(REPO / ".venv" / "bin" / "k2provision"), "render", str(inventory), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert rendered.returncode == 0, f"{inventory.name} does not render: {rendered.stderr[-2000:]}"
     plan = json.loads((out / "plan.json").read_text())
@@ -753,8 +1032,10 @@ def test_rendered_launches_pass_the_standin_checks(env: Env, inventory: Path) ->
     for host in plan["hosts"]:
         local_config = str(out / host["name"]) + config_dir
         for process in host["processes"]:
-            argv = [a.replace(plan["model_dir"], str(env.model)).replace(config_dir, local_config)
-                    for a in process["argv"]]
+            argv = [
+                a.replace(plan["model_dir"], str(env.model)).replace(config_dir, local_config)
+                for a in process["argv"]
+            ]
             # What the launch script finds on the host, as a host would answer.
             for value in process.get("resolve", []):
                 found = HOST_VALUES[value["kind"]]
@@ -762,11 +1043,20 @@ def test_rendered_launches_pass_the_standin_checks(env: Env, inventory: Path) ->
             items.append({"argv": argv, "env": process["env"]})
     assert items
     checked = subprocess.run(
-        ["python3", "-m", "k2standin.dispatch"], input=json.dumps({"items": items}),
-        env=env.vars, capture_output=True, text=True, check=True, timeout=60)
+        ["python3", "-m", "k2standin.dispatch"],
+        input=json.dumps({"items": items}),
+        env=env.vars,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     results = json.loads(checked.stdout)["results"]
-    problems = {f"{r['entry']} {i['argv'][:3]}": r["errors"]
-                for i, r in zip(items, results, strict=True) if r["errors"]}
+    problems = {
+        f"{r['entry']} {i['argv'][:3]}": r["errors"]
+        for i, r in zip(items, results, strict=True)
+        if r["errors"]
+    }
     assert problems == {}
 
 
@@ -876,8 +1166,12 @@ def test_sglang_answers_what_is_in_flight_refuses_the_rest_then_exits(
 def test_vllm_cuts_off_by_default_and_drains_with_a_shutdown_timeout(
     env: Env, procs: list[Proc]
 ) -> None:
-    chat = {"model": "kimi-k2", "stream": True, "max_tokens": 1500,
-            "messages": [{"role": "user", "content": "hi"}]}
+    chat = {
+        "model": "kimi-k2",
+        "stream": True,
+        "max_tokens": 1500,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     for extra, drains in (((), False), (("--shutdown-timeout", "20"), True)):
         port = free_port()
         base = f"http://127.0.0.1:{port}"

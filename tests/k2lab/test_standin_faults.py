@@ -57,8 +57,10 @@ def test_exit_at_start_writes_one_error_line_and_exits_1(env: st.Env) -> None:
     out = st.run(env, st.sglang_argv(env, st.free_port()), {"K2_LAB_FAULT": "exit_at_start"})
     assert out.returncode == 1
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
-    assert errors == ["k2-standin sglang.launch_server: error: fault injected "
-                      "(K2_LAB_FAULT=exit_at_start): exiting 1 at start"]
+    assert errors == [
+        "k2-standin sglang.launch_server: error: fault injected "
+        "(K2_LAB_FAULT=exit_at_start): exiting 1 at start"
+    ]
 
 
 def test_a_bad_fault_refuses_to_start(env: st.Env) -> None:
@@ -86,10 +88,14 @@ def test_wrong_answer_is_a_200_without_choices(env: st.Env, procs: list[st.Proc]
     proc = st.start(procs, env, st.sglang_argv(env, port), {"K2_LAB_FAULT": "wrong_answer"})
     base = f"http://127.0.0.1:{port}"
     st.wait_status(f"{base}/health", proc)
-    status, body = st.http(f"{base}/v1/chat/completions", {
-        "model": "kimi-k2", "messages": [{"role": "user", "content": "hello"}],
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    })
+    status, body = st.http(
+        f"{base}/v1/chat/completions",
+        {
+            "model": "kimi-k2",
+            "messages": [{"role": "user", "content": "hello"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        },
+    )
     assert status == 200
     reply = json.loads(body)
     assert reply["choices"] == []

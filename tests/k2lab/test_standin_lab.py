@@ -51,17 +51,19 @@ TRTLLM_VARS: dict[str, labapi.VarValue] = {
 
 
 @pytest.fixture(scope="module")
-def lab_inventory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-    tuple[labapi.LabState, Path]
-]:
+def lab_inventory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[labapi.LabState, Path]]:
     """Two running hosts of a private lab instance as a TensorRT-LLM cluster, taken down
     after the module."""
     require_lab()
     cfg = labapi.LabConfig(lab_dir=labapi.default_lab_dir(), name=INSTANCE, subnet=SUBNET)
     inventory: Path = tmp_path_factory.mktemp("standin-lab") / "lab.ini"
     try:
-        yield labapi.up(2, cfg=cfg, inventory=inventory, all_vars=TRTLLM_VARS,
-                        log=quiet_log), inventory
+        yield (
+            labapi.up(2, cfg=cfg, inventory=inventory, all_vars=TRTLLM_VARS, log=quiet_log),
+            inventory,
+        )
     finally:
         labapi.down(cfg=cfg, log=quiet_log)
 
@@ -71,10 +73,16 @@ def standin_lab(lab_inventory: tuple[labapi.LabState, Path]) -> labapi.LabState:
     return lab_inventory[0]
 
 
-def sh(state: labapi.LabState, command: str, timeout: float = 120, check: bool = True
-       ) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(labapi.ssh_command(state, HOST, command), capture_output=True,
-                         text=True, timeout=timeout, check=False)
+def sh(
+    state: labapi.LabState, command: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        labapi.ssh_command(state, HOST, command),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if check:
         assert out.returncode == 0, (command, out.stdout[-2000:], out.stderr[-2000:])
     return out
@@ -103,20 +111,41 @@ def test_sglang_standin_serves_from_a_lab_host(standin_lab: labapi.LabState) -> 
     name = f"k2-standin-test-{uuid.uuid4().hex[:8]}"
     work = f"/tmp/{name}"
     port = 39000 + uuid.uuid4().int % 900
-    argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/models/Kimi-K2-Instruct",
-            "--served-model-name", "kimi-k2", "--trust-remote-code",
-            "--tool-call-parser", "kimi_k2", "--tp-size", "8",
-            "--host", "0.0.0.0", "--port", str(port)]
-    script = ("#!/bin/sh\nset -eu\nexport PYTHONUNBUFFERED=1\nexport HF_TOKEN=not-recorded\n"
-              f"exec {shlex.join(argv)}\n")
-    sh(standin_lab, f"mkdir -p {work}/model {work}/launch {work}/records && "
-            f"printf %s {shlex.quote(script)} > {work}/launch/sglang.sh")
-    run = (f"docker run --detach --name {name} --network host --ipc host "
-           f"--volume {work}/model:/models/Kimi-K2-Instruct:ro "
-           f"--volume {work}/launch:/etc/k2provision/launch:ro "
-           # The records, read from the host (not with `docker exec`, see the README).
-           f"--volume {work}/records:/run/k2-standin "
-           f"{STANDIN_IMAGE} sh /etc/k2provision/launch/sglang.sh")
+    argv = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/Kimi-K2-Instruct",
+        "--served-model-name",
+        "kimi-k2",
+        "--trust-remote-code",
+        "--tool-call-parser",
+        "kimi_k2",
+        "--tp-size",
+        "8",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
+    script = (
+        "#!/bin/sh\nset -eu\nexport PYTHONUNBUFFERED=1\nexport HF_TOKEN=not-recorded\n"
+        f"exec {shlex.join(argv)}\n"
+    )
+    sh(
+        standin_lab,
+        f"mkdir -p {work}/model {work}/launch {work}/records && "
+        f"printf %s {shlex.quote(script)} > {work}/launch/sglang.sh",
+    )
+    run = (
+        f"docker run --detach --name {name} --network host --ipc host "
+        f"--volume {work}/model:/models/Kimi-K2-Instruct:ro "
+        f"--volume {work}/launch:/etc/k2provision/launch:ro "
+        # The records, read from the host (not with `docker exec`, see the README).
+        f"--volume {work}/records:/run/k2-standin "
+        f"{STANDIN_IMAGE} sh /etc/k2provision/launch/sglang.sh"
+    )
     try:
         sh(standin_lab, run)
         deadline = time.monotonic() + 60
@@ -133,8 +162,9 @@ def test_sglang_standin_serves_from_a_lab_host(standin_lab: labapi.LabState) -> 
 
         request = urllib.request.Request(
             f"http://{address}:{port}/v1/chat/completions",
-            data=json.dumps({"model": "kimi-k2",
-                             "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            data=json.dumps(
+                {"model": "kimi-k2", "messages": [{"role": "user", "content": "hi"}]}
+            ).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=5) as resp:
@@ -157,9 +187,13 @@ def test_sglang_standin_serves_from_a_lab_host(standin_lab: labapi.LabState) -> 
 
 def test_a_bad_launch_fails_in_the_container(standin_lab: labapi.LabState) -> None:
     build_standin()
-    out = sh(standin_lab, f"docker run --rm --network host {STANDIN_IMAGE} python3 -m "
-                  "sglang.launch_server --model-path /models/none --tp-size 8 "
-                  "--enable-ep-moe --trust-remote-code", check=False)
+    out = sh(
+        standin_lab,
+        f"docker run --rm --network host {STANDIN_IMAGE} python3 -m "
+        "sglang.launch_server --model-path /models/none --tp-size 8 "
+        "--enable-ep-moe --trust-remote-code",
+        check=False,
+    )
     assert out.returncode == 2
     assert "--enable-ep-moe" in out.stderr
     assert "--tool-call-parser" in out.stderr
@@ -169,15 +203,24 @@ def test_a_bad_launch_fails_in_the_container(standin_lab: labapi.LabState) -> No
 def test_the_lab_image_runs_the_real_pinned_router(standin_lab: labapi.LabState) -> None:
     """The PD router is not stood in for: the image carries sglang-router itself."""
     build_standin()
-    out = sh(standin_lab, f"docker run --rm --network host {STANDIN_IMAGE} python3 -c "
-             + shlex.quote("import importlib.metadata as m, sglang_router, os; "
-                           "print(m.version('sglang-router'), os.path.dirname("
-                           "sglang_router.__file__))"))
+    out = sh(
+        standin_lab,
+        f"docker run --rm --network host {STANDIN_IMAGE} python3 -c "
+        + shlex.quote(
+            "import importlib.metadata as m, sglang_router, os; "
+            "print(m.version('sglang-router'), os.path.dirname("
+            "sglang_router.__file__))"
+        ),
+    )
     version, where = out.stdout.split()
     assert version == catalog.ROUTER.version
     assert not where.startswith("/opt/standin")  # the installed package, not a stand-in
-    parsed = sh(standin_lab, f"docker run --rm --network host {STANDIN_IMAGE} python3 -m "
-                "sglang_router.launch_router --help", check=False)
+    parsed = sh(
+        standin_lab,
+        f"docker run --rm --network host {STANDIN_IMAGE} python3 -m "
+        "sglang_router.launch_router --help",
+        check=False,
+    )
     assert parsed.returncode == 0, parsed.stderr
     assert "--pd-disaggregation" in parsed.stdout
 
@@ -193,16 +236,27 @@ def test_trtllm_launches_over_the_mesh_and_verifies(
     build_standin()
     for host in state.hosts:
         made = subprocess.run(
-            labapi.ssh_command(state, host.name,
-                               f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json"),
-            capture_output=True, text=True, timeout=60, check=False)
+            labapi.ssh_command(
+                state, host.name, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json"
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert made.returncode == 0, made.stderr
     env = {**ansible_env(), "K2_RUNS_DIR": str(tmp_path), "COLUMNS": "200"}
     k2 = [str(Path(sys.executable).parent / "k2provision")]
     try:
         applied = subprocess.run(
             [*k2, "apply", str(inventory), "--tags", "ssh_mesh,launch,verify"],
-            cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env, check=False)
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            env=env,
+            check=False,
+        )
         assert applied.returncode == 0, applied.stdout[-6000:] + applied.stderr[-2000:]
         models = get_json(f"http://{state.hosts[0].address}:8000/v1/models")
         assert [m["id"] for m in models["data"]] == [Path(MODEL_DIR).name]
@@ -210,8 +264,14 @@ def test_trtllm_launches_over_the_mesh_and_verifies(
         assert 'btl_tcp_if_include "${K2_SOCKET_SUBNET}"' in script
         day_two_on_the_mpirun_world(state, inventory, k2, env)
     finally:
-        subprocess.run([*k2, "stop", str(inventory)], cwd=ROOT, capture_output=True,
-                       timeout=600, env=env, check=False)
+        subprocess.run(
+            [*k2, "stop", str(inventory)],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=600,
+            env=env,
+            check=False,
+        )
 
 
 def day_two_on_the_mpirun_world(
@@ -227,8 +287,15 @@ def day_two_on_the_mpirun_world(
     host, proc = exec_procs[0]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*k2, *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300, env=env, check=False)
+        return subprocess.run(
+            [*k2, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            check=False,
+        )
 
     status = run("status", str(inventory))
     assert status.returncode == 0, status.stdout[-4000:] + status.stderr[-2000:]
@@ -255,7 +322,14 @@ def day_two_on_the_mpirun_world(
     assert "(exec'd)" in restarted.stdout
     status = run("status", str(inventory))
     assert status.returncode == 0, (
-        status.stdout[-4000:] + status.stderr[-2000:] + f"\n{other}'s containers:\n"
-        + subprocess.run(labapi.ssh_command(state, other, "docker ps -a"), capture_output=True,
-                         text=True, timeout=60, check=False).stdout
+        status.stdout[-4000:]
+        + status.stderr[-2000:]
+        + f"\n{other}'s containers:\n"
+        + subprocess.run(
+            labapi.ssh_command(state, other, "docker ps -a"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
     )

@@ -88,8 +88,9 @@ def cluster(
     router = None
     if layout == "pd":
         router = "r0"
-        hosts.append(HostSpec(name=router, address="10.250.0.1", pool="router",
-                              local_ip="10.250.0.1"))
+        hosts.append(
+            HostSpec(name=router, address="10.250.0.1", pool="router", local_ip="10.250.0.1")
+        )
     return Cluster(
         inventory="(plan space)",
         engine=engine,
@@ -125,9 +126,14 @@ def _pool_counts(
         # Pools are judged separately (plan/shapes.py evaluate reports per pool).
         other = {n: 1 for n in names if n != name}
         out[name] = [
-            n for n in range(1, MAX_NODES + 1)
-            if name not in evaluate(
-                probe, {**other, name: n}, catalog.model(model), catalog.gpu(gpu),
+            n
+            for n in range(1, MAX_NODES + 1)
+            if name
+            not in evaluate(
+                probe,
+                {**other, name: n},
+                catalog.model(model),
+                catalog.gpu(gpu),
                 context or catalog.model(model).max_position_embeddings,
             )[2]
         ]

@@ -188,8 +188,19 @@ def test_status_reads_the_endpoint_through_a_forward_and_bench_runs_on_the_route
     # The client runs in the engine image on lab1, reached through the bastion, with the key
     # on stdin and the lab CA: sglang's own benchmark client, against the router over TLS,
     # with the tokenizer of the model directory there (the synthetic weights carry one).
-    bench = cli(work, "bench", str(inventory), "--num-prompts", "8", "--workload", "custom",
-                "--input-len", "64", "--output-len", "16")
+    bench = cli(
+        work,
+        "bench",
+        str(inventory),
+        "--num-prompts",
+        "8",
+        "--workload",
+        "custom",
+        "--input-len",
+        "64",
+        "--output-len",
+        "16",
+    )
     said = " ".join((bench.stdout + bench.stderr).split())
     assert bench.returncode == 0, said[-4000:]
     address = state.host("lab1").address

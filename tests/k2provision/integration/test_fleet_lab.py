@@ -63,7 +63,6 @@ def edited(inventory: Path, tmp_path: Path, old: str, new: str) -> Path:
     return path
 
 
-
 def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
@@ -151,8 +150,10 @@ def test_a_stopped_instance_costs_only_its_in_flight_requests(
             settled = time.monotonic()
             time.sleep(10)
         failed = client.failures
-        print(f"lab stop lab3: {len(failed)} failed of {sum(client.counts.values())}: "
-              + ", ".join(f"{f.outcome} {f.ended - stopped:.1f} s after the stop" for f in failed))
+        print(
+            f"lab stop lab3: {len(failed)} failed of {sum(client.counts.values())}: "
+            + ", ".join(f"{f.outcome} {f.ended - stopped:.1f} s after the stop" for f in failed)
+        )
         assert all(f.ended >= stopped for f in failed), failed
         assert len(failed) <= FAILED_BOUND, (failed, client.counts)
         late = [a for a in client.since(settled) if a.started >= settled]

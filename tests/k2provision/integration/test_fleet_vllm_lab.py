@@ -60,7 +60,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]
 def served(state: Any, host: str) -> float:
     """The requests the vLLM server on `host` has answered (its e2e latency count)."""
     return metric_sum(
-        state, f"http://{state.host(host).address}:{VLLM_PORT}",
+        state,
+        f"http://{state.host(host).address}:{VLLM_PORT}",
         "vllm:e2e_request_latency_seconds_count",
     )
 

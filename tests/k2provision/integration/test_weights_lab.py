@@ -47,8 +47,9 @@ def weights(
     inventory: Path, *args: str, runs: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The weights command, as a user runs it."""
-    return k2("weights", str(inventory), *args, runs=runs, timeout=600, COLUMNS="200",
-              **(env or {}))
+    return k2(
+        "weights", str(inventory), *args, runs=runs, timeout=600, COLUMNS="200", **(env or {})
+    )
 
 
 def newest_record(runs: Path) -> Path:
@@ -111,8 +112,12 @@ def test_synthetic_source_reaches_every_host_verified(
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     record = record_of(tmp_path)
     names = [f["name"] for f in record["manifest"]["files"]]
-    assert names == ["config.json", *(shard(i) for i in range(1, SHARDS + 1)),
-                     "tokenizer.json", "tokenizer_config.json"]
+    assert names == [
+        "config.json",
+        *(shard(i) for i in range(1, SHARDS + 1)),
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = json.loads(on_host(state, "lab1", f"cat {MODEL_DIR}/config.json"))
     assert (config["hidden_size"], config["num_hidden_layers"], config["n_routed_experts"]) == (
         7168,

@@ -117,8 +117,9 @@ def test_client_per_engine() -> None:
 
 
 def spec(tmp: Path, concurrency: int | None = 8) -> RunSpec:
-    return RunSpec("http://10.0.0.1:8000/", "kimi-k2", "/tok", PRESETS["lmsys-2000-100"], 32,
-                   concurrency, tmp)
+    return RunSpec(
+        "http://10.0.0.1:8000/", "kimi-k2", "/tok", PRESETS["lmsys-2000-100"], 32, concurrency, tmp
+    )
 
 
 def opt(argv: list[str], name: str) -> str:
@@ -175,7 +176,9 @@ def parsed_by_the_client(venv: str, argv: list[str]) -> dict[str, object]:
         pytest.fail(f"{python} is missing: run scripts/install-engine-parsers")
     out = subprocess.run(
         [str(python), "-W", "ignore", "-c", CAPTURE, json.dumps(argv[1:])],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"},
     )
     line = next((x for x in out.stdout.splitlines() if x.startswith("ARGS=")), None)
@@ -186,14 +189,16 @@ def parsed_by_the_client(venv: str, argv: list[str]) -> dict[str, object]:
 
 @pytest.mark.parsers
 def test_the_real_sglang_client_reads_the_argv(prod: Plan, tmp_path: Path) -> None:
-    args = parsed_by_the_client(".venv-sglang", client_argv(client_for(prod), "py",
-                                                             spec(tmp_path)))
+    args = parsed_by_the_client(".venv-sglang", client_argv(client_for(prod), "py", spec(tmp_path)))
     assert args["backend"] == "sglang"
     assert (args["random_input_len"], args["random_output_len"]) == (2000, 100)
     assert args["random_range_ratio"] == 1.0
     assert (args["num_prompts"], args["max_concurrency"]) == (32, 8)
     assert (args["model"], args["served_model_name"], args["tokenizer"]) == (
-        "/tok", "kimi-k2", "/tok")
+        "/tok",
+        "kimi-k2",
+        "/tok",
+    )
     assert args["disable_ignore_eos"] is False
     assert args["disable_stream"] is False
 
@@ -220,8 +225,9 @@ def test_parse_the_sglang_clients_result() -> None:
     assert (result.completed, result.failed) == (16, 0)
     assert (result.input_tokens, result.output_tokens) == (16 * 2000, 16 * 100)
     raw = json.loads(text.splitlines()[-1])
-    assert result.ttft_ms == Percentiles(raw["median_ttft_ms"], raw["p90_ttft_ms"],
-                                         raw["p99_ttft_ms"])
+    assert result.ttft_ms == Percentiles(
+        raw["median_ttft_ms"], raw["p90_ttft_ms"], raw["p99_ttft_ms"]
+    )
     assert result.e2e_ms.p99 == raw["p99_e2e_latency_ms"]
     assert result.output_tps == pytest.approx(raw["output_throughput"])
     assert result.input_tps == pytest.approx(raw["input_throughput"])
@@ -244,8 +250,12 @@ def test_parse_the_vllm_clients_result() -> None:
 
 @pytest.mark.parametrize(
     ("text", "named"),
-    [("", "empty"), ("{nope", "not JSON"), ('{"completed": 3}', "'duration'"),
-     ('{"completed": "x"}', "'completed'")],
+    [
+        ("", "empty"),
+        ("{nope", "not JSON"),
+        ('{"completed": 3}', "'duration'"),
+        ('{"completed": "x"}', "'completed'"),
+    ],
 )
 def test_a_bad_result_file_is_named(text: str, named: str) -> None:
     with pytest.raises(K2Error) as caught:
@@ -259,9 +269,16 @@ def test_a_bad_result_file_is_named(text: str, named: str) -> None:
 
 def result(output_tps: float, input_tps: float) -> ClientResult:
     q = Percentiles(1.0, 2.0, 3.0)
-    return ClientResult(completed=10, failed=0, duration_s=10.0,
-                        input_tokens=int(input_tps * 10), output_tokens=int(output_tps * 10),
-                        ttft_ms=q, itl_ms=q, e2e_ms=q)
+    return ClientResult(
+        completed=10,
+        failed=0,
+        duration_s=10.0,
+        input_tokens=int(input_tps * 10),
+        output_tokens=int(output_tps * 10),
+        ttft_ms=q,
+        itl_ms=q,
+        e2e_ms=q,
+    )
 
 
 def test_seed_002_figures_reproduce_its_cost(prod: Plan) -> None:
@@ -296,10 +313,19 @@ def test_cost_needs_tokens() -> None:
 
 def test_document_is_json_with_the_lab_notice_only_in_a_lab(prod: Plan, tmp_path: Path) -> None:
     p = point(result(1000, 2000), 4, scale_of(prod), 2.3, published_for(prod, "lmsys-2000-100"))
-    doc = document(plan=prod, inventory=Path("inventory/prod.ini"),
-                   client=client_for(prod), workload=PRESETS["lmsys-2000-100"],
-                   num_prompts=10, gpu_hour_usd=2.3, points=[p], record=tmp_path,
-                   started_at="t", ok=True, problems=[])
+    doc = document(
+        plan=prod,
+        inventory=Path("inventory/prod.ini"),
+        client=client_for(prod),
+        workload=PRESETS["lmsys-2000-100"],
+        num_prompts=10,
+        gpu_hour_usd=2.3,
+        points=[p],
+        record=tmp_path,
+        started_at="t",
+        ok=True,
+        problems=[],
+    )
     again = json.loads(json.dumps(doc))
     assert again["schema"] == 1
     assert again["notice"] is None
@@ -307,10 +333,22 @@ def test_document_is_json_with_the_lab_notice_only_in_a_lab(prod: Plan, tmp_path
     assert again["points"][0]["throughput"]["output"]["published_per_node"] == 24_000
     assert again["points"][0]["latency_ms"]["ttft"] == {"p50": 1.0, "p90": 2.0, "p99": 3.0}
     lab = prod.model_copy(update={"lab": True})
-    assert document(plan=lab, inventory=Path("x"), client=client_for(lab),
-                    workload=PRESETS["lmsys-2000-100"], num_prompts=1, gpu_hour_usd=2.3,
-                    points=[], record=tmp_path, started_at="t", ok=True,
-                    problems=[])["notice"] == LAB_NOTICE
+    assert (
+        document(
+            plan=lab,
+            inventory=Path("x"),
+            client=client_for(lab),
+            workload=PRESETS["lmsys-2000-100"],
+            num_prompts=1,
+            gpu_hour_usd=2.3,
+            points=[],
+            record=tmp_path,
+            started_at="t",
+            ok=True,
+            problems=[],
+        )["notice"]
+        == LAB_NOTICE
+    )
 
 
 # ---------------------------------------------------------------- the stand-in's streams
@@ -323,9 +361,15 @@ def events(body: bytes) -> list[object]:
 
 
 def test_generate_stream_has_as_many_tokens_as_asked() -> None:
-    got = events(streaming.generate_stream(
-        {"text": "a b c", "sampling_params": {"max_new_tokens": 5, "ignore_eos": True},
-         "stream": True}))
+    got = events(
+        streaming.generate_stream(
+            {
+                "text": "a b c",
+                "sampling_params": {"max_new_tokens": 5, "ignore_eos": True},
+                "stream": True,
+            }
+        )
+    )
     assert len(got) == 5
     last = got[-1]
     assert isinstance(last, dict)
@@ -336,20 +380,36 @@ def test_generate_stream_has_as_many_tokens_as_asked() -> None:
 
 
 def test_openai_streams_carry_usage_as_asked() -> None:
-    chunks = events(streaming.completion_stream(
-        {"prompt": "x y", "max_tokens": 4, "stream": True,
-         "stream_options": {"include_usage": True}}, "kimi-k2"))
+    chunks = events(
+        streaming.completion_stream(
+            {
+                "prompt": "x y",
+                "max_tokens": 4,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            "kimi-k2",
+        )
+    )
     texts = [c["choices"][0]["text"] for c in chunks if isinstance(c, dict) and c["choices"]]
     assert texts.count(streaming.TOKEN_TEXT) == 4
     usage_only = chunks[-1]
     assert isinstance(usage_only, dict)
     assert usage_only["choices"] == []
     assert usage_only["usage"]["completion_tokens"] == 4
-    chat = events(streaming.chat_stream(
-        {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3,
-         "stream": True}, "kimi-k2"))
+    chat = events(
+        streaming.chat_stream(
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_completion_tokens": 3,
+                "stream": True,
+            },
+            "kimi-k2",
+        )
+    )
     assert [c["choices"][0]["delta"].get("content") for c in chat if isinstance(c, dict)] == [
-        streaming.TOKEN_TEXT] * 3 + [None]
+        streaming.TOKEN_TEXT
+    ] * 3 + [None]
     assert isinstance(chat[-1], dict)
     assert chat[-1]["usage"]["completion_tokens"] == 3  # no include_usage: on the last chunk
     assert chat[-1]["choices"][0]["finish_reason"] == "length"
@@ -369,10 +429,28 @@ def k2_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         (("--concurrency", "4,x"), "--concurrency"),
         (("--num-prompts", "0"), "--num-prompts 0"),
         (("--client", "controller"), "--tokenizer"),  # prod's model directory is not here
-        (("--client", "controller", "--tokenizer", "/tok", "--client-python",
-          "/usr/bin/true-not-here"), "--client-python /usr/bin/true-not-here"),
-        (("--client", "controller", "--tokenizer", "/tok", "--client-python",
-          "/usr/bin/python3"), "import sglang.benchmark.serving"),
+        (
+            (
+                "--client",
+                "controller",
+                "--tokenizer",
+                "/tok",
+                "--client-python",
+                "/usr/bin/true-not-here",
+            ),
+            "--client-python /usr/bin/true-not-here",
+        ),
+        (
+            (
+                "--client",
+                "controller",
+                "--tokenizer",
+                "/tok",
+                "--client-python",
+                "/usr/bin/python3",
+            ),
+            "import sglang.benchmark.serving",
+        ),
         (("--client", "laptop"), "--client 'laptop': expected one of cluster, controller"),
         (("--client-python", "/usr/bin/python3"), "--client-python goes with --client controller"),
     ],
@@ -466,8 +544,13 @@ def test_the_in_cluster_script_runs_and_reports_as_split_output(
     fake_docker(tmp_path / "bin", import_ok)
     script = in_cluster(tmp_path, with_key=True, ca="CA PEM\n")
     out = subprocess.run(
-        ["sh", "-c", script], input="s3cret\n", capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, check=True,
+        ["sh", "-c", script],
+        input="s3cret\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"},
+        check=True,
     )
     answer = split_output(out.stdout)
     if not import_ok:

@@ -34,22 +34,33 @@ def run_launch(tmp_path: Path, process: Process) -> subprocess.CompletedProcess[
     program.write_text(host_values_script())
     script = tmp_path / "launch.sh"
     script.write_text(launch_script(process, config_dir))
-    return subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        ["sh", str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
-def echo_process(resolve: tuple[LaunchValue, ...], env: dict[str, str],
-                 argv: tuple[str, ...]) -> Process:
+def echo_process(
+    resolve: tuple[LaunchValue, ...], env: dict[str, str], argv: tuple[str, ...]
+) -> Process:
     """A process that prints its environment and arguments as JSON."""
     printer = "import json, os, sys; print(json.dumps([dict(os.environ), sys.argv[1:]]))"
-    return Process(name="echo", container="c", image="i", env=env, resolve=resolve,
-                   argv=(sys.executable, "-c", printer, *argv))
+    return Process(
+        name="echo",
+        container="c",
+        image="i",
+        env=env,
+        resolve=resolve,
+        argv=(sys.executable, "-c", printer, *argv),
+    )
 
 
 def test_launch_script_finds_the_interface_of_the_local_ip(tmp_path: Path) -> None:
     ifname = IFNAME.model_copy(update={"arg": "127.0.0.1"})
-    proc = echo_process((ifname,), {"NCCL_SOCKET_IFNAME": ifname.ref, "PLAIN": "a b'c"},
-                        ("-mca", "btl_tcp_if_include", ifname.ref, "x ${K2_SOCKET_IFNAME} y"))
+    proc = echo_process(
+        (ifname,),
+        {"NCCL_SOCKET_IFNAME": ifname.ref, "PLAIN": "a b'c"},
+        ("-mca", "btl_tcp_if_include", ifname.ref, "x ${K2_SOCKET_IFNAME} y"),
+    )
     out = run_launch(tmp_path, proc)
     assert out.returncode == 0, out.stderr
     env, argv = json.loads(out.stdout)
@@ -102,11 +113,21 @@ def test_with_host_values_gives_the_argv_the_engine_sees() -> None:
 
 
 def cluster(local_ips: tuple[str, ...], **tunables: object) -> Cluster:
-    hosts = tuple(HostSpec(name=f"h{i}", address=f"10.0.0.{i + 1}", pool="nodes", local_ip=ip)
-                  for i, ip in enumerate(local_ips))
-    return Cluster(inventory="t.ini", engine="sglang", layout="tp",
-                   model="moonshotai/Kimi-K2-Instruct", model_dir="/m", gpu="h200",
-                   gpus_per_node=8, hosts=hosts, tunables=Tunables.model_validate(tunables))
+    hosts = tuple(
+        HostSpec(name=f"h{i}", address=f"10.0.0.{i + 1}", pool="nodes", local_ip=ip)
+        for i, ip in enumerate(local_ips)
+    )
+    return Cluster(
+        inventory="t.ini",
+        engine="sglang",
+        layout="tp",
+        model="moonshotai/Kimi-K2-Instruct",
+        model_dir="/m",
+        gpu="h200",
+        gpus_per_node=8,
+        hosts=hosts,
+        tunables=Tunables.model_validate(tunables),
+    )
 
 
 def test_socket_interface_rules() -> None:
@@ -121,7 +142,9 @@ def test_socket_interface_rules() -> None:
     assert socket_ifname(one, one.hosts[0]) == (None, ())
     assert socket_env(None) == {}
     assert set(socket_env("x", nvshmem=True)) == {
-        "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
     }
 
 

@@ -15,9 +15,15 @@ def plan(**tunables: object) -> Plan:
     host = HostSpec(name="kt-01", address="10.9.0.4", pool="nodes", local_ip="10.9.0.4")
     return build_plan(
         Cluster(
-            inventory="test.ini", engine="ktransformers", layout="single",
-            model="moonshotai/Kimi-K2-Instruct", model_dir="/models/K2", gpu="h200",
-            gpus_per_node=8, context_length=30000, hosts=(host,),
+            inventory="test.ini",
+            engine="ktransformers",
+            layout="single",
+            model="moonshotai/Kimi-K2-Instruct",
+            model_dir="/models/K2",
+            gpu="h200",
+            gpus_per_node=8,
+            context_length=30000,
+            hosts=(host,),
             tunables=Tunables.model_validate(tunables),
         )
     )
@@ -58,12 +64,15 @@ def test_cpu_threads_and_pools_come_from_the_host() -> None:
     values = {v.name: v for v in proc.resolve}
     # Physical cores minus the GPUs the server drives.
     assert (values["K2_KT_CPUINFER"].kind, values["K2_KT_CPUINFER"].arg) == (
-        "physical-cores-minus", "1"
+        "physical-cores-minus",
+        "1",
     )
     assert values["K2_NUMA_NODES"].kind == "numa-nodes"
     script = launch_script(proc, "/etc/k2provision")
-    assert 'K2_KT_CPUINFER=$(python3 /etc/k2provision/launch/k2-host-values.py ' \
+    assert (
+        "K2_KT_CPUINFER=$(python3 /etc/k2provision/launch/k2-host-values.py "
         "physical-cores-minus 1)" in script
+    )
     assert '--kt-cpuinfer "${K2_KT_CPUINFER}"' in script
 
 

@@ -17,8 +17,13 @@ GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 IB = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
 # Flags the seeds use that the pinned release renamed, rejects or deprecates.
 STALE_FLAGS = (
-    "--enable-deepep-moe", "--enable-ep-moe", "--nccl-init-addr", "--cuda-graph-bs",
-    "--enable-dp-attention", "--dp-size", "--tp",
+    "--enable-deepep-moe",
+    "--enable-ep-moe",
+    "--nccl-init-addr",
+    "--cuda-graph-bs",
+    "--enable-dp-attention",
+    "--dp-size",
+    "--tp",
 )
 
 
@@ -28,31 +33,55 @@ def tp_cluster(nodes: int = 2, **tunables: object) -> Cluster:
         for i in range(nodes)
     )
     return Cluster(
-        inventory="test.ini", engine="sglang", layout="tp", model="moonshotai/Kimi-K2-Instruct",
-        model_dir="/models/k2", gpu="h200", gpus_per_node=8, context_length=131072, hosts=hosts,
+        inventory="test.ini",
+        engine="sglang",
+        layout="tp",
+        model="moonshotai/Kimi-K2-Instruct",
+        model_dir="/models/k2",
+        gpu="h200",
+        gpus_per_node=8,
+        context_length=131072,
+        hosts=hosts,
         tunables=Tunables(**tunables),  # type: ignore[arg-type]
     )
 
 
 def pd_cluster(
-    prefill: int = 2, decode: int = 3, *, router: str | None = None, lab: bool = False,
-    ib: dict[str, tuple[str, ...]] | None = None, **tunables: object,
+    prefill: int = 2,
+    decode: int = 3,
+    *,
+    router: str | None = None,
+    lab: bool = False,
+    ib: dict[str, tuple[str, ...]] | None = None,
+    **tunables: object,
 ) -> Cluster:
     hosts: list[HostSpec] = []
     for pool, count, net in (("prefill", prefill, 2), ("decode", decode, 3)):
         for i in range(count):
             name = f"{pool[0]}{i}"
-            hosts.append(HostSpec(
-                name=name, address=f"10.{net}.0.{i + 1}", pool=pool,  # type: ignore[arg-type]
-                local_ip=f"192.168.{net}.{i + 1}",
-                ib_devices=IB if ib is None else ib.get(name, ()),
-            ))
+            hosts.append(
+                HostSpec(
+                    name=name,
+                    address=f"10.{net}.0.{i + 1}",
+                    pool=pool,  # type: ignore[arg-type]
+                    local_ip=f"192.168.{net}.{i + 1}",
+                    ib_devices=IB if ib is None else ib.get(name, ()),
+                )
+            )
     if router and router not in {h.name for h in hosts}:
         hosts.append(HostSpec(name=router, address="10.9.0.1", pool="router", local_ip="10.9.0.1"))
     return Cluster(
-        inventory="test.ini", engine="sglang", layout="pd", model="moonshotai/Kimi-K2-Instruct",
-        model_dir="/models/k2", gpu="h200", gpus_per_node=8, context_length=32768,
-        hosts=tuple(hosts), router=router or "p0", lab=lab,
+        inventory="test.ini",
+        engine="sglang",
+        layout="pd",
+        model="moonshotai/Kimi-K2-Instruct",
+        model_dir="/models/k2",
+        gpu="h200",
+        gpus_per_node=8,
+        context_length=32768,
+        hosts=tuple(hosts),
+        router=router or "p0",
+        lab=lab,
         tunables=Tunables(**tunables),  # type: ignore[arg-type]
     )
 
@@ -126,10 +155,15 @@ def test_tp_only_rank_zero_is_gated() -> None:
 
 
 def test_tp_ports_and_names_follow_tunables() -> None:
-    plan = build_plan(tp_cluster(
-        nodes=2, sglang_port=31000, dist_port=6000, served_model_name="k2",
-        socket_ifname="ib0",
-    ))
+    plan = build_plan(
+        tp_cluster(
+            nodes=2,
+            sglang_port=31000,
+            dist_port=6000,
+            served_model_name="k2",
+            socket_ifname="ib0",
+        )
+    )
     proc = servers(plan, "nodes")[1]
     assert flag(proc.argv, "--port") == "31000"
     assert flag(proc.argv, "--dist-init-addr") == "10.1.0.1:6000"
@@ -149,7 +183,9 @@ def test_socket_interface_is_found_on_each_host_unless_named() -> None:
         assert proc.env["GLOO_SOCKET_IFNAME"] == "${K2_SOCKET_IFNAME}"
         (value,) = proc.resolve
         assert (value.name, value.kind, value.arg) == (
-            "K2_SOCKET_IFNAME", "ifname-of", f"10.1.0.{plan.host(host.name).node_rank + 1}"
+            "K2_SOCKET_IFNAME",
+            "ifname-of",
+            f"10.1.0.{plan.host(host.name).node_rank + 1}",
         )
         assert "/etc/k2provision/launch/k2-host-values.py" in host.files
     assert plan.warnings == ()
@@ -157,9 +193,14 @@ def test_socket_interface_is_found_on_each_host_unless_named() -> None:
 
 def test_a_local_ip_that_is_a_name_cannot_give_an_interface() -> None:
     cluster = tp_cluster()
-    named = cluster.model_copy(update={"hosts": tuple(
-        h.model_copy(update={"local_ip": f"node{i}.cluster"}) for i, h in enumerate(cluster.hosts)
-    )})
+    named = cluster.model_copy(
+        update={
+            "hosts": tuple(
+                h.model_copy(update={"local_ip": f"node{i}.cluster"})
+                for i, h in enumerate(cluster.hosts)
+            )
+        }
+    )
     plan = build_plan(named)
     for proc in all_processes(plan):
         assert "NCCL_SOCKET_IFNAME" not in proc.env
@@ -236,8 +277,11 @@ def test_prod_shared_pd_flags(prod: Plan) -> None:
     for proc in servers(prod, "prefill") + servers(prod, "decode"):
         argv = proc.argv
         for switch in (
-            "--enable-dp-lm-head", "--disable-shared-experts-fusion",
-            "--enable-two-batch-overlap", "--disable-radix-cache", "--trust-remote-code",
+            "--enable-dp-lm-head",
+            "--disable-shared-experts-fusion",
+            "--enable-two-batch-overlap",
+            "--disable-radix-cache",
+            "--trust-remote-code",
         ):
             assert switch in argv, switch
         assert flag(argv, "--moe-dense-tp-size") == "1"
@@ -327,8 +371,9 @@ def test_pd_sizes_follow_pool_plan() -> None:
 
 
 def test_pd_spare_experts_follow_tunables_and_never_go_without_eplb() -> None:
-    plan = build_plan(pd_cluster(prefill=2, decode=2, prefill_redundant_experts=0,
-                                 decode_redundant_experts=32))
+    plan = build_plan(
+        pd_cluster(prefill=2, decode=2, prefill_redundant_experts=0, decode_redundant_experts=32)
+    )
     for proc in servers(plan, "prefill"):
         assert "--ep-num-redundant-experts" not in proc.argv
         assert "--enable-eplb" in proc.argv  # rebalancing pays without spare slots too
@@ -354,10 +399,14 @@ def test_pd_servers_pin_nccl_gloo_and_nvshmem_to_the_local_ip_interface() -> Non
                 assert "NCCL_SOCKET_IFNAME" not in proc.env
                 continue
             (value,) = proc.resolve
-            assert value.arg == next(h.local_ip for h in pd_cluster(2, 2).hosts
-                                     if h.name == host.name)
-            for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
-                        "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"):
+            assert value.arg == next(
+                h.local_ip for h in pd_cluster(2, 2).hosts if h.name == host.name
+            )
+            for var in (
+                "NCCL_SOCKET_IFNAME",
+                "GLOO_SOCKET_IFNAME",
+                "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
+            ):
                 assert proc.env[var] == "${K2_SOCKET_IFNAME}"
 
 
@@ -383,9 +432,14 @@ def test_pd_ib_devices_are_per_host_and_omitted_without_any() -> None:
     ib = {"p0": ("mlx5_0",), "p1": ("mlx5_4", "mlx5_5"), "d0": IB, "d1": ()}
     plan = build_plan(pd_cluster(prefill=2, decode=2, ib=ib))
     got = {
-        h.name: (flag(p.argv, "--disaggregation-ib-device")
-                 if "--disaggregation-ib-device" in p.argv else None)
-        for h in plan.hosts for p in h.processes if "sglang.launch_server" in p.argv
+        h.name: (
+            flag(p.argv, "--disaggregation-ib-device")
+            if "--disaggregation-ib-device" in p.argv
+            else None
+        )
+        for h in plan.hosts
+        for p in h.processes
+        if "sglang.launch_server" in p.argv
     }
     assert got == {"p0": "mlx5_0", "p1": "mlx5_4,mlx5_5", "d0": ",".join(IB), "d1": None}
 
@@ -414,8 +468,16 @@ def test_pd_cluster_addresses_use_local_ip() -> None:
 
 
 def test_pd_dedicated_router_host() -> None:
-    plan = build_plan(pd_cluster(prefill=2, decode=2, router="gw", bootstrap_port=9000,
-                                 api_port=8080, pd_transfer_backend="nixl"))
+    plan = build_plan(
+        pd_cluster(
+            prefill=2,
+            decode=2,
+            router="gw",
+            bootstrap_port=9000,
+            api_port=8080,
+            pd_transfer_backend="nixl",
+        )
+    )
     gw = plan.host("gw")
     assert gw.role == "router"
     (router,) = gw.processes
@@ -498,8 +560,9 @@ def test_pd_router_limits_follow_the_decode_capacity_unless_set() -> None:
 def test_pd_router_key_is_read_at_launch_and_tls_makes_the_endpoint_https() -> None:
     from k2provision.core.endpoint_guard import API_KEY, TLS_CERT, TLS_KEY, guard_path
 
-    plan = build_plan(pd_cluster(api_key_file="/secret/key", tls_cert_file="/c.pem",
-                                 tls_key_file="/k.pem"))
+    plan = build_plan(
+        pd_cluster(api_key_file="/secret/key", tls_cert_file="/c.pem", tls_key_file="/k.pem")
+    )
     router = procs(plan, "p0")["sglang-router"]
     assert flag(router.argv, "--api-key") == "${K2_API_KEY}"
     (key,) = router.resolve
@@ -510,7 +573,7 @@ def test_pd_router_key_is_read_at_launch_and_tls_makes_the_endpoint_https() -> N
     assert router.health is not None
     assert router.health.url.startswith("https://10.2.0.1:8000/")
     script = plan.host("p0").files["/etc/k2provision/launch/sglang-router.sh"]
-    assert 'K2_API_KEY=$(python3 ' in script
+    assert "K2_API_KEY=$(python3 " in script
     assert "k2provision: K2_API_KEY read from /etc/k2provision/secrets/api_key" in script
     assert '--api-key "${K2_API_KEY}"' in script
     assert "/secret/key" not in script  # the controller's path stays on the controller
@@ -525,10 +588,15 @@ def test_the_launch_role_writes_the_guard_files_where_the_render_reads_them() ->
     from k2provision.core import endpoint_guard
 
     guard = (Path(__file__).resolve().parents[3] / "roles/k2_launch/tasks/guard.yml").read_text()
-    for relative in (endpoint_guard.API_KEY, endpoint_guard.API_KEY_HEADER,
-                     endpoint_guard.API_KEY_YAML, endpoint_guard.TLS_CERT,
-                     endpoint_guard.TLS_KEY, endpoint_guard.TLS_CA):
-        assert f"{{{{ k2_launch_plan.config_dir }}}}/{relative}\"" in guard, relative
+    for relative in (
+        endpoint_guard.API_KEY,
+        endpoint_guard.API_KEY_HEADER,
+        endpoint_guard.API_KEY_YAML,
+        endpoint_guard.TLS_CERT,
+        endpoint_guard.TLS_KEY,
+        endpoint_guard.TLS_CA,
+    ):
+        assert f'{{{{ k2_launch_plan.config_dir }}}}/{relative}"' in guard, relative
 
 
 def test_tp_server_reads_the_api_key_from_the_launch_phases_options_file() -> None:

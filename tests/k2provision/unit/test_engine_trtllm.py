@@ -27,9 +27,16 @@ def cluster(nodes: int = 2, context_length: int | None = None, **tunables: objec
         for i in range(nodes)
     )
     return Cluster(
-        inventory="test.ini", engine="trtllm", layout="tp_ep", model="moonshotai/Kimi-K2-Instruct",
-        model_dir="/models/K2", gpu="h200", gpus_per_node=8, hosts=hosts,
-        context_length=context_length, tunables=Tunables.model_validate(tunables),
+        inventory="test.ini",
+        engine="trtllm",
+        layout="tp_ep",
+        model="moonshotai/Kimi-K2-Instruct",
+        model_dir="/models/K2",
+        gpu="h200",
+        gpus_per_node=8,
+        hosts=hosts,
+        context_length=context_length,
+        tunables=Tunables.model_validate(tunables),
     )
 
 
@@ -78,14 +85,16 @@ def test_yaml_is_identical_on_every_host_and_passes_the_schema() -> None:
 def test_yaml_values() -> None:
     data = rendered_options(plan())
     assert data["cuda_graph_config"] == {
-        "batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128], "enable_padding": True,
+        "batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
+        "enable_padding": True,
     }
     assert data["enable_attention_dp"] is True
     assert data["print_iter_log"] is False
     assert data["enable_chunked_prefill"] is True
     p = plan()
     assert data["kv_cache_config"] == {
-        "free_gpu_memory_fraction": p.fit[0].mem_fraction, "dtype": "fp8",
+        "free_gpu_memory_fraction": p.fit[0].mem_fraction,
+        "dtype": "fp8",
     }
     assert p.fit[0].kv_dtype == "fp8"  # the fit counts the dtype rendered
     assert "padding_enabled" not in yaml.safe_dump(data)
@@ -323,7 +332,9 @@ def test_ssh_client_config_parses(tmp_path: Path) -> None:
     config.write_text(plan().hosts[0].files[f"{SSH_DIR}/ssh_config"])
     out = subprocess.run(
         ["ssh", "-G", "-F", str(config), ADDRESSES[1]],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.splitlines()
     assert "port 2233" in out
     assert "stricthostkeychecking true" in out

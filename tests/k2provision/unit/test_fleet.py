@@ -80,9 +80,7 @@ def test_each_instance_ranks_meet_at_their_own_master() -> None:
     for host in plan.hosts:
         if host.pool == "router":
             continue
-        instance = next(
-            i for p in plan.pools for i in p.instances if host.name in i.hosts
-        )
+        instance = next(i for p in plan.pools for i in p.instances if host.name in i.hosts)
         (server,) = host.processes
         argv = server.argv
         master = next(h.local_ip for h in plan.hosts if h.name == instance.master)
@@ -151,8 +149,12 @@ def test_instance_counts_of_pools_the_layout_lacks_are_refused(tmp_path: Path) -
 
 
 def test_an_engine_without_fleets_refuses_them_naming_what_works(tmp_path: Path) -> None:
-    path = _edited(tmp_path, EXAMPLES / "trtllm-tp-ep.ini", "k2_layout=tp_ep",
-                   "k2_layout=tp_ep\nk2_instances=2")
+    path = _edited(
+        tmp_path,
+        EXAMPLES / "trtllm-tp-ep.ini",
+        "k2_layout=tp_ep",
+        "k2_layout=tp_ep\nk2_instances=2",
+    )
     with pytest.raises(PlanError) as caught:
         _plan(path)
     (line,) = caught.value.problems
@@ -168,8 +170,12 @@ def test_a_vllm_fleet_is_replicas_behind_the_router_on_the_private_address(
     k2_local_ip and k2_vllm_port and registered by the launch with its model id (the router
     starts without them, gated on its liveness); the router alone is the endpoint, holds the
     key, and is scraped on its metrics port only."""
-    path = _edited(tmp_path, TP_FLEET, "k2_engine=sglang\nk2_layout=tp",
-                   f"k2_engine=vllm\nk2_layout={layout}\nk2_api_key_file=/etc/k2/key")
+    path = _edited(
+        tmp_path,
+        TP_FLEET,
+        "k2_engine=sglang\nk2_layout=tp",
+        f"k2_engine=vllm\nk2_layout={layout}\nk2_api_key_file=/etc/k2/key",
+    )
     plan = _plan(path)
     heads = [i.master for i in plan.pools[0].instances]
     assert heads == ["node-01", "node-03", "node-05", "node-07"]

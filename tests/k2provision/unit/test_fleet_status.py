@@ -74,9 +74,7 @@ def test_a_single_instance_plan_has_no_instances() -> None:
 def test_the_fleet_line_counts_each_pools_instances_up_and_the_routers_load() -> None:
     plan = _plan(EXAMPLES / "sglang-pd-fleet-32.ini")
     urls = [i.url for p in plan.pools for i in p.instances]
-    workers = [
-        RouterWorker(url=u, kind="x", healthy=n != 3, load=n) for n, u in enumerate(urls)
-    ]
+    workers = [RouterWorker(url=u, kind="x", healthy=n != 3, load=n) for n, u in enumerate(urls)]
     fleet = fleet_status(plan, [], workers)
     assert fleet_line(fleet, workers) == (
         "fleet: 3/4 instances up (prefill 2/2, decode 1/2), 6 requests in flight"
@@ -87,8 +85,12 @@ def test_the_fleet_line_counts_each_pools_instances_up_and_the_routers_load() ->
 
 
 def test_the_routers_load_is_read_from_its_worker_list() -> None:
-    body = {"workers": [{"url": "http://a:1", "worker_type": "regular", "is_healthy": True,
-                         "load": 2}, {"url": "http://b:1", "is_healthy": False}]}
+    body = {
+        "workers": [
+            {"url": "http://a:1", "worker_type": "regular", "is_healthy": True, "load": 2},
+            {"url": "http://b:1", "is_healthy": False},
+        ]
+    }
     assert [(w.url, w.healthy, w.load) for w in router_workers(body)] == [
         ("http://a:1", True, 2),
         ("http://b:1", False, None),

@@ -30,20 +30,36 @@ def test_endpoint_address_takes_the_schemes_port_when_none_is_named() -> None:
 
 
 def test_forward_argv_keeps_ansibles_options_and_asks_for_the_forward_only() -> None:
-    target = ssh_target("h1", {"ansible_host": "10.0.0.5", "ansible_user": "ops",
-                               "ansible_ssh_common_args": "-o ProxyJump=ops@bastion"})
+    target = ssh_target(
+        "h1",
+        {
+            "ansible_host": "10.0.0.5",
+            "ansible_user": "ops",
+            "ansible_ssh_common_args": "-o ProxyJump=ops@bastion",
+        },
+    )
     argv = forward_argv(target, 40001, ("fd00::1", 8000))
     assert argv[0] == "ssh"
-    assert argv[1:6] == ["-N", "-o", "ExitOnForwardFailure=yes", "-L",
-                         "127.0.0.1:40001:[fd00::1]:8000"]
+    assert argv[1:6] == [
+        "-N",
+        "-o",
+        "ExitOnForwardFailure=yes",
+        "-L",
+        "127.0.0.1:40001:[fd00::1]:8000",
+    ]
     assert "ProxyJump=ops@bastion" in argv
     assert argv[-1] == "10.0.0.5"
 
 
 class Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = json.dumps({"host": self.headers["Host"], "path": self.path,
-                           "auth": self.headers.get("Authorization")}).encode()
+        body = json.dumps(
+            {
+                "host": self.headers["Host"],
+                "path": self.path,
+                "auth": self.headers.get("Authorization"),
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -70,8 +86,11 @@ def test_a_dialled_connection_reaches_the_local_port_and_names_the_endpoint(serv
     conn.request("GET", "/v1/models", headers={"Authorization": "Bearer k"})
     reply = conn.getresponse()
     assert reply.status == 200
-    assert json.loads(reply.read()) == {"host": "k2-endpoint.invalid:8000",
-                                        "path": "/v1/models", "auth": "Bearer k"}
+    assert json.loads(reply.read()) == {
+        "host": "k2-endpoint.invalid:8000",
+        "path": "/v1/models",
+        "auth": "Bearer k",
+    }
     conn.close()
 
 

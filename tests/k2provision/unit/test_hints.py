@@ -216,11 +216,14 @@ def test_pd_on_80_gb_gpus_is_offered_the_largest_decode_batch_that_fits(tmp_path
     default = Tunables.model_fields["cuda_graph_max_bs_decode"].default
     assert value < default
     setup = SETUPS["sglang-pd-4p12d-h100"]
-    assert plans(replace(setup, variables={**setup.variables,
-                                           "k2_cuda_graph_max_bs_decode": str(value)}), tmp_path)
+    assert plans(
+        replace(setup, variables={**setup.variables, "k2_cuda_graph_max_bs_decode": str(value)}),
+        tmp_path,
+    )
     # The next larger value tried does not fit: the hint is the largest batch that does.
     (knob,) = sglang.BATCH_TUNABLES
     bigger = min(v for v in (*knob.candidates, default) if v > value)
-    assert not plans(replace(setup, variables={**setup.variables,
-                                               "k2_cuda_graph_max_bs_decode": str(bigger)}),
-                     tmp_path)
+    assert not plans(
+        replace(setup, variables={**setup.variables, "k2_cuda_graph_max_bs_decode": str(bigger)}),
+        tmp_path,
+    )

@@ -83,8 +83,11 @@ def write_forms(tmp_path: Path) -> dict[str, Path]:
     )
     (inv / "host_vars" / "d2").mkdir()
     (inv / "host_vars" / "d2" / "address.yml").write_text("ansible_host: 10.1.0.12\n")
-    return {"ini": tmp_path / "ini" / "cluster.ini", "yaml": tmp_path / "yaml" / "cluster.yml",
-            "dir": inv}
+    return {
+        "ini": tmp_path / "ini" / "cluster.ini",
+        "yaml": tmp_path / "yaml" / "cluster.yml",
+        "dir": inv,
+    }
 
 
 def test_three_forms_plan_to_identical_json(tmp_path: Path, host_trap: HostTrap) -> None:
@@ -96,7 +99,10 @@ def test_three_forms_plan_to_identical_json(tmp_path: Path, host_trap: HostTrap)
     assert outputs["ini"] == outputs["yaml"] == outputs["dir"]
     plan = json.loads(outputs["ini"])
     assert [(h["name"], h["role"], h["node_rank"]) for h in plan["hosts"]] == [
-        ("p1", "prefill", 0), ("p2", "prefill", 1), ("d1", "decode", 0), ("d2", "decode", 1),
+        ("p1", "prefill", 0),
+        ("p2", "prefill", 1),
+        ("d1", "decode", 0),
+        ("d2", "decode", 1),
     ]
     assert plan["endpoint"] == "http://10.1.0.2:8000"  # the [router] host
 
@@ -106,7 +112,11 @@ def ansible_inventory_view(path: Path) -> tuple[dict[str, list[str]], dict[str, 
     from `ansible-inventory --list`."""
     listed = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(path), "--list"],
-        check=True, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     doc = json.loads(listed.stdout)
 
@@ -213,7 +223,11 @@ def test_ansible_playbook_plans_the_same_from_every_form(
     playbook.write_text(SHOW_DIGEST.format(plan=ROOT / "playbooks" / "plan.yml"))
     run = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(path), str(playbook)],
-        check=False, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"DIGEST={plan_digest(build_plan(load_cluster(path)))}" in run.stdout

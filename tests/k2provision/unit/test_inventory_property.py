@@ -43,8 +43,10 @@ class Inventory:
         for group, hosts in self.groups.items():
             lines.append(f"[{group}]")
             for host in hosts:
-                hv = "" if host in placed else " ".join(
-                    f"{k}={v}" for k, v in self.host_vars.get(host, {}).items()
+                hv = (
+                    ""
+                    if host in placed
+                    else " ".join(f"{k}={v}" for k, v in self.host_vars.get(host, {}).items())
                 )
                 lines.append(f"{host} {hv}".strip())
                 placed.add(host)

@@ -27,55 +27,117 @@ HOSTILE = ["$(touch pwned)", "`touch pwned`", "a;touch pwned", "a|b", "a&b", "a>
            "a\\b", "a*", "a(b)", "a{b}"]  # fmt: skip
 
 CASES: list[tuple[str, str, tuple[str, ...]]] = [
-    *[(f"config-dir-{i}", with_vars(f"k2_config_dir=/etc/k2{v}"), ("k2_config_dir", "expected"))
-      for i, v in enumerate(HOSTILE)],
-    *[(f"model-dir-{i}", with_vars(f"k2_model_dir=/models/x{v}"), ("k2_model_dir", "expected"))
-      for i, v in enumerate(HOSTILE[:4])],
-    *[(f"served-name-{i}", with_vars(f"k2_served_model_name=k{v}"),
-       ("k2_served_model_name", "shell metacharacters")) for i, v in enumerate(HOSTILE[:4])],
+    *[
+        (f"config-dir-{i}", with_vars(f"k2_config_dir=/etc/k2{v}"), ("k2_config_dir", "expected"))
+        for i, v in enumerate(HOSTILE)
+    ],
+    *[
+        (f"model-dir-{i}", with_vars(f"k2_model_dir=/models/x{v}"), ("k2_model_dir", "expected"))
+        for i, v in enumerate(HOSTILE[:4])
+    ],
+    *[
+        (
+            f"served-name-{i}",
+            with_vars(f"k2_served_model_name=k{v}"),
+            ("k2_served_model_name", "shell metacharacters"),
+        )
+        for i, v in enumerate(HOSTILE[:4])
+    ],
     ("socket-ifname", with_vars("k2_socket_ifname=eth0;reboot"), ("k2_socket_ifname", "expected")),
-    ("host-name-dollar", HOSTS.replace("n2 ansible", "n$(id) ansible") + BASE,
-     ("n$(id)", "host name", "fix: rename")),
-    ("host-name-backtick", HOSTS.replace("n2 ansible", "n`id` ansible") + BASE,
-     ("n`id`", "host name", "fix: rename")),
+    (
+        "host-name-dollar",
+        HOSTS.replace("n2 ansible", "n$(id) ansible") + BASE,
+        ("n$(id)", "host name", "fix: rename"),
+    ),
+    (
+        "host-name-backtick",
+        HOSTS.replace("n2 ansible", "n`id` ansible") + BASE,
+        ("n`id`", "host name", "fix: rename"),
+    ),
     ("address-shell", HOSTS.replace("10.0.0.2", "h;id") + BASE, ("n2", "ansible_host=h;id")),
     ("zone-id", HOSTS.replace("10.0.0.2", "fe80::1%eth0") + BASE, ("n2", "zone id", "fix:")),
-    ("local-ip-zone", with_vars("k2_local_ip=fe80::2%eth0", hosts=HOSTS.replace(
-        "n2 ansible_host=10.0.0.2", "n2 ansible_host=10.0.0.2 k2_local_ip=fe80::2%eth0")),
-     ("zone id",)),
-    ("api-port-is-ssh", with_vars("k2_api_port=22"),
-     ("n1, n2", "k2_api_port=22", "SSH port", "fix:")),
-    ("api-port-is-custom-ssh", HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_port=2200") + BASE
-     + "k2_api_port=2200\n", ("n1", "k2_api_port=2200", "SSH port")),
+    (
+        "local-ip-zone",
+        with_vars(
+            "k2_local_ip=fe80::2%eth0",
+            hosts=HOSTS.replace(
+                "n2 ansible_host=10.0.0.2", "n2 ansible_host=10.0.0.2 k2_local_ip=fe80::2%eth0"
+            ),
+        ),
+        ("zone id",),
+    ),
+    (
+        "api-port-is-ssh",
+        with_vars("k2_api_port=22"),
+        ("n1, n2", "k2_api_port=22", "SSH port", "fix:"),
+    ),
+    (
+        "api-port-is-custom-ssh",
+        HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_port=2200") + BASE + "k2_api_port=2200\n",
+        ("n1", "k2_api_port=2200", "SSH port"),
+    ),
     ("dist-port-span", with_vars("k2_dist_port=65533"), ("k2_dist_port=65533", "at most 65529")),
     ("unspecified", HOSTS.replace("10.0.0.2", "0.0.0.0") + BASE, ("n2", "unspecified")),
     ("unspecified-v6", HOSTS.replace("10.0.0.2", "::") + BASE, ("n2", "unspecified")),
     ("broadcast", HOSTS.replace("10.0.0.2", "255.255.255.255") + BASE, ("n2", "broadcast")),
     ("multicast", HOSTS.replace("10.0.0.2", "224.0.0.1") + BASE, ("n2", "multicast")),
-    ("loopback-multi-node", HOSTS.replace("10.0.0.2", "127.0.0.2") + BASE,
-     ("n2", "ansible_host=127.0.0.2", "loopback", "fix:")),
-    ("localhost-multi-node", HOSTS.replace("10.0.0.2", "localhost") + BASE,
-     ("n2", "ansible_host=localhost", "loopback")),
-    ("loopback-local-ip", HOSTS.replace("10.0.0.2", "10.0.0.2 k2_local_ip=::1") + BASE,
-     ("n2", "k2_local_ip=::1", "loopback")),
-    ("dns-case", "[nodes]\nn1 ansible_host=gpu1.example\nn2 ansible_host=GPU1.example\n" + BASE,
-     ("n2", "GPU1.example", "spelt another way")),
-    ("dns-dot", "[nodes]\nn1 ansible_host=gpu1.example\nn2 ansible_host=gpu1.example.\n" + BASE,
-     ("n2", "gpu1.example.", "spelt another way")),
-    ("seed-not-in-inventory", with_vars("k2_weights_source=dir", "k2_weights_source_host=zz"),
-     ("k2_weights_source_host=zz", "not a host", "fix:")),
-    ("hub-without-revision", with_vars("k2_weights_source=hub"),
-     ("k2_weights_source=hub", "k2_weights_revision", "fix:")),
-    ("synthetic-not-lab", with_vars("k2_weights_source=synthetic"),
-     ("k2_weights_source=synthetic", "not a lab", "fix:")),
-    ("trtllm-tunable-on-sglang", with_vars("k2_trtllm_max_batch_size=64"),
-     ("k2_trtllm_max_batch_size=64", "read only by trtllm", "fix: remove")),
+    (
+        "loopback-multi-node",
+        HOSTS.replace("10.0.0.2", "127.0.0.2") + BASE,
+        ("n2", "ansible_host=127.0.0.2", "loopback", "fix:"),
+    ),
+    (
+        "localhost-multi-node",
+        HOSTS.replace("10.0.0.2", "localhost") + BASE,
+        ("n2", "ansible_host=localhost", "loopback"),
+    ),
+    (
+        "loopback-local-ip",
+        HOSTS.replace("10.0.0.2", "10.0.0.2 k2_local_ip=::1") + BASE,
+        ("n2", "k2_local_ip=::1", "loopback"),
+    ),
+    (
+        "dns-case",
+        "[nodes]\nn1 ansible_host=gpu1.example\nn2 ansible_host=GPU1.example\n" + BASE,
+        ("n2", "GPU1.example", "spelt another way"),
+    ),
+    (
+        "dns-dot",
+        "[nodes]\nn1 ansible_host=gpu1.example\nn2 ansible_host=gpu1.example.\n" + BASE,
+        ("n2", "gpu1.example.", "spelt another way"),
+    ),
+    (
+        "seed-not-in-inventory",
+        with_vars("k2_weights_source=dir", "k2_weights_source_host=zz"),
+        ("k2_weights_source_host=zz", "not a host", "fix:"),
+    ),
+    (
+        "hub-without-revision",
+        with_vars("k2_weights_source=hub"),
+        ("k2_weights_source=hub", "k2_weights_revision", "fix:"),
+    ),
+    (
+        "synthetic-not-lab",
+        with_vars("k2_weights_source=synthetic"),
+        ("k2_weights_source=synthetic", "not a lab", "fix:"),
+    ),
+    (
+        "trtllm-tunable-on-sglang",
+        with_vars("k2_trtllm_max_batch_size=64"),
+        ("k2_trtllm_max_batch_size=64", "read only by trtllm", "fix: remove"),
+    ),
     ("vllm-tunable-on-sglang", with_vars("k2_vllm_max_num_seqs=64"), ("read only by vllm",)),
     ("pd-tunable-on-tp", with_vars("k2_pd_timeout_s=100"), ("k2_pd_timeout_s=100", "layout pd")),
-    ("kt-tunable-on-vllm", with_vars("k2_ktransformers_cache_lens=100", base=VLLM),
-     ("read only by ktransformers",)),
-    ("image-upper", with_vars("k2_image=LMSYS/SGLang:latest"), ("k2_image=LMSYS/SGLang:latest",
-     "not an image reference", "fix:")),
+    (
+        "kt-tunable-on-vllm",
+        with_vars("k2_ktransformers_cache_lens=100", base=VLLM),
+        ("read only by ktransformers",),
+    ),
+    (
+        "image-upper",
+        with_vars("k2_image=LMSYS/SGLang:latest"),
+        ("k2_image=LMSYS/SGLang:latest", "not an image reference", "fix:"),
+    ),
     ("image-digest", with_vars("k2_image=lmsysorg/sglang@sha256:abc"), ("not an image reference",)),
     ("router-image", with_vars("k2_router_image=a//b"), ("k2_router_image=a//b",)),
 ]

@@ -67,8 +67,11 @@ def nodes_inventory(extra: str) -> str:
         ("k2_served_model_name=42\n", lambda c: c.tunables.served_model_name == "42"),
         ("k2_nvidia_driver_manage=false\nk2_launch_gate_delay=2\n", lambda c: True),
         ("k2_nccl_check_args={{ k2_extra_nccl_args | default([]) }}\n", lambda c: True),
-        ("k2_model=moonshotai/Kimi-K2-Instruct\nk2_model_dir=/models/{{ k2_model | basename }}\n",
-         lambda c: c.model_dir == "/models/Kimi-K2-Instruct"),
+        (
+            "k2_model=moonshotai/Kimi-K2-Instruct\n"
+            "k2_model_dir=/models/{{ k2_model | basename }}\n",
+            lambda c: c.model_dir == "/models/Kimi-K2-Instruct",
+        ),
     ],
 )
 def test_good_values_are_read(tmp_path: Path, text: str, check: Any) -> None:
@@ -98,15 +101,16 @@ def test_the_host_that_differs_is_named_once(tmp_path: Path) -> None:
     hosts = "".join(f"g{i} ansible_host=10.0.0.{i}\n" for i in range(1, 17))
     inv = write(
         tmp_path,
-        "[nodes]\n" + hosts.replace("g1 ansible_host=10.0.0.1", "g1 ansible_host=10.0.0.1 "
-                                    "k2_gpus_per_node=4")
+        "[nodes]\n"
+        + hosts.replace("g1 ansible_host=10.0.0.1", "g1 ansible_host=10.0.0.1 k2_gpus_per_node=4")
         + "[all:vars]\nk2_engine=vllm\nk2_layout=tp_pp\nk2_gpus_per_node=8\n",
     )
     with pytest.raises(InventoryError) as info:
         load_cluster(inv)
     (line,) = info.value.problems
-    assert line.startswith("g1: k2_gpus_per_node=4 differs from the other 15 hosts' "
-                           "k2_gpus_per_node=8")
+    assert line.startswith(
+        "g1: k2_gpus_per_node=4 differs from the other 15 hosts' k2_gpus_per_node=8"
+    )
 
 
 def test_host_port_brackets_ipv6_only() -> None:
@@ -129,8 +133,12 @@ def all_strings(plan: Any) -> list[str]:
 @pytest.mark.parametrize(
     ("engine", "layout", "groups"),
     [
-        ("sglang", "pd", "[prefill]\np1 ansible_host=fd00:100::1\np2 ansible_host=fd00:100::2\n"
-                         "[decode]\nd1 ansible_host=fd00:100::3\nd2 ansible_host=fd00:100::4\n"),
+        (
+            "sglang",
+            "pd",
+            "[prefill]\np1 ansible_host=fd00:100::1\np2 ansible_host=fd00:100::2\n"
+            "[decode]\nd1 ansible_host=fd00:100::3\nd2 ansible_host=fd00:100::4\n",
+        ),
         ("sglang", "tp", "[nodes]\nn1 ansible_host=fd00:100::1\nn2 ansible_host=fd00:100::2\n"),
         ("vllm", "tp", "[nodes]\nn1 ansible_host=fd00:100::1\nn2 ansible_host=fd00:100::2\n"),
         ("vllm", "dp_ep", "[nodes]\nn1 ansible_host=fd00:100::1\nn2 ansible_host=fd00:100::2\n"),

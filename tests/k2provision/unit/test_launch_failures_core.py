@@ -116,18 +116,26 @@ URL_GATE = HealthGate(url="http://10.0.0.1:30000/health", timeout_s=600)
 
 def proc(name: str = "sglang-decode", **kw: object) -> Process:
     fields: dict[str, object] = {
-        "name": name, "container": "k2-sglang", "image": "img", "argv": ("x",), **kw
+        "name": name,
+        "container": "k2-sglang",
+        "image": "img",
+        "argv": ("x",),
+        **kw,
     }
     return Process.model_validate(fields)
 
 
 def test_probe_asks_for_each_process_and_gate() -> None:
-    command = lg.probe_command([
-        proc(health=URL_GATE),
-        proc("ray-head", exec_in=True, health=HealthGate(command=("ray", "status"))),
-    ])
-    assert "echo S0 $(docker container inspect -f '{{.State.Status}} {{.State.ExitCode}}' " \
+    command = lg.probe_command(
+        [
+            proc(health=URL_GATE),
+            proc("ray-head", exec_in=True, health=HealthGate(command=("ray", "status"))),
+        ]
+    )
+    assert (
+        "echo S0 $(docker container inspect -f '{{.State.Status}} {{.State.ExitCode}}' "
         "k2-sglang" in command
+    )
     assert "http://10.0.0.1:30000/health" in command
     assert "/run/k2-ray-head.pid" in command
     assert "docker exec k2-sglang ray status >/dev/null 2>&1; echo G1 $?" in command
@@ -181,7 +189,14 @@ def test_the_summary_keeps_the_first_line_of_a_failure() -> None:
     """A launch failure's message goes on with its gate and log lines; the run summary's
     "first failure" column holds its first line: host, process and reason."""
     tally = Tally()
-    tally.add(HostResult("d1", "Stage | Launch failed (stage 0)", "failed",
-                         "d1: sglang-decode: exited with code 1\ngate: GET http://x\n  | log"))
-    assert tally.failures == {"d1": "Stage | Launch failed (stage 0): d1: sglang-decode: "
-                                    "exited with code 1"}
+    tally.add(
+        HostResult(
+            "d1",
+            "Stage | Launch failed (stage 0)",
+            "failed",
+            "d1: sglang-decode: exited with code 1\ngate: GET http://x\n  | log",
+        )
+    )
+    assert tally.failures == {
+        "d1": "Stage | Launch failed (stage 0): d1: sglang-decode: exited with code 1"
+    }

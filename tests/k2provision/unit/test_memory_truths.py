@@ -90,8 +90,15 @@ def test_the_fit_error_is_derived_from_the_calibration() -> None:
 def test_k2_instruct_at_128k_on_one_h200_node_is_planned_with_a_loud_warning(
     tmp_path: Path,
 ) -> None:
-    plan = plan_of(tmp_path, ONE_NODE, engine="vllm", layout="tp", gpu="h200",
-                   model="moonshotai/Kimi-K2-Instruct", context_length="131072")
+    plan = plan_of(
+        tmp_path,
+        ONE_NODE,
+        engine="vllm",
+        layout="tp",
+        gpu="h200",
+        model="moonshotai/Kimi-K2-Instruct",
+        context_length="131072",
+    )
     (report,) = plan.fit
     assert report.fits
     assert 0 < kv_headroom_gib(report) < fit_error_gib()
@@ -105,8 +112,15 @@ def test_k2_instruct_at_128k_on_one_h200_node_is_planned_with_a_loud_warning(
 
 
 def test_two_nodes_leave_the_edge(tmp_path: Path) -> None:
-    plan = plan_of(tmp_path, TWO_NODES, engine="vllm", layout="tp", gpu="h200",
-                   model="moonshotai/Kimi-K2-Instruct", context_length="131072")
+    plan = plan_of(
+        tmp_path,
+        TWO_NODES,
+        engine="vllm",
+        layout="tp",
+        gpu="h200",
+        model="moonshotai/Kimi-K2-Instruct",
+        context_length="131072",
+    )
     assert kv_headroom_gib(plan.fit[0]) > fit_error_gib()
     assert not [w for w in plan.warnings if "AT THE EDGE" in w]
 
@@ -118,8 +132,7 @@ def test_two_nodes_leave_the_edge(tmp_path: Path) -> None:
 def test_sglang_renders_fp8_kv_only_with_a_backend_that_keeps_it_fp8(
     tmp_path: Path, gpu: str, backend: str
 ) -> None:
-    plan = plan_of(tmp_path, TWO_NODES, engine="sglang", layout="tp", gpu=gpu,
-                   kv_cache_dtype="fp8")
+    plan = plan_of(tmp_path, TWO_NODES, engine="sglang", layout="tp", gpu=gpu, kv_cache_dtype="fp8")
     for argv in processes(plan):
         i = argv.index("--kv-cache-dtype")
         assert argv[i + 1] == "fp8_e4m3"
@@ -146,8 +159,9 @@ def test_the_fp8_rule_catches_the_default_backend(tmp_path: Path) -> None:
 def test_compile_caches_live_on_a_host_volume_under_the_data_dir(
     tmp_path: Path, engine: str
 ) -> None:
-    plan = plan_of(tmp_path, TWO_NODES, engine=engine, layout="tp",
-                   model_dir="/data/models/Kimi-K2-Instruct")
+    plan = plan_of(
+        tmp_path, TWO_NODES, engine=engine, layout="tp", model_dir="/data/models/Kimi-K2-Instruct"
+    )
     cache = f"/data/models/k2-compile-cache/{engine}"
     assert plan.container.compile_cache == cache
     assert any("compile and JIT caches" in why for why in plan.container.reasons.values())
@@ -162,14 +176,16 @@ def test_compile_caches_live_on_a_host_volume_under_the_data_dir(
 
 def test_k2_compile_cache_dir_moves_the_caches_and_the_container_spec(tmp_path: Path) -> None:
     default = plan_of(tmp_path, ONE_NODE, engine="vllm", layout="tp")
-    moved = plan_of(tmp_path, ONE_NODE, engine="vllm", layout="tp",
-                    compile_cache_dir="/scratch/jit")
+    moved = plan_of(
+        tmp_path, ONE_NODE, engine="vllm", layout="tp", compile_cache_dir="/scratch/jit"
+    )
     assert moved.container.compile_cache == "/scratch/jit/vllm"
     proc = moved.hosts[0].processes[0]
     assert proc.env["VLLM_CACHE_ROOT"] == "/scratch/jit/vllm"
     assert proc.env["DG_JIT_CACHE_DIR"] == "/scratch/jit/vllm/deep_gemm"
-    before = run_argv(default.container, default.hosts[0].processes[0], default.config_dir,
-                      default.hosts[0].files)
+    before = run_argv(
+        default.container, default.hosts[0].processes[0], default.config_dir, default.hosts[0].files
+    )
     after = run_argv(moved.container, proc, moved.config_dir, moved.hosts[0].files)
     # The spec hash label differs: a moved cache recreates the container.
     assert [a for a in before if a.startswith(LABEL_HASH)] != [
@@ -198,13 +214,26 @@ def test_one_node_vllm_uses_its_default_executor_and_no_ray(tmp_path: Path) -> N
 
 
 def test_vllm_runs_the_k25_vision_encoder_data_parallel(tmp_path: Path) -> None:
-    plan = plan_of(tmp_path, ONE_NODE, engine="vllm", layout="tp",
-                   model="moonshotai/Kimi-K2.5", context_length="32768")
+    plan = plan_of(
+        tmp_path,
+        ONE_NODE,
+        engine="vllm",
+        layout="tp",
+        model="moonshotai/Kimi-K2.5",
+        context_length="32768",
+    )
     (argv,) = processes(plan)
     assert argv[argv.index("--mm-encoder-tp-mode") + 1] == "data"
     assert rules.check_vllm_encoder(plan) == []
-    text = plan_of(tmp_path, ONE_NODE, engine="vllm", layout="tp",
-                   model="moonshotai/Kimi-K2.5", context_length="32768", multimodal="false")
+    text = plan_of(
+        tmp_path,
+        ONE_NODE,
+        engine="vllm",
+        layout="tp",
+        model="moonshotai/Kimi-K2.5",
+        context_length="32768",
+        multimodal="false",
+    )
     (argv,) = processes(text)
     assert "--mm-encoder-tp-mode" not in argv
     assert "--language-model-only" in argv

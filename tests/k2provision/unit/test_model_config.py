@@ -79,25 +79,45 @@ def test_group_size_changes_the_size() -> None:
     [
         # ModelOpt NVFP4 (nvidia/Kimi-K2-Thinking-NVFP4 style): e2m1 + an FP8 scale per 16.
         (
-            {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-             "exclude_modules": ["*self_attn*", "lm_head"]},
+            {
+                "quant_method": "modelopt",
+                "quant_algo": "NVFP4",
+                "group_size": 16,
+                "exclude_modules": ["*self_attn*", "lm_head"],
+            },
             "nvfp4",
             0.5 + 1 / 16,
         ),
         # AMD Quark MXFP4 (amd/Kimi-K2.5-MXFP4 style): e2m1 + an E8M0 scale per 32.
         (
-            {"quant_method": "quark", "exclude": ["*self_attn*", "lm_head"],
-             "global_quant_config": {"weight": {"dtype": "fp4", "qscheme": "per_group",
-                                                "group_size": 32}}},
+            {
+                "quant_method": "quark",
+                "exclude": ["*self_attn*", "lm_head"],
+                "global_quant_config": {
+                    "weight": {"dtype": "fp4", "qscheme": "per_group", "group_size": 32}
+                },
+            },
             "mxfp4",
             0.5 + 1 / 32,
         ),
         # compressed-tensors NVFP4.
         (
-            {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-             "config_groups": {"g": {"targets": ["Linear"], "weights": {
-                 "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}},
-             "ignore": ["lm_head", "re:.*self_attn.*"]},
+            {
+                "quant_method": "compressed-tensors",
+                "format": "nvfp4-pack-quantized",
+                "config_groups": {
+                    "g": {
+                        "targets": ["Linear"],
+                        "weights": {
+                            "num_bits": 4,
+                            "type": "float",
+                            "strategy": "tensor_group",
+                            "group_size": 16,
+                        },
+                    }
+                },
+                "ignore": ["lm_head", "re:.*self_attn.*"],
+            },
             "nvfp4",
             0.5 + 1 / 16,
         ),
@@ -137,29 +157,39 @@ def test_a_partial_override_keeps_the_entrys_formats() -> None:
         ({"max_position_embeddings": -1, "torch_dtype": "bfloat16"}, "max_position_embeddings=-1"),
         ({"hidden_size": True, "torch_dtype": "bfloat16"}, "hidden_size=true"),
         (
-            {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-             "text_config": {"num_hidden_layers": 61}},
+            {
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "model_type": "kimi_k25",
+                "text_config": {"num_hidden_layers": 61},
+            },
             "quantization_config and torch_dtype: both missing",
         ),
         ({"torch_dtype": "int8"}, "torch_dtype='int8'"),
         ({"quantization_config": {"quant_method": "awq"}}, "quant_method='awq': cannot size"),
-        ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}},
-         "weight_block_size=a list"),
-        ({"quantization_config": {"quant_method": "compressed-tensors"}},
-         "config_groups=null"),
+        (
+            {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}},
+            "weight_block_size=a list",
+        ),
+        ({"quantization_config": {"quant_method": "compressed-tensors"}}, "config_groups=null"),
         ({"text_config": [], "torch_dtype": "bfloat16"}, "text_config=a list"),
         (
             {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3"},
             "not a Kimi-K2 variant",
         ),
         (
-            {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear",
-             "linear_attn_config": {}},
+            {
+                "architectures": ["KimiLinearForCausalLM"],
+                "model_type": "kimi_linear",
+                "linear_attn_config": {},
+            },
             "not a Kimi-K2 variant",
         ),
         (
-            {"architectures": ["DeepseekV3ForCausalLM"], "linear_attn_config": {},
-             "torch_dtype": "bfloat16"},
+            {
+                "architectures": ["DeepseekV3ForCausalLM"],
+                "linear_attn_config": {},
+                "torch_dtype": "bfloat16",
+            },
             "linear_attn_config",
         ),
     ],
@@ -172,17 +202,29 @@ def test_bad_configs_are_refused_naming_the_field(config: Any, names: str) -> No
 
 def test_several_problems_give_one_line_each() -> None:
     with pytest.raises(ConfigProblems) as info:
-        spec_of({"num_attention_heads": 0, "max_position_embeddings": -1, "vocab_size": "big",
-                 "torch_dtype": "bfloat16"})
+        spec_of(
+            {
+                "num_attention_heads": 0,
+                "max_position_embeddings": -1,
+                "vocab_size": "big",
+                "torch_dtype": "bfloat16",
+            }
+        )
     assert len(info.value.problems) == 3
 
 
 @pytest.mark.parametrize(
     "content",
-    ["[]", '"x"', "null", '{"quantization_config": null}', '{"num_attention_heads": "64"}',
-     '{"num_attention_heads": 0, "torch_dtype": "bfloat16"}',
-     '{"max_position_embeddings": -1, "torch_dtype": "bfloat16"}',
-     '{"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3"}'],
+    [
+        "[]",
+        '"x"',
+        "null",
+        '{"quantization_config": null}',
+        '{"num_attention_heads": "64"}',
+        '{"num_attention_heads": 0, "torch_dtype": "bfloat16"}',
+        '{"max_position_embeddings": -1, "torch_dtype": "bfloat16"}',
+        '{"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3"}',
+    ],
 )
 def test_plan_refuses_them_with_one_clear_line_and_exit_2(tmp_path: Path, content: str) -> None:
     config = tmp_path / "config.json"

@@ -192,8 +192,7 @@ def test_lab_exporters_are_the_stand_ins() -> None:
 def test_status_says_where_prometheus_and_grafana_are() -> None:
     plan = plan_of("sglang-pd-1p1d")
     assert where_line(plan, []) == (
-        "monitoring: Prometheus http://10.30.0.5:9090, Grafana http://10.30.0.5:3000 "
-        "(on pd-router)"
+        "monitoring: Prometheus http://10.30.0.5:9090, Grafana http://10.30.0.5:3000 (on pd-router)"
     )
     assert "http://10.30.0.21:9090" in where_line(plan, ["pd-d01"])
     assert "metrics: none" not in where_line(plan, [])

@@ -39,7 +39,8 @@ def test_only_the_host_probe_checks_whether_a_planned_process_lives() -> None:
     askers = [
         *(PACKAGE / "ops").glob("*.py"),
         *(PACKAGE / "commands").glob("*.py"),
-        PACKAGE / "ansible/collections/ansible_collections/k2/cluster/plugins/action"
+        PACKAGE
+        / "ansible/collections/ansible_collections/k2/cluster/plugins/action"
         / "launch_gate.py",
     ]
     assert holders("kill -0", askers) == [str(HOST_PROBE.relative_to(ROOT))]

@@ -166,13 +166,16 @@ def test_multi_node_socket_interface_is_derived_or_warned(tmp_path: Path) -> Non
         plan = build_plan(load_cluster(nodes_inventory(tmp_path, 2, engine, layout)))
         assert not any("k2_socket_ifname" in w for w in plan.warnings)
         assert all(p.resolve for h in plan.hosts for p in h.processes if p.name != "sshd")
-        named = nodes_inventory(tmp_path, 2, engine, layout).read_text().replace(
-            "ansible_host=10.9.0.2", "ansible_host=n2.cluster"
+        named = (
+            nodes_inventory(tmp_path, 2, engine, layout)
+            .read_text()
+            .replace("ansible_host=10.9.0.2", "ansible_host=n2.cluster")
         )
         (tmp_path / "named.ini").write_text(named)
         plan = build_plan(load_cluster(tmp_path / "named.ini"))
-        assert any("k2_socket_ifname is unset and k2_local_ip of n2 is a name" in w
-                   for w in plan.warnings), (engine, plan.warnings)
+        assert any(
+            "k2_socket_ifname is unset and k2_local_ip of n2 is a name" in w for w in plan.warnings
+        ), (engine, plan.warnings)
         pinned = build_plan(
             load_cluster(nodes_inventory(tmp_path, 2, engine, layout, "k2_socket_ifname=bond0\n"))
         )

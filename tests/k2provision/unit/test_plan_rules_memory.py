@@ -26,8 +26,9 @@ KV_DTYPES = ("fp8",)
 CONTEXTS = (None, 131072)
 
 
-def _inventory(engine: str, layout: str, model: str, nodes: int, gpu: str, kv: str,
-               context: int | None) -> str:
+def _inventory(
+    engine: str, layout: str, model: str, nodes: int, gpu: str, kv: str, context: int | None
+) -> str:
     if layout == "pd":
         groups = "[prefill]\np1 ansible_host=10.9.0.1\n[decode]\n" + "".join(
             f"d{i} ansible_host=10.9.1.{i + 1}\n" for i in range(nodes)
@@ -50,9 +51,7 @@ def _inventory(engine: str, layout: str, model: str, nodes: int, gpu: str, kv: s
 def admitted_plans(tmp: Path) -> list[tuple[str, Plan]]:
     """Every plan of the enumeration that the plan accepts, with its name."""
     found = []
-    combos = itertools.product(
-        catalog.MODELS, REGISTRY, NODE_COUNTS, GPUS, KV_DTYPES, CONTEXTS
-    )
+    combos = itertools.product(catalog.MODELS, REGISTRY, NODE_COUNTS, GPUS, KV_DTYPES, CONTEXTS)
     for model, engine, nodes, gpu, kv, context in combos:
         for layout in REGISTRY[engine].LAYOUTS:
             name = f"{engine}-{layout}-{model.split('/')[-1]}-{nodes}n-{gpu}-{kv}-{context}"

@@ -118,7 +118,7 @@ def servers(plan: Plan) -> list[Rendered]:
                 (path,) = [f for f in host.files if f.endswith(TRTLLM_OPTIONS)]
                 options = yaml.safe_load(host.files[path])
                 assert isinstance(options, dict)
-                out.append(trtllm_server(argv[argv.index("trtllm-serve"):], options))
+                out.append(trtllm_server(argv[argv.index("trtllm-serve") :], options))
     return out
 
 

@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_readme_tables_match_the_planner_and_the_tunables() -> None:
     check = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "readme-tables"), "--check"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert check.returncode == 0, check.stdout + check.stderr
 

@@ -153,8 +153,9 @@ def test_without_a_terminal_or_yes_restart_shows_the_set_and_refuses(tmp_path: P
 
 
 def test_an_unknown_host_is_exit_2_naming_it(tmp_path: Path) -> None:
-    out = k2("restart", "inventory/prod.ini", "--limit", "gpu-x01", "--yes", runs=tmp_path,
-             COLUMNS="250")
+    out = k2(
+        "restart", "inventory/prod.ini", "--limit", "gpu-x01", "--yes", runs=tmp_path, COLUMNS="250"
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "'gpu-x01'" in out.stderr
     assert "restart, in stage order" not in out.stdout

@@ -149,7 +149,10 @@ def test_a_fleet_restart_rolls_the_named_instances_and_recreates_the_router_in_p
     # Every host: every instance rolls, one at a time, and only the router is recreated.
     everything = restart_rollout(document, restart_set(document), 1)
     assert [w["instances"] for w in everything["waves"]] == [
-        ["replica-1"], ["replica-2"], ["replica-3"], ["replica-4"]
+        ["replica-1"],
+        ["replica-2"],
+        ["replica-3"],
+        ["replica-4"],
     ]
     assert list(everything["recreate"]) == ["router-01"]
 

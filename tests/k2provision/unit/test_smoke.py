@@ -26,13 +26,20 @@ def answer(message: dict[str, Any], finish: str = "stop") -> dict[str, Any]:
     }
 
 
-def tool_message(arguments: Any = '{"city": "Paris"}', name: str = "get_weather",
-                 **extra: Any) -> dict[str, Any]:
+def tool_message(
+    arguments: Any = '{"city": "Paris"}', name: str = "get_weather", **extra: Any
+) -> dict[str, Any]:
     return {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"id": "functions.get_weather:0", "index": 0, "type": "function",
-                        "function": {"name": name, "arguments": arguments}}],
+        "tool_calls": [
+            {
+                "id": "functions.get_weather:0",
+                "index": 0,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        ],
         **extra,
     }
 
@@ -198,11 +205,20 @@ def test_verify_shows_the_tool_call_or_what_was_wrong() -> None:
 
     good = {
         "chat": smoke_filters.smoke_check(
-            {"status": 200, "json": answer({"role": "assistant", "content": "ready",
-                                            "reasoning_content": "one word"})},
-            "chat", HOST, URL, True),
+            {
+                "status": 200,
+                "json": answer(
+                    {"role": "assistant", "content": "ready", "reasoning_content": "one word"}
+                ),
+            },
+            "chat",
+            HOST,
+            URL,
+            True,
+        ),
         "tool": smoke_filters.smoke_check(
-            {"status": 200, "json": answer(tool_message())}, "tool", HOST, URL),
+            {"status": 200, "json": answer(tool_message())}, "tool", HOST, URL
+        ),
     }
     lines = [line.plain for line in answer_lines(good)]
     assert lines == [
@@ -210,9 +226,15 @@ def test_verify_shows_the_tool_call_or_what_was_wrong() -> None:
         "reasoning: 8 characters, apart from the content",
         'tool call: ok get_weather({"city": "Paris"}) [id functions.get_weather:0]',
     ]
-    wrong = {**good, "tool": smoke_filters.smoke_check(
-        {"status": 200, "json": answer({"role": "assistant", "content": RAW_CALL})},
-        "tool", HOST, URL)}
+    wrong = {
+        **good,
+        "tool": smoke_filters.smoke_check(
+            {"status": 200, "json": answer({"role": "assistant", "content": RAW_CALL})},
+            "tool",
+            HOST,
+            URL,
+        ),
+    }
     lines = [line.plain for line in answer_lines(wrong)]
     assert lines[2] == "tool call: wrong none"
     assert lines[3].startswith(f"{HOST}: POST {URL} (a chat completion with tools) answered")

@@ -293,10 +293,16 @@ def probe_with_docker(host: HostPlan, docker: str) -> str:
     function (no container runtime here; the test is of the script's plumbing)."""
     script_lines = probe_script(host).splitlines()
     lines = [line for line in script_lines if "docker container inspect" in line]
-    script = "\n".join([script_lines[0], f"docker() {{ {docker}; }}",
-                        f'echo "{MARK} now 1769860800"', *lines, f"echo '{MARK} end'"])
-    return subprocess.run(["sh", "-c", script], capture_output=True, text=True,
-                          check=True).stdout
+    script = "\n".join(
+        [
+            script_lines[0],
+            f"docker() {{ {docker}; }}",
+            f'echo "{MARK} now 1769860800"',
+            *lines,
+            f"echo '{MARK} end'",
+        ]
+    )
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
 
 
 def test_the_runtimes_warning_stays_out_of_the_json_and_its_error_is_kept(prod: Plan) -> None:
@@ -304,20 +310,29 @@ def test_the_runtimes_warning_stays_out_of_the_json_and_its_error_is_kept(prod: 
     process = host.processes[0]
     hash_ = spec_hash(prod.container, process, host.files)
     body = inspect_json(hash_).replace("'", "'\\''")
-    warned = probe_with_docker(host, f"echo 'WARN[0000] cgroup v1 is deprecated' >&2; "
-                                     f"printf '%s\\n' '{body}'")
+    warned = probe_with_docker(
+        host, f"echo 'WARN[0000] cgroup v1 is deprecated' >&2; printf '%s\\n' '{body}'"
+    )
     status = host_status(prod, host, warned)
     assert status.processes[0].state == "running"
     assert status.processes[0].spec == "current"
-    gone = host_status(prod, host, probe_with_docker(
-        host, 'echo "Error: no such container $3" >&2; return 125'))
+    gone = host_status(
+        prod, host, probe_with_docker(host, 'echo "Error: no such container $3" >&2; return 125')
+    )
     where = f"{host.name}: {process.name} ({process.container})"
     assert f"{where}: container is missing" in gone.problems
-    failed = host_status(prod, host, probe_with_docker(
-        host, "echo 'Error: acquiring lock 3 for container: resource busy' >&2; return 125"))
+    failed = host_status(
+        prod,
+        host,
+        probe_with_docker(
+            host, "echo 'Error: acquiring lock 3 for container: resource busy' >&2; return 125"
+        ),
+    )
     assert failed.processes[0].state == "unknown"
-    assert (f"{where}: docker container inspect failed: Error: acquiring lock 3 for container: "
-            "resource busy") in failed.problems
+    assert (
+        f"{where}: docker container inspect failed: Error: acquiring lock 3 for container: "
+        "resource busy"
+    ) in failed.problems
     assert not any("missing" in p for p in failed.problems)
 
 
@@ -467,7 +482,7 @@ def test_status_runs_the_gpu_health_checks_now(prod: Plan) -> None:
 def test_status_shows_nvlinks_and_rdma_ports_now(prod: Plan) -> None:
     fixtures = Path(__file__).resolve().parents[2] / "fixtures"
     down = (fixtures / "gpu_health" / "nvidia-smi-nvlink-s-hgx-h100-link-down.txt").read_text()
-    ibstat = (fixtures / "hardware" / "gpud-h100" / "ibstat.47.0.h100.some.down.with.polling.1")
+    ibstat = fixtures / "hardware" / "gpud-h100" / "ibstat.47.0.h100.some.down.with.polling.1"
     host = prod.host("gpu-d01").model_copy(update={"ib_devices": ("mlx5_0", "mlx5_5")})
     script = probe_script(host)
     assert f"{MARK} nvlink" in script

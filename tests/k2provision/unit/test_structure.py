@@ -76,9 +76,7 @@ def imports(module: str, path: Path) -> Iterator[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    return {
-        name: {t for t in imports(name, path) if t != name} for name, path in ALL.items()
-    }
+    return {name: {t for t in imports(name, path) if t != name} for name, path in ALL.items()}
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:

@@ -129,17 +129,29 @@ def test_every_problem_is_reported_at_once() -> None:
 @pytest.mark.parametrize(
     ("data", "path", "fix"),
     [
-        ({"kv_cache_config": {"free_gpu_memory_fraction": 1.5}},
-         "kv_cache_config.free_gpu_memory_fraction", "within the bound"),
+        (
+            {"kv_cache_config": {"free_gpu_memory_fraction": 1.5}},
+            "kv_cache_config.free_gpu_memory_fraction",
+            "within the bound",
+        ),
         ({"kv_cache_config": {"dtype": "int8"}}, "kv_cache_config.dtype", "one of the values"),
-        ({"cache_transceiver_config": {"backend": "ucx"}},
-         "cache_transceiver_config.backend", "one of the values"),
+        (
+            {"cache_transceiver_config": {"backend": "ucx"}},
+            "cache_transceiver_config.backend",
+            "one of the values",
+        ),
         ({"moe_config": {"backend": "DEEPEP"}}, "moe_config.backend", "one of the values"),
         ({"stream_interval": 0}, "stream_interval", "within the bound"),
-        ({"cuda_graph_config": {"batch_sizes": [1, 2], "max_batch_size": 4}},
-         "cuda_graph_config", "consistent"),
-        ({"speculative_config": {"decoding_type": "Medusa"}}, "speculative_config",
-         "one of the values"),
+        (
+            {"cuda_graph_config": {"batch_sizes": [1, 2], "max_batch_size": 4}},
+            "cuda_graph_config",
+            "consistent",
+        ),
+        (
+            {"speculative_config": {"decoding_type": "Medusa"}},
+            "speculative_config",
+            "one of the values",
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(data: dict[str, Any], path: str, fix: str) -> None:
@@ -186,8 +198,13 @@ def test_a_full_disaggregation_style_config_validates() -> None:
 
 def test_speculative_model_dir_is_accepted_as_an_alias() -> None:
     options = validate_extra_llm_api_options(
-        {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3,
-                                "speculative_model_dir": "/models/draft"}}
+        {
+            "speculative_config": {
+                "decoding_type": "Eagle3",
+                "max_draft_len": 3,
+                "speculative_model_dir": "/models/draft",
+            }
+        }
     )
     assert options.speculative_config is not None
     assert options.speculative_config.speculative_model == "/models/draft"

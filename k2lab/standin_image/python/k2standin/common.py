@@ -394,8 +394,11 @@ class Runtime:
 
         def finish() -> None:
             if not drain.wait_idle(timeout):
-                log(self.entry, f"drain timeout {timeout:g} s passed with {drain.inflight} "
-                                "request(s) in flight, exiting")
+                log(
+                    self.entry,
+                    f"drain timeout {timeout:g} s passed with {drain.inflight} "
+                    "request(s) in flight, exiting",
+                )
             self.stop.set()
 
         def handler(signum: int, frame: FrameType | None) -> None:
@@ -406,8 +409,11 @@ class Runtime:
                 return
             inflight = drain.start()
             limit = "no time limit" if timeout is None else f"at most {timeout:g} s"
-            log(self.entry, f"received SIGTERM, draining {inflight} request(s) in flight "
-                            f"({limit}), refusing new ones")
+            log(
+                self.entry,
+                f"received SIGTERM, draining {inflight} request(s) in flight "
+                f"({limit}), refusing new ones",
+            )
             threading.Thread(target=finish, daemon=True).start()
 
         signal.signal(signal.SIGTERM, handler)

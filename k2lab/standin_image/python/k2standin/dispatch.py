@@ -64,8 +64,14 @@ def check_argv(
             mpirun.check(args)
             if local:
                 mpirun.probe_remote(args)
-            inner_env = {**environ, **{k: v for k, v in mpirun.child_env(args).items()
-                                       if k.startswith(("OMPI_", "K2_STANDIN_"))}}
+            inner_env = {
+                **environ,
+                **{
+                    k: v
+                    for k, v in mpirun.child_env(args).items()
+                    if k.startswith(("OMPI_", "K2_STANDIN_"))
+                },
+            }
             entry, problems = check_argv(args.command, inner_env, local=local)
             return f"mpirun/{entry}", problems
         elif program == "trtllm-llmapi-launch":
@@ -90,8 +96,9 @@ def main() -> int:
     request: dict[str, Any] = json.load(sys.stdin)
     results = []
     for item in request.get("items", []):
-        entry, errors = check_argv(item["argv"], item.get("env") or {},
-                                   local=bool(item.get("local", False)))
+        entry, errors = check_argv(
+            item["argv"], item.get("env") or {}, local=bool(item.get("local", False))
+        )
         results.append({"entry": entry, "errors": errors})
     json.dump({"results": results}, sys.stdout)
     print()

@@ -46,8 +46,9 @@ def parse(text: str | None) -> Fault | None:
         except ValueError:
             seconds = -1.0
         if not seconds > 0:
-            raise ValueError(f"{ENV}={value!r}: die_after needs a number of seconds > 0 "
-                             "(e.g. die_after=20)")
+            raise ValueError(
+                f"{ENV}={value!r}: die_after needs a number of seconds > 0 (e.g. die_after=20)"
+            )
         return Fault("die_after", seconds)
     if mode in MODES and not eq:
         return Fault(mode)
@@ -78,8 +79,11 @@ def at_start(entry: str) -> int | None:
         print(f"k2-standin {entry}: error: {exc}", file=sys.stderr, flush=True)
         return 2
     if fault is not None and fault.mode == "exit_at_start":
-        print(f"k2-standin {entry}: error: fault injected ({ENV}=exit_at_start): exiting 1 "
-              "at start", file=sys.stderr, flush=True)
+        print(
+            f"k2-standin {entry}: error: fault injected ({ENV}=exit_at_start): exiting 1 at start",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     return None
 
@@ -97,8 +101,12 @@ def on_ready(entry: str) -> None:
         return
 
     def die() -> None:
-        print(f"k2-standin {entry}: error: fault injected ({ENV}={fault}): exiting 1, "
-              f"{fault.seconds:g} s after becoming ready", file=sys.stderr, flush=True)
+        print(
+            f"k2-standin {entry}: error: fault injected ({ENV}={fault}): exiting 1, "
+            f"{fault.seconds:g} s after becoming ready",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(1)
 
     timer = threading.Timer(fault.seconds, die)
@@ -108,5 +116,10 @@ def on_ready(entry: str) -> None:
 
 def wrong_chat_body(model: str) -> dict[str, object]:
     """A 200 chat completion a client cannot use: no choices, no message, no tool calls."""
-    return {"id": "chatcmpl-fault", "object": "chat.completion", "model": model,
-            "choices": [], "fault": f"{ENV}=wrong_answer"}
+    return {
+        "id": "chatcmpl-fault",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [],
+        "fault": f"{ENV}=wrong_answer",
+    }

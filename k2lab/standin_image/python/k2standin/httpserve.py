@@ -105,8 +105,11 @@ def _handler_class(api: Api) -> type[BaseHTTPRequestHandler]:
                 self._send(route(body))
                 return
             if not api.drain.enter():
-                self._send(error_response(503, f"{api.name} stand-in is draining (SIGTERM)",
-                                          "ServiceUnavailableError"))
+                self._send(
+                    error_response(
+                        503, f"{api.name} stand-in is draining (SIGTERM)", "ServiceUnavailableError"
+                    )
+                )
                 return
             try:
                 self._send(route(body))
@@ -223,18 +226,21 @@ class ModelServer:
     def _unready(self) -> Response | None:
         if self.ready.is_set():
             return None
-        return error_response(503, f"{self.engine} stand-in is not ready: {self.reason}",
-                              "ServiceUnavailableError")
+        return error_response(
+            503, f"{self.engine} stand-in is not ready: {self.reason}", "ServiceUnavailableError"
+        )
 
     # ---------------------------------------------------------------- GET
 
     def health(self) -> Response:
         if self.api.drain.draining:
-            return error_response(503, f"{self.engine} stand-in is draining (SIGTERM)",
-                                  "ServiceUnavailableError")
+            return error_response(
+                503, f"{self.engine} stand-in is draining (SIGTERM)", "ServiceUnavailableError"
+            )
         if faults.active("never_healthy"):
-            return error_response(503, "never healthy (K2_LAB_FAULT=never_healthy)",
-                                  "ServiceUnavailableError")
+            return error_response(
+                503, "never healthy (K2_LAB_FAULT=never_healthy)", "ServiceUnavailableError"
+            )
         return self._unready() or Response(200, b"", "text/plain")
 
     def liveness(self) -> Response:
@@ -244,39 +250,52 @@ class ModelServer:
         unready = self._unready()
         if unready is not None or self.model_id is None:
             return unready or error_response(503, "served model not known yet")
-        return json_response(200, {
-            "object": "list",
-            "data": [{
-                "id": self.model_id,
-                "object": "model",
-                "created": self.created,
-                "owned_by": f"{self.engine} (stand-in)",
-                "root": self.info.get("model_path"),
-                # SGLang's --context-length, vLLM's --max-model-len (None: the model's own).
-                "max_model_len": self.info.get("max_model_len", self.info.get("context_length")),
-            }],
-        })
+        return json_response(
+            200,
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_id,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": f"{self.engine} (stand-in)",
+                        "root": self.info.get("model_path"),
+                        # SGLang's --context-length, vLLM's --max-model-len (None: the model's own).
+                        "max_model_len": self.info.get(
+                            "max_model_len", self.info.get("context_length")
+                        ),
+                    }
+                ],
+            },
+        )
 
     def server_info(self) -> Response:
         extra: dict[str, Any] = {}
         for hook in self.info_hooks:
             extra.update(hook())
-        return json_response(200, {
-            **self.info,
-            **extra,
-            "standin": True,
-            "engine": self.engine,
-            "served_model_name": self.model_id,
-            "ready": self.ready.is_set(),
-            "status": self.reason,
-        })
+        return json_response(
+            200,
+            {
+                **self.info,
+                **extra,
+                "standin": True,
+                "engine": self.engine,
+                "served_model_name": self.model_id,
+                "ready": self.ready.is_set(),
+                "status": self.reason,
+            },
+        )
 
     def model_info(self) -> Response:
-        return json_response(200, {
-            "model_path": self.info.get("model_path"),
-            "served_model_name": self.model_id,
-            "is_generation": True,
-        })
+        return json_response(
+            200,
+            {
+                "model_path": self.info.get("model_path"),
+                "served_model_name": self.model_id,
+                "is_generation": True,
+            },
+        )
 
     def version(self) -> Response:
         return json_response(200, {"version": "stand-in", "engine": self.engine})
@@ -315,12 +334,20 @@ class ModelServer:
         self.answered += 1
         if streaming.wants_stream(doc):
             decode_time(streaming.token_budget(doc))
-            return Response(200, streaming.chat_stream(doc, self.model_id or ""),
-                            streaming.CONTENT_TYPE)
+            return Response(
+                200, streaming.chat_stream(doc, self.model_id or ""), streaming.CONTENT_TYPE
+            )
         decode_time(REPLY_TOKENS)
-        return json_response(200, openai_shapes.chat_completion(
-            doc, self.flags, self.model_id or "", ident=f"chatcmpl-{uuid.uuid4().hex}",
-            created=int(time.time())))
+        return json_response(
+            200,
+            openai_shapes.chat_completion(
+                doc,
+                self.flags,
+                self.model_id or "",
+                ident=f"chatcmpl-{uuid.uuid4().hex}",
+                created=int(time.time()),
+            ),
+        )
 
     def completion(self, body: bytes) -> Response:
         unready = self._unready()
@@ -336,18 +363,23 @@ class ModelServer:
             return bad_model
         if streaming.wants_stream(doc):
             decode_time(streaming.token_budget(doc))
-            return Response(200, streaming.completion_stream(doc, self.model_id or ""),
-                            streaming.CONTENT_TYPE)
+            return Response(
+                200, streaming.completion_stream(doc, self.model_id or ""), streaming.CONTENT_TYPE
+            )
         decode_time(REPLY_TOKENS)
-        return json_response(200, {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_id,
-            "choices": [{"index": 0, "text": STANDIN_REPLY, "finish_reason": "stop",
-                         "logprobs": None}],
-            "usage": _usage(str(doc.get("prompt"))),
-        })
+        return json_response(
+            200,
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model_id,
+                "choices": [
+                    {"index": 0, "text": STANDIN_REPLY, "finish_reason": "stop", "logprobs": None}
+                ],
+                "usage": _usage(str(doc.get("prompt"))),
+            },
+        )
 
     def generate(self, body: bytes) -> Response:
         unready = self._unready()
@@ -360,16 +392,23 @@ class ModelServer:
             decode_time(streaming.token_budget(doc))
             return Response(200, streaming.generate_stream(doc), streaming.CONTENT_TYPE)
         decode_time(REPLY_TOKENS)
-        return json_response(200, {
-            "text": STANDIN_REPLY,
-            "meta_info": {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop"},
-                          "completion_tokens": REPLY_TOKENS},
-        })
+        return json_response(
+            200,
+            {
+                "text": STANDIN_REPLY,
+                "meta_info": {
+                    "id": uuid.uuid4().hex,
+                    "finish_reason": {"type": "stop"},
+                    "completion_tokens": REPLY_TOKENS,
+                },
+            },
+        )
 
 
 def _usage(prompt: str) -> dict[str, int]:
     prompt_tokens = max(1, len(prompt.split()))
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": 3,
-            "total_tokens": prompt_tokens + 3}
-
-
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 3,
+        "total_tokens": prompt_tokens + 3,
+    }

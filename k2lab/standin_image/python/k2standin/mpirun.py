@@ -39,27 +39,99 @@ from k2standin.common import (
 ENTRY = "mpirun"
 CONNECT_TIMEOUT_ENV = "K2_STANDIN_MPI_CONNECT_TIMEOUT"
 # Options that take one value / two values / none, in the spellings Open MPI 4 and 5 accept.
-ONE_VALUE = frozenset({
-    "-np", "--np", "-n", "-c", "-H", "-host", "--host", "-hostfile", "--hostfile",
-    "-machinefile", "--machinefile", "-x", "-bind-to", "--bind-to", "-map-by", "--map-by",
-    "-rank-by", "--rank-by", "-N", "-npernode", "--npernode", "-npersocket", "--npersocket",
-    "-wdir", "--wdir", "-wd", "-prefix", "--prefix", "-output-filename", "--output-filename",
-    "--output", "-report-uri", "--report-uri", "--timeout", "-timeout", "-launch-agent",
-    "--launch-agent", "-tune", "--tune", "-am", "--am", "-path", "--path",
-})
-TWO_VALUES = frozenset({"-mca", "--mca", "-gmca", "--gmca", "-omca", "--omca", "-prtemca",
-                        "--prtemca"})
-FLAGS = frozenset({
-    "--allow-run-as-root", "-allow-run-as-root", "--oversubscribe", "-oversubscribe",
-    "--nooversubscribe", "-tag-output", "--tag-output", "-timestamp-output",
-    "--timestamp-output", "-report-bindings", "--report-bindings", "-v", "--verbose", "-q",
-    "--quiet", "-display-map", "--display-map", "-display-allocation", "--display-allocation",
-    "-noprefix", "--noprefix", "-merge-stderr-to-stdout", "--merge-stderr-to-stdout",
-    "-use-hwthread-cpus", "--use-hwthread-cpus", "-bind-to-core", "--bind-to-core",
-    "-bind-to-socket", "--bind-to-socket", "-nolocal", "--nolocal", "-show-progress",
-    "--show-progress", "-enable-recovery", "--enable-recovery", "-disable-recovery",
-    "--disable-recovery", "--debug", "-d",
-})
+ONE_VALUE = frozenset(
+    {
+        "-np",
+        "--np",
+        "-n",
+        "-c",
+        "-H",
+        "-host",
+        "--host",
+        "-hostfile",
+        "--hostfile",
+        "-machinefile",
+        "--machinefile",
+        "-x",
+        "-bind-to",
+        "--bind-to",
+        "-map-by",
+        "--map-by",
+        "-rank-by",
+        "--rank-by",
+        "-N",
+        "-npernode",
+        "--npernode",
+        "-npersocket",
+        "--npersocket",
+        "-wdir",
+        "--wdir",
+        "-wd",
+        "-prefix",
+        "--prefix",
+        "-output-filename",
+        "--output-filename",
+        "--output",
+        "-report-uri",
+        "--report-uri",
+        "--timeout",
+        "-timeout",
+        "-launch-agent",
+        "--launch-agent",
+        "-tune",
+        "--tune",
+        "-am",
+        "--am",
+        "-path",
+        "--path",
+    }
+)
+TWO_VALUES = frozenset(
+    {"-mca", "--mca", "-gmca", "--gmca", "-omca", "--omca", "-prtemca", "--prtemca"}
+)
+FLAGS = frozenset(
+    {
+        "--allow-run-as-root",
+        "-allow-run-as-root",
+        "--oversubscribe",
+        "-oversubscribe",
+        "--nooversubscribe",
+        "-tag-output",
+        "--tag-output",
+        "-timestamp-output",
+        "--timestamp-output",
+        "-report-bindings",
+        "--report-bindings",
+        "-v",
+        "--verbose",
+        "-q",
+        "--quiet",
+        "-display-map",
+        "--display-map",
+        "-display-allocation",
+        "--display-allocation",
+        "-noprefix",
+        "--noprefix",
+        "-merge-stderr-to-stdout",
+        "--merge-stderr-to-stdout",
+        "-use-hwthread-cpus",
+        "--use-hwthread-cpus",
+        "-bind-to-core",
+        "--bind-to-core",
+        "-bind-to-socket",
+        "--bind-to-socket",
+        "-nolocal",
+        "--nolocal",
+        "-show-progress",
+        "--show-progress",
+        "-enable-recovery",
+        "--enable-recovery",
+        "-disable-recovery",
+        "--disable-recovery",
+        "--debug",
+        "-d",
+    }
+)
 _VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -111,8 +183,10 @@ def parse(argv: Sequence[str]) -> MpiArgs:
                 break
             _one(c, args, name, value)
             continue
-        c.error(f"{token}: an mpirun option the stand-in does not know (add it to "
-                "k2lab/standin_image if the real mpirun accepts it)")
+        c.error(
+            f"{token}: an mpirun option the stand-in does not know (add it to "
+            "k2lab/standin_image if the real mpirun accepts it)"
+        )
         i += 1
     if not args.command:
         c.error("no program to run after the mpirun options")
@@ -149,13 +223,23 @@ def _one(c: Checker, args: MpiArgs, name: str, value: str) -> None:
 
 def check(args: MpiArgs) -> None:
     c = Checker(ENTRY)
-    if args.hosts and args.np is not None and args.np > args.slots \
-            and "oversubscribe" not in args.flags:
-        c.error(f"-np {args.np} exceeds the {args.slots} slots of -H "
-                f"({','.join(f'{h}:{s}' for h, s in args.hosts)}); add slots or --oversubscribe")
-    if os.geteuid() == 0 and "allow-run-as-root" not in args.flags and not (
-        os.environ.get("OMPI_ALLOW_RUN_AS_ROOT") == "1"
-        and os.environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1"
+    if (
+        args.hosts
+        and args.np is not None
+        and args.np > args.slots
+        and "oversubscribe" not in args.flags
+    ):
+        c.error(
+            f"-np {args.np} exceeds the {args.slots} slots of -H "
+            f"({','.join(f'{h}:{s}' for h, s in args.hosts)}); add slots or --oversubscribe"
+        )
+    if (
+        os.geteuid() == 0
+        and "allow-run-as-root" not in args.flags
+        and not (
+            os.environ.get("OMPI_ALLOW_RUN_AS_ROOT") == "1"
+            and os.environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1"
+        )
     ):
         c.error("running as root needs --allow-run-as-root (Open MPI refuses otherwise)")
     rsh = args.mca.get("plm_rsh_args")
@@ -219,14 +303,16 @@ def child_env(args: MpiArgs) -> dict[str, str]:
             env[name] = value
     np = args.np if args.np is not None else max(1, args.slots)
     local = args.hosts[0][1] if args.hosts else np
-    env.update({
-        "OMPI_COMM_WORLD_SIZE": str(np),
-        "OMPI_COMM_WORLD_RANK": "0",
-        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-        "OMPI_COMM_WORLD_LOCAL_SIZE": str(min(local, np)),
-        "OMPI_COMM_WORLD_NODE_RANK": "0",
-        "K2_STANDIN_MPI_HOSTS": ",".join(f"{h}:{s}" for h, s in args.hosts),
-    })
+    env.update(
+        {
+            "OMPI_COMM_WORLD_SIZE": str(np),
+            "OMPI_COMM_WORLD_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": str(min(local, np)),
+            "OMPI_COMM_WORLD_NODE_RANK": "0",
+            "K2_STANDIN_MPI_HOSTS": ",".join(f"{h}:{s}" for h, s in args.hosts),
+        }
+    )
     return env
 
 
@@ -235,10 +321,20 @@ def run(argv: Sequence[str]) -> int:
     args = parse(argv)
     check(args)
     probe_remote(args)
-    write_record(ENTRY, full_argv, ok=True, np=args.np, hosts=args.hosts,
-                 exports=[e.partition("=")[0] for e in args.exports], command=args.command)
-    log(ENTRY, f"stand-in: running {args.command[0]} once locally as rank 0 of "
-               f"{args.np or max(1, args.slots)} (no remote ranks)")
+    write_record(
+        ENTRY,
+        full_argv,
+        ok=True,
+        np=args.np,
+        hosts=args.hosts,
+        exports=[e.partition("=")[0] for e in args.exports],
+        command=args.command,
+    )
+    log(
+        ENTRY,
+        f"stand-in: running {args.command[0]} once locally as rank 0 of "
+        f"{args.np or max(1, args.slots)} (no remote ranks)",
+    )
     proc = subprocess.Popen(args.command, env=child_env(args))
 
     def forward(signum: int, frame: FrameType | None) -> None:

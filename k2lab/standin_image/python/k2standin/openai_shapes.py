@@ -48,8 +48,11 @@ CALL_START = "<|tool_call_begin|>"
 CALL_END = "<|tool_call_end|>"
 ARG_START = "<|tool_call_argument_begin|>"
 _CALL = re.compile(
-    re.escape(CALL_START) + r"\s*(?P<id>[^\s<|]+)\s*" + re.escape(ARG_START)
-    + r"\s*(?P<args>\{.*?\})\s*" + re.escape(CALL_END),
+    re.escape(CALL_START)
+    + r"\s*(?P<id>[^\s<|]+)\s*"
+    + re.escape(ARG_START)
+    + r"\s*(?P<args>\{.*?\})\s*"
+    + re.escape(CALL_END),
     re.DOTALL,
 )
 _ID = re.compile(r"^(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)$")
@@ -214,10 +217,10 @@ def _split_reasoning(text: str, flags: ServerFlags) -> tuple[str | None, str]:
     in_reasoning = start != -1 or flags.engine == "vllm"  # vLLM's parser starts in reasoning
     if not in_reasoning:
         return None, text
-    body = text[start + len(THINK_START):] if start != -1 else text
+    body = text[start + len(THINK_START) :] if start != -1 else text
     end = body.find(THINK_END)
     if end != -1:
-        return body[:end], body[end + len(THINK_END):]
+        return body[:end], body[end + len(THINK_END) :]
     section = body.find(SECTION_START)
     if section != -1:
         return body[:section], body[section:]
@@ -253,8 +256,12 @@ def _sglang_message(parsed: Parsed, history: int) -> dict[str, Any]:
     if parsed.calls:
         # serving_chat.py _process_tool_call_id: functions.{name}:{history + index} (kimi_k2)
         message["tool_calls"] = [
-            {"id": f"functions.{name}:{history + i}", "index": i, "type": "function",
-             "function": {"name": name, "arguments": args}}
+            {
+                "id": f"functions.{name}:{history + i}",
+                "index": i,
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            }
             for i, (_, name, args) in enumerate(parsed.calls)
         ]
     return message
@@ -287,8 +294,11 @@ def _trtllm_message(parsed: Parsed) -> dict[str, Any]:
         "content": parsed.content or None if parsed.calls else parsed.content,
         "reasoning_content": parsed.reasoning,
         "tool_calls": [
-            {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
-             "function": {"name": name, "arguments": args}}
+            {
+                "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            }
             for _, name, args in parsed.calls
         ],
     }
@@ -300,8 +310,11 @@ def _usage(request: Mapping[str, Any], text: str) -> dict[str, int]:
     )
     prompt_tokens = max(1, len(prompt.split()))
     completion_tokens = max(1, len(text.split()))
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def chat_completion(

@@ -99,8 +99,11 @@ def check_start(
         c.error("--head or --address HEAD:PORT is required")
     elif address_text is not None:
         head_address = c.address("--address", address_text)
-    c.flag(opts, "--block",
-           "without it ray start returns at once and the container's main process exits")
+    c.flag(
+        opts,
+        "--block",
+        "without it ray start returns at once and the container's main process exits",
+    )
     port = c.port(opts, DEFAULT_PORT)
     ip = opts.value("--node-ip-address")
     if ip is not None:
@@ -203,8 +206,11 @@ def status(argv: Sequence[str]) -> int:
     opts = scan(argv)
     address = ray_cluster.resolve_address(opts.value("--address"))
     if address is None:
-        print("ConnectionError: Could not find any running Ray instance. "
-              "Please specify the one to connect to by setting `--address`.", file=sys.stderr)
+        print(
+            "ConnectionError: Could not find any running Ray instance. "
+            "Please specify the one to connect to by setting `--address`.",
+            file=sys.stderr,
+        )
         return 1
     try:
         nodes = ray_cluster.fetch_nodes(address)
@@ -220,8 +226,11 @@ def status(argv: Sequence[str]) -> int:
         "Node status",
         "-" * 63,
         "Active:",
-        *[f" 1 node_{n['NodeID']} ({n['NodeManagerAddress']}"
-          f"{', head' if n.get('IsHead') else ''})" for n in alive],
+        *[
+            f" 1 node_{n['NodeID']} ({n['NodeManagerAddress']}"
+            f"{', head' if n.get('IsHead') else ''})"
+            for n in alive
+        ],
         "Dead:" if dead else "Dead: (no dead nodes)",
         *[f" 1 node_{n['NodeID']} ({n['NodeManagerAddress']})" for n in dead],
         "",

@@ -46,7 +46,7 @@ def resolve_address(address: str | None) -> str | None:
         except OSError:
             address = None
     if address is not None and address.startswith("ray://"):
-        address = address[len("ray://"):]
+        address = address[len("ray://") :]
     return address
 
 
@@ -67,7 +67,9 @@ def fetch_nodes(address: str, timeout: float = 3.0) -> list[dict[str, Any]]:
 def post(address: str, path: str, doc: dict[str, Any], timeout: float = 3.0) -> int:
     """POST JSON to the head; the HTTP status (raises OSError when unreachable)."""
     request = urllib.request.Request(
-        f"http://{address}{path}", data=json.dumps(doc).encode(), method="POST",
+        f"http://{address}{path}",
+        data=json.dumps(doc).encode(),
+        method="POST",
         headers={"Content-Type": "application/json"},
     )
     try:
@@ -137,8 +139,9 @@ class Head:
         with self.lock:
             # A node that comes back on the same address replaces its dead predecessor.
             for entry in self.entries.values():
-                if (not entry.head
-                        and entry.node.get("NodeManagerAddress") == node.get("NodeManagerAddress")):
+                if not entry.head and entry.node.get("NodeManagerAddress") == node.get(
+                    "NodeManagerAddress"
+                ):
                     entry.last_seen = -NODE_TIMEOUT_S * 2
             self.entries[str(node["NodeID"])] = _Entry(node, time.monotonic(), False)
         return json_response(200, {"ok": True})

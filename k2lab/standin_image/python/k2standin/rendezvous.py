@@ -123,7 +123,8 @@ class Leader:
         theirs = hello.get("fingerprint")
         if theirs != self.fingerprint:
             diff = sorted(
-                k for k in set(self.fingerprint) | set(theirs or {})
+                k
+                for k in set(self.fingerprint) | set(theirs or {})
                 if (theirs or {}).get(k) != self.fingerprint.get(k)
             )
             detail = ", ".join(
@@ -140,8 +141,10 @@ class Leader:
             taken = self.covered() & set(range(ranks[0], ranks[1]))
             if taken:
                 holder = next(m for m in self.members if set(range(m.first, m.end)) & taken)
-                return None, (f"{self.what} {sorted(taken)} already joined from {holder.host}"
-                              " (two nodes claim the same rank)")
+                return None, (
+                    f"{self.what} {sorted(taken)} already joined from {holder.host}"
+                    " (two nodes claim the same rank)"
+                )
             member = Joined(ranks[0], ranks[1], host)
             self.members.append(member)
             done = self.complete()
@@ -230,9 +233,7 @@ def join(
             problem = reply.get("error") if reply else "connection closed"
             return f"rank 0 at {leader[0]}:{leader[1]} refused {what} {ranks[0]}: {problem}"
         log(rt.entry, f"joined rank 0 at {leader[0]}:{leader[1]} as {what} {ranks[0]}")
-        threading.Thread(
-            target=_heartbeat, args=(rt, sock, reader, leader), daemon=True
-        ).start()
+        threading.Thread(target=_heartbeat, args=(rt, sock, reader, leader), daemon=True).start()
         return None
     return None
 
@@ -248,8 +249,10 @@ def _heartbeat(rt: Runtime, sock: socket.socket, reader: Any, leader: tuple[str,
                     raise ConnectionError("connection closed")
             except (OSError, ValueError) as exc:
                 if not rt.stop.is_set():
-                    rt.fatal(f"lost rank 0 at {leader[0]}:{leader[1]} ({exc}): "
-                             "the process group is broken")
+                    rt.fatal(
+                        f"lost rank 0 at {leader[0]}:{leader[1]} ({exc}): "
+                        "the process group is broken"
+                    )
                 return
 
 

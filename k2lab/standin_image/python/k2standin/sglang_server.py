@@ -60,8 +60,10 @@ def check_experts(c: Checker, opts: Opts, model: str | None, tp: int) -> None:
         spare = c.positive_int(opts, "--ep-num-redundant-experts") or 0
     a2a = opts.value("--moe-a2a-backend")
     # DeepEP and the other a2a backends run EP over the whole TP group.
-    ep = tp if a2a not in (None, "none") else (
-        c.positive_int(opts, "--ep-size", "--expert-parallel-size", "--ep", default=1) or 1
+    ep = (
+        tp
+        if a2a not in (None, "none")
+        else (c.positive_int(opts, "--ep-size", "--expert-parallel-size", "--ep", default=1) or 1)
     )
     if spare and not opts.has("--enable-eplb"):
         c.error(
@@ -180,7 +182,8 @@ def check(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Sgla
 
     mode = opts.value("--disaggregation-mode")
     pd_options = sorted(
-        n for n in opts.occurrences
+        n
+        for n in opts.occurrences
         if n.startswith("--disaggregation-") and n != "--disaggregation-mode"
     )
     pd_env = sorted(k for k in env if k.startswith("SGLANG_DISAGGREGATION_"))
@@ -236,27 +239,40 @@ def serve(argv: Sequence[str]) -> int:
     write_record(ENTRY, full_argv, ok=True, role=role, info=args.info())
     try:
         if args.node_rank == 0:
-            ms = ModelServer("sglang", args.served_model_name,
-                             {**args.info(), "standin_spec": spec_digest(full_argv)})
+            ms = ModelServer(
+                "sglang",
+                args.served_model_name,
+                {**args.info(), "standin_spec": spec_digest(full_argv)},
+            )
             # SGLang drains with no time limit of its own (k2standin.drain).
             rt.drain_on_sigterm(ms.api.drain, None)
             ms.flags = openai_shapes.server_flags("sglang", argv, args.model_path)
             servers.append(listen(ms.api, args.host, args.port))
             if args.mode == "prefill":
-                servers.append(listen(_bootstrap_api(args), args.host, args.bootstrap_port,
-                                      "--host/--disaggregation-bootstrap-port"))
+                servers.append(
+                    listen(
+                        _bootstrap_api(args),
+                        args.host,
+                        args.bootstrap_port,
+                        "--host/--disaggregation-bootstrap-port",
+                    )
+                )
             if args.nnodes > 1 and args.dist is not None:
                 ms.set_not_ready(
                     f"waiting for node ranks 1..{args.nnodes - 1} at --dist-init-addr "
                     f"{args.dist[0]}:{args.dist[1]}"
                 )
-                leader = rendezvous.start_leader(rt, "--dist-init-addr", args.dist, args.nnodes,
-                                      args.fingerprint(), ms)
+                leader = rendezvous.start_leader(
+                    rt, "--dist-init-addr", args.dist, args.nnodes, args.fingerprint(), ms
+                )
             else:
                 ms.set_ready()
         if args.node_rank > 0 and args.dist is not None:
             problem = rendezvous.join(
-                rt, "node rank", args.dist, (args.node_rank, args.node_rank + 1),
+                rt,
+                "node rank",
+                args.dist,
+                (args.node_rank, args.node_rank + 1),
                 args.fingerprint(),
             )
             if problem is not None:

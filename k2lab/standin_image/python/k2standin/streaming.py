@@ -65,9 +65,7 @@ def prompt_tokens(doc: dict[str, Any]) -> int:
     if isinstance(ids, list) and ids:
         return len(ids)
     if "messages" in doc and isinstance(doc["messages"], list):
-        text = " ".join(
-            str(m.get("content", "")) for m in doc["messages"] if isinstance(m, dict)
-        )
+        text = " ".join(str(m.get("content", "")) for m in doc["messages"] if isinstance(m, dict))
     else:
         prompt = doc.get("text", doc.get("prompt", ""))
         text = " ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
@@ -84,8 +82,11 @@ def _sse(events: list[dict[str, Any]]) -> bytes:
 
 def _usage(doc: dict[str, Any], completion: int) -> dict[str, int]:
     prompt = prompt_tokens(doc)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def generate_stream(doc: dict[str, Any]) -> bytes:
@@ -96,12 +97,19 @@ def generate_stream(doc: dict[str, Any]) -> bytes:
     events = []
     for i in range(1, n + 1):
         finish = {"type": "length", "length": n} if i == n else None
-        events.append({
-            "text": TOKEN_TEXT * i,
-            "meta_info": {"id": rid, "finish_reason": finish, "prompt_tokens": prompt,
-                          "completion_tokens": i, "cached_tokens": 0},
-            "index": 0,
-        })
+        events.append(
+            {
+                "text": TOKEN_TEXT * i,
+                "meta_info": {
+                    "id": rid,
+                    "finish_reason": finish,
+                    "prompt_tokens": prompt,
+                    "completion_tokens": i,
+                    "cached_tokens": 0,
+                },
+                "index": 0,
+            }
+        )
     return _sse(events)
 
 

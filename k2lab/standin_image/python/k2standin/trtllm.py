@@ -51,8 +51,9 @@ def llmapi_launch_main(argv: Sequence[str] | None = None) -> int:
             raise Rejected(["a command to launch is required: trtllm-llmapi-launch CMD ..."])
         if shutil.which(args[0]) is None:
             raise Rejected([f"{args[0]}: not found on PATH"])
-        write_record(LAUNCH_ENTRY, full_argv, ok=True,
-                     mpi_world_size=os.environ.get("OMPI_COMM_WORLD_SIZE"))
+        write_record(
+            LAUNCH_ENTRY, full_argv, ok=True, mpi_world_size=os.environ.get("OMPI_COMM_WORLD_SIZE")
+        )
         sys.stdout.flush()
         sys.stderr.flush()
         os.execvp(args[0], args)
@@ -117,16 +118,20 @@ def check(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Trtl
     mpi_size = env.get("OMPI_COMM_WORLD_SIZE")
     if mpi_size is not None:
         if mpi_size.isdigit() and int(mpi_size) != world:
-            c.error(f"--tp_size {tp} x --pp_size {pp} x --cp_size {cp} = {world} ranks, but "
-                    f"mpirun started {mpi_size} (-np)")
+            c.error(
+                f"--tp_size {tp} x --pp_size {pp} x --cp_size {cp} = {world} ranks, but "
+                f"mpirun started {mpi_size} (-np)"
+            )
         hosts = [h for h in env.get("K2_STANDIN_MPI_HOSTS", "").split(",") if h]
         for item in hosts:
             host, _, slots = item.rpartition(":")
             if gpn_text is not None and slots.isdigit() and int(slots) != gpn:
                 c.error(f"mpirun -H {item}: {slots} slots on {host}, but --gpus_per_node {gpn}")
     elif world > gpus_per_node():
-        c.error(f"{world} ranks (--tp_size x --pp_size x --cp_size) need more than one node: "
-                "start trtllm-serve under mpirun with trtllm-llmapi-launch")
+        c.error(
+            f"{world} ranks (--tp_size x --pp_size x --cp_size) need more than one node: "
+            "start trtllm-serve under mpirun with trtllm-llmapi-launch"
+        )
     config = opts.value("--extra_llm_api_options", "--config")
     if config is not None and not Path(config).is_file():
         c.error(f"--extra_llm_api_options {config}: no such file")
@@ -137,9 +142,17 @@ def check(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Trtl
     # trtllm-serve names the model after the directory (OpenAIServer: model_dir.name).
     served = Path(model).name if Path(model).is_dir() else model
     info: dict[str, Any] = {
-        "model_path": model, "tp_size": tp, "pp_size": pp, "cp_size": cp, "ep_size": ep,
-        "gpus_per_node": gpn, "world_size": world, "host": host, "port": port,
-        "backend": backend or "pytorch", "extra_llm_api_options": config,
+        "model_path": model,
+        "tp_size": tp,
+        "pp_size": pp,
+        "cp_size": cp,
+        "ep_size": ep,
+        "gpus_per_node": gpn,
+        "world_size": world,
+        "host": host,
+        "port": port,
+        "backend": backend or "pytorch",
+        "extra_llm_api_options": config,
     }
     return TrtllmArgs(model, served, host, port, info)
 
@@ -156,8 +169,10 @@ def serve(argv: Sequence[str]) -> int:
     server = listen(ms.api, args.host, args.port)
     try:
         ms.set_ready()
-        log(SERVE_ENTRY, f"stand-in trtllm-serve on {args.host}:{args.port} "
-                         f"({args.info['world_size']} ranks)")
+        log(
+            SERVE_ENTRY,
+            f"stand-in trtllm-serve on {args.host}:{args.port} ({args.info['world_size']} ranks)",
+        )
         return rt.wait()
     finally:
         server.close()

@@ -93,9 +93,13 @@ class VllmArgs:
         }
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"model": self.model, "tensor_parallel_size": self.tp,
-                "pipeline_parallel_size": self.pp, "data_parallel_size": self.dp,
-                "experts": self.experts}
+        return {
+            "model": self.model,
+            "tensor_parallel_size": self.tp,
+            "pipeline_parallel_size": self.pp,
+            "data_parallel_size": self.dp,
+            "experts": self.experts,
+        }
 
 
 def _experts(c: Checker, opts: Opts, model: str | None, tp: int, dp: int) -> dict[str, Any]:
@@ -112,10 +116,11 @@ def _experts(c: Checker, opts: Opts, model: str | None, tp: int, dp: int) -> dic
     ep = tp * dp if opts.has("--enable-expert-parallel", "-ep") else 1
     slots = routed_experts(model) + spare
     if eplb and ep > 1 and slots % ep:
-        c.error(f"EPLB: {slots} expert slots do not split over {ep} EP ranks "
-                "(vllm/model_executor/layers/fused_moe/layer.py)")
-    return {"ep": ep, "eplb": eplb, "redundant": spare,
-            "all2all": opts.value("--all2all-backend")}
+        c.error(
+            f"EPLB: {slots} expert slots do not split over {ep} EP ranks "
+            "(vllm/model_executor/layers/fused_moe/layer.py)"
+        )
+    return {"ep": ep, "eplb": eplb, "redundant": spare, "all2all": opts.value("--all2all-backend")}
 
 
 def _int(c: Checker, opts: Opts, names: tuple[str, ...], default: int, minimum: int) -> int:
@@ -159,32 +164,38 @@ def check(argv: Sequence[str]) -> VllmArgs:
     headless = opts.has("--headless")
     backend = opts.value("--distributed-executor-backend")
     if backend not in (None, "ray", "mp", "uni", "external_launcher"):
-        c.error(f"--distributed-executor-backend {backend!r}: expected ray, mp, uni or "
-                "external_launcher")
+        c.error(
+            f"--distributed-executor-backend {backend!r}: expected ray, mp, uni or "
+            "external_launcher"
+        )
     if dp_local > dp:
         c.error(f"--data-parallel-size-local {dp_local} exceeds --data-parallel-size {dp}")
     if start_rank + dp_local > dp:
-        c.error(f"--data-parallel-start-rank {start_rank} + --data-parallel-size-local "
-                f"{dp_local} exceeds --data-parallel-size {dp}")
+        c.error(
+            f"--data-parallel-start-rank {start_rank} + --data-parallel-size-local "
+            f"{dp_local} exceeds --data-parallel-size {dp}"
+        )
     dp_address: tuple[str, int] | None = None
     multi_node_dp = dp > dp_local
     if multi_node_dp or headless:
         address = c.required(opts, "--data-parallel-address", "-dpa")
         rpc = c.required(opts, "--data-parallel-rpc-port", "-dpp")
         if address is not None and rpc is not None:
-            dp_address = c.address("--data-parallel-address/--data-parallel-rpc-port",
-                                   f"{address}:{rpc}")
+            dp_address = c.address(
+                "--data-parallel-address/--data-parallel-rpc-port", f"{address}:{rpc}"
+            )
     if headless and start_rank == 0:
         c.error("--headless needs --data-parallel-start-rank > 0 (rank 0 is the API server's)")
     # vllm/engine/arg_utils.py: a start rank on a node that is not headless means hybrid
     # load balancing, unless this node holds every DP rank.
     # (Hybrid with one local rank is external load balancing: the same for joining nodes.)
-    hybrid_lb = (not headless and opts.has("--data-parallel-start-rank", "-dpr")
-                 and dp_local < dp)
+    hybrid_lb = not headless and opts.has("--data-parallel-start-rank", "-dpr") and dp_local < dp
     experts = _experts(c, opts, model, tp, dp)
     if not headless and start_rank != 0:
-        c.error(f"--data-parallel-start-rank {start_rank} without --headless: the API server "
-                "holds data-parallel rank 0")
+        c.error(
+            f"--data-parallel-start-rank {start_rank} without --headless: the API server "
+            "holds data-parallel rank 0"
+        )
     if backend != "ray" and tp * pp * dp_local > gpus_per_node():
         c.error(
             f"--tensor-parallel-size {tp} x --pipeline-parallel-size {pp} x "
@@ -200,9 +211,24 @@ def check(argv: Sequence[str]) -> VllmArgs:
     c.done()
     assert model is not None
     served = opts.values("--served-model-name")
-    return VllmArgs(model, served[0] if served else model, tp, pp, dp, dp_local, start_rank,
-                    dp_address, headless, backend, host, port, hybrid_lb, experts,
-                    max_model_len, shutdown_timeout)
+    return VllmArgs(
+        model,
+        served[0] if served else model,
+        tp,
+        pp,
+        dp,
+        dp_local,
+        start_rank,
+        dp_address,
+        headless,
+        backend,
+        host,
+        port,
+        hybrid_lb,
+        experts,
+        max_model_len,
+        shutdown_timeout,
+    )
 
 
 def handshake_problem(head: VllmArgs, hello: dict[str, Any]) -> str | None:
@@ -212,8 +238,9 @@ def handshake_problem(head: VllmArgs, hello: dict[str, Any]) -> str | None:
     if bool(hello.get("headless")) != remote_should_be_headless:
         first = (hello.get("ranks") or [0])[0]
         if remote_should_be_headless:
-            return (f"Remote engine {first} must use --headless unless in external or hybrid "
-                    "dp lb mode")
+            return (
+                f"Remote engine {first} must use --headless unless in external or hybrid dp lb mode"
+            )
         return f"Remote engine {first} must not use --headless in external or hybrid dp lb mode"
     return None
 
@@ -226,8 +253,10 @@ def wait_for_ray(rt: Runtime, need: int) -> str:
     while not rt.stop.is_set():
         address = ray_cluster.resolve_address(None)
         if address is None:
-            problem = ("no Ray cluster runs in this container (start `ray start --head` "
-                       "first, or set RAY_ADDRESS)")
+            problem = (
+                "no Ray cluster runs in this container (start `ray start --head` "
+                "first, or set RAY_ADDRESS)"
+            )
         else:
             try:
                 count, gpus = ray_cluster.alive_gpus(ray_cluster.fetch_nodes(address))
@@ -260,16 +289,22 @@ def serve(argv: Sequence[str]) -> int:
             assert args.dp_address is not None
             write_record(ENTRY, full_argv, ok=True, role="headless", info=args.info())
             problem = rendezvous.join(
-                rt, "data-parallel rank", args.dp_address,
-                (args.start_rank, args.start_rank + args.dp_local), args.fingerprint(),
+                rt,
+                "data-parallel rank",
+                args.dp_address,
+                (args.start_rank, args.start_rank + args.dp_local),
+                args.fingerprint(),
                 hello={"headless": True},
             )
             if problem is not None:
                 raise StartError(f"--data-parallel-address: {problem}")
             if rt.stop.is_set():
                 return rt.wait()
-            log(ENTRY, f"stand-in headless engines {args.start_rank}.."
-                       f"{args.start_rank + args.dp_local - 1} up (no HTTP)")
+            log(
+                ENTRY,
+                f"stand-in headless engines {args.start_rank}.."
+                f"{args.start_rank + args.dp_local - 1} up (no HTTP)",
+            )
             return rt.wait()
         if args.backend == "ray":
             args_ray = wait_for_ray(rt, args.tp * args.pp)
@@ -278,9 +313,12 @@ def serve(argv: Sequence[str]) -> int:
             info_ray = {"ray_address": args_ray}
         else:
             info_ray = {}
-        ms = ModelServer("vllm", args.served,
-                         {**args.info(), **info_ray, "standin_spec": spec_digest(full_argv)},
-                         strict_model=True)
+        ms = ModelServer(
+            "vllm",
+            args.served,
+            {**args.info(), **info_ray, "standin_spec": spec_digest(full_argv)},
+            strict_model=True,
+        )
         rt.drain_on_sigterm(ms.api.drain, float(args.shutdown_timeout))
         ms.flags = openai_shapes.server_flags("vllm", argv, args.model)
         write_record(ENTRY, full_argv, ok=True, role="http", info=args.info())
@@ -289,8 +327,13 @@ def serve(argv: Sequence[str]) -> int:
             ms.set_not_ready(f"waiting for data-parallel ranks {args.dp_local}..{args.dp - 1}")
             head = args
             leader = rendezvous.start_leader(
-                rt, "--data-parallel-address/--data-parallel-rpc-port", args.dp_address,
-                args.dp, args.fingerprint(), ms, own=(0, args.dp_local),
+                rt,
+                "--data-parallel-address/--data-parallel-rpc-port",
+                args.dp_address,
+                args.dp,
+                args.fingerprint(),
+                ms,
+                own=(0, args.dp_local),
                 what="data-parallel rank",
                 admit=lambda hello: handshake_problem(head, hello),
             )

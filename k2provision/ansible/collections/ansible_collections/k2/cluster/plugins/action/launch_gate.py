@@ -121,7 +121,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
             passed |= {i for i, g in own_gates.items() if lg.gate_passed(g, gates.get(i))}
             if bad is None:
                 late = [
-                    i for i, g in own_gates.items()
+                    i
+                    for i, g in own_gates.items()
                     if i not in passed and elapsed > lg.gate_timeout(g, cap)
                 ]
                 if late:
@@ -136,8 +137,12 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
                 index, reason = bad
                 proc = procs[index]
                 gate = proc.health or next(iter(own_gates.values()), None)
-                gate_desc = lg.gate_text(gate, lg.gate_timeout(gate, cap)) if gate else (
-                    "none of its own; the stage's gates are on " + (", ".join(waited_on) or "-")
+                gate_desc = (
+                    lg.gate_text(gate, lg.gate_timeout(gate, cap))
+                    if gate
+                    else (
+                        "none of its own; the stage's gates are on " + (", ".join(waited_on) or "-")
+                    )
                 )
                 log = self._run(lg.logs_command(proc)).splitlines()
                 _mark(markers, host, "failed")

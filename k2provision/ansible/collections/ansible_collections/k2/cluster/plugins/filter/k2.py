@@ -167,9 +167,7 @@ def restart_rollout(
     (the router; every container when the plan does not roll)."""
     parsed = Plan.model_validate(plan)
     containers = {h: list(c) for h, c in (restarting.get("containers") or {}).items()}
-    waves = rollout_waves(
-        parsed, restarted_instances(parsed, containers), int(max_unavailable)
-    )
+    waves = rollout_waves(parsed, restarted_instances(parsed, containers), int(max_unavailable))
     rolled = {(h, c) for w in waves for h, names in w.containers.items() for c in names}
     recreate = {
         host: [c for c in names if (host, c) not in rolled] for host, names in containers.items()

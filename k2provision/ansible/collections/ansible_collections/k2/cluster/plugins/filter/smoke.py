@@ -50,14 +50,16 @@ def smoke_check(
     call = check.tool_call
     return {
         "ok": check.ok,
-        "message": "" if check.ok else smoke.failure_message(
+        "message": ""
+        if check.ok
+        else smoke.failure_message(
             host, url, kind, check, thinking=thinking, function=function, required=(parameter,)
         ),
         "content": check.content,
         "reasoning": check.reasoning,
-        "tool_call": None if call is None else {
-            "id": call.id, "name": call.name, "arguments": call.arguments, "text": str(call)
-        },
+        "tool_call": None
+        if call is None
+        else {"id": call.id, "name": call.name, "arguments": call.arguments, "text": str(call)},
     }
 
 
@@ -65,8 +67,9 @@ def _plain_args(func: Any) -> Any:
     """Wrap a filter so it sees plain dicts and lists, not Ansible's lazily templated ones."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*(plain_value(a) for a in args),
-                    **{k: plain_value(v) for k, v in kwargs.items()})
+        return func(
+            *(plain_value(a) for a in args), **{k: plain_value(v) for k, v in kwargs.items()}
+        )
 
     wrapper.__name__ = func.__name__
     wrapper.__doc__ = func.__doc__

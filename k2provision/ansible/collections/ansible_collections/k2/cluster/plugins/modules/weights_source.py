@@ -88,6 +88,7 @@ written:
   type: list
 """
 
+
 def digest_of(blocks: Iterator[bytes]) -> tuple[str, int]:
     h = hashlib.sha256()
     n = 0

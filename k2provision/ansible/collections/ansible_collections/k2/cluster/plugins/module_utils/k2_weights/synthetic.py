@@ -70,18 +70,36 @@ def tokenizer_files() -> list[tuple[str, bytes]]:
     benchmarks/datasets/datasets.py) draw ids from `get_vocab()` and decode them to a prompt;
     N ids decode to N words, the count the lab's stand-in reports as prompt tokens."""
     vocab = {"[UNK]": 0, "k2": 1, **{f"w{i}": i + 2 for i in range(TOKENIZER_WORDS - 2)}}
-    unk = {"id": 0, "content": "[UNK]", "single_word": False, "lstrip": False,
-           "rstrip": False, "normalized": False, "special": True}
+    unk = {
+        "id": 0,
+        "content": "[UNK]",
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
     tokenizer = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [unk],
-        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": None, "decoder": None,
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [unk],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": None,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
     }
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
-              "model_max_length": 1 << 21, "k2provision_synthetic": True}
-    return [(name, (json.dumps(doc, indent=2) + "\n").encode())
-            for name, doc in (("tokenizer.json", tokenizer), ("tokenizer_config.json", config))]
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "[UNK]",
+        "model_max_length": 1 << 21,
+        "k2provision_synthetic": True,
+    }
+    return [
+        (name, (json.dumps(doc, indent=2) + "\n").encode())
+        for name, doc in (("tokenizer.json", tokenizer), ("tokenizer_config.json", config))
+    ]
 
 
 def synthetic_set(
