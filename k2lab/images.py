@@ -68,10 +68,6 @@ def podman(cfg: LabConfig, *args: str, check: bool = True) -> subprocess.Complet
     return run(podman_argv(cfg, *args), env=podman_env(cfg), check=check, timeout=3600)
 
 
-def image_exists(cfg: LabConfig, tag: str) -> bool:
-    return podman(cfg, "image", "exists", tag, check=False).returncode == 0
-
-
 def _image_label(cfg: LabConfig, tag: str, label: str) -> str | None:
     result = podman(
         cfg, "image", "inspect", "--format", f'{{{{index .Labels "{label}"}}}}', tag, check=False

@@ -44,7 +44,6 @@ from k2provision.run.runner import PlaybookRun, RunResult, new_record_dir, run_p
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 
 _NOTICE_START = re.compile(r"^\[(?:[A-Z]+ ?)+\]:\s*")
 

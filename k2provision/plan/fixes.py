@@ -117,7 +117,7 @@ def _shape_of(
     return next(s for s in pool_shapes(cluster, counts, spec) if s.name == pool)
 
 
-def _poolall_pools_fit(
+def _pool_fits(
     cluster: Cluster,
     pool: PoolName,
     counts: dict[PoolName, int],
@@ -125,6 +125,7 @@ def _poolall_pools_fit(
     gpu: GpuSpec,
     context: int,
 ) -> bool:
+    """Whether `pool` has no fit problem with these instance counts at `context`."""
     return pool not in evaluate(cluster, counts, spec, gpu, context)[2]
 
 
@@ -144,7 +145,7 @@ def _smaller_batch(
     current = getattr(t, knob.field)
     for value in (v for v in knob.candidates if v < current):
         trial = cluster.model_copy(update={"tunables": t.model_copy(update={knob.field: value})})
-        if _poolall_pools_fit(trial, pool, counts, spec, gpu, context):
+        if _pool_fits(trial, pool, counts, spec, gpu, context):
             return (
                 f"{knob.variable}={value} ({knob.effect.format(value=value)}; "
                 f"{current} now) on these {nodes_text(counts[pool])}"
@@ -191,7 +192,7 @@ def fixes(
                 trial = cluster.model_copy(
                     update={"tunables": t.model_copy(update={"decode_redundant_experts": r})}
                 )
-                if _poolall_pools_fit(trial, pool, counts, spec, gpu, context):
+                if _pool_fits(trial, pool, counts, spec, gpu, context):
                     out[pool].append(
                         f"k2_decode_redundant_experts={r} ({spec.n_routed_experts} + {r} expert "
                         f"slots over ep {ep}) on these {nodes_text(counts['decode'])}"
