@@ -16,7 +16,7 @@ from k2provision.run.display import console
 
 
 class ModelsFormat(StrEnum):
-    """What `models --format` accepts: the README's table is the markdown one."""
+    """What `models --format` accepts: docs/models.md's table is the markdown one."""
 
     table = "table"
     json = "json"

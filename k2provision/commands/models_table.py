@@ -154,7 +154,7 @@ def tables(data: list[dict[str, Any]]) -> list[Table]:
 
 
 def markdown(data: list[dict[str, Any]]) -> str:
-    """The rows as Markdown tables (the README's model table)."""
+    """The rows as Markdown tables (the table in docs/models.md)."""
     lines = [
         "| model | GiB | shards | weights | context | vision | reasoning parser | "
         + " | ".join(f"{e} {catalog.RELEASES[e].version}" for e in ENGINES)

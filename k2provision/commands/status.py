@@ -188,7 +188,7 @@ def problem_lines(
 def document(
     inventory: Path, plan: Plan, hosts: list[HostStatus], endpoint: EndpointStatus, record: Path
 ) -> dict[str, Any]:
-    """`status --format json` (schema 1; documented in the README)."""
+    """`status --format json` (schema 1; documented in docs/day-two.md)."""
     fleet = fleet_status(plan, hosts, endpoint.workers)
     problems = problem_lines(hosts, endpoint, fleet)
     return {

@@ -64,7 +64,7 @@ class HostSpec(Record):
 
 
 # Every numeric knob has a range: a value outside it is a typo or a misunderstanding, and it is
-# refused with the range before anything runs. The README's reference lists these ranges.
+# refused with the range before anything runs. docs/inventory.md lists these ranges.
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 

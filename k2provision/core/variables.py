@@ -1,7 +1,7 @@
 """The inventory contract's variables: their names, where each is set, and what each accepts.
 
-One source for the checks (inventory.py), the error lines and the README's reference table:
-the ranges live on the fields of `Cluster` and `Tunables` in models.py.
+One source for the checks (inventory.py), the error lines and the inventory reference's table
+(docs/inventory.md): the ranges live on the fields of `Cluster` and `Tunables` in models.py.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def value_range(variable: str) -> str:
         return special[variable]
     field = field_of(variable)
     if field is None:
-        return "see the README's inventory reference"
+        return "see the inventory reference, docs/inventory.md"
     annotation = field.annotation
     optional = get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation)
     kind = next(a for a in get_args(annotation) if a is not type(None)) if optional else annotation
@@ -173,5 +173,5 @@ def unknown_name_problem(name: str, hosts: Sequence[str]) -> str:
     candidates = role_specs.options(role) if role else known_names()
     guess = closest(name, candidates) or closest(name, known_names())
     owner = f" (role {role} has no such option)" if role else ""
-    hint = f"did you mean {guess}?" if guess else "see the README's inventory reference"
+    hint = f"did you mean {guess}?" if guess else "see the inventory reference, docs/inventory.md"
     return f"{shorten_hosts(hosts)}: unknown variable {name}{owner}; fix: {hint}"

@@ -570,7 +570,7 @@ def document(
     ok: bool,
     problems: list[str],
 ) -> dict[str, Any]:
-    """bench.json (schema 1; documented in the README)."""
+    """bench.json (schema 1; documented in docs/day-two.md)."""
     scale = scale_of(plan)
     return {
         "schema": SCHEMA_VERSION,

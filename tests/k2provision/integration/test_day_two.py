@@ -228,7 +228,7 @@ def test_a_removed_container_is_named_and_restart_recovers_it(
 
     # lab4 is decode rank 1: its instance (lab3, lab4) restarts, said before it happens.
     done = k2("restart", str(inventory), "--limit", "lab4", "--yes", runs=runs)
-    print(done.stdout)  # the README's example output comes from here
+    print(done.stdout)  # docs/day-two.md's example output comes from here
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
     assert "restart 2 process(es) on 2 host(s): lab3, lab4; lab3 added" in done.stdout
     widened = r"│ lab3 +│ sglang-decode +│ k2-sglang +│ same decode instance as lab4"
@@ -267,7 +267,7 @@ def test_verify_is_0_names_the_tool_call_and_records_both_answers(
     _, inventory, runs = cluster
     before = set(runs.iterdir())
     out = k2("verify", str(inventory), runs=runs)
-    print(out.stdout)  # the README's example output comes from here
+    print(out.stdout)  # docs/day-two.md's example output comes from here
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert f"tool call: ok {TOOL_CALL}" in out.stdout
     assert "chat: ok reply 'ready (stand-in)'" in out.stdout

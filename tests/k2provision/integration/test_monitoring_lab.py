@@ -201,7 +201,7 @@ def test_the_fleet_overview_draws_from_the_lab(
         ax.legend(fontsize=7)
     fig.suptitle("K2 fleet overview (lab PD cluster, Prometheus query API)")
     fig.tight_layout()
-    # K2_MONITORING_PNG=docs/monitoring-fleet-overview.png keeps the picture (the README's).
+    # K2_MONITORING_PNG=docs/monitoring-fleet-overview.png keeps the picture (docs/monitoring.md's).
     target = Path(os.environ.get("K2_MONITORING_PNG") or tmp_path / "fleet.png")
     fig.savefig(target, dpi=80)
     assert target.read_bytes().startswith(b"\x89PNG")

@@ -22,7 +22,7 @@ def test_plan_prod_prints_the_4p12d_table() -> None:
 
 
 def check_contract(doc: dict[str, Any]) -> None:
-    """The JSON contract of `plan --format json` (README, issue contract)."""
+    """The JSON contract of `plan --format json` (docs/commands.md, issue contract)."""
     for key in ("engine", "layout", "model", "endpoint", "warnings", "hosts"):
         assert key in doc, key
     assert isinstance(doc["warnings"], list)

@@ -1,5 +1,5 @@
 """The command line's conventions, through a real subprocess as a user meets them: --version,
---format as a fixed choice, flags shown as flags, exit codes as the README states them, no
+--format as a fixed choice, flags shown as flags, exit codes as docs/commands.md states them, no
 traceback ever, warnings on stderr, Ansible's own notices kept out of the output, and the
 command registry with its plugins."""
 
@@ -75,7 +75,7 @@ def test_flags_show_as_flags_in_help(command: list[str], flags: list[str]) -> No
     assert "Ansible inventory" in apply  # the argument's help is shown too
 
 
-def test_exit_codes_follow_the_readme(tmp_path: Path) -> None:
+def test_exit_codes_follow_the_command_reference(tmp_path: Path) -> None:
     assert k2("plan", PROD).returncode == 0
     for bad in (
         k2("plan", str(tmp_path / "absent.ini")),  # bad input

@@ -183,8 +183,8 @@ def test_refusals_are_single_lines_per_problem(tmp_path: Path) -> None:
             assert "fix:" in line, name
 
 
-def test_the_readmes_refusal_examples_are_what_plan_prints(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+def test_the_documented_refusal_examples_are_what_plan_prints(tmp_path: Path) -> None:
+    design = (Path(__file__).resolve().parents[3] / "docs" / "design.md").read_text()
     examples = {
         "vllm-tp-thinking-1xh100": "error: [nodes] (1 node x 8 h100)",
         "sglang-pd-2p5d": "error: [decode] (5 nodes x 8 h200)",
@@ -199,7 +199,7 @@ def test_the_readmes_refusal_examples_are_what_plan_prints(tmp_path: Path) -> No
         )
         assert out.returncode == 2
         (line,) = [line for line in out.stderr.splitlines() if line.startswith(start)]
-        assert f"  {line}\n" in readme, line
+        assert f"  {line}\n" in design, line
 
 
 def test_decode_context_parallelism_is_offered_where_it_fixes(tmp_path: Path) -> None:
