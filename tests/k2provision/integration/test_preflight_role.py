@@ -50,6 +50,7 @@ def texts(**overrides: str | None) -> dict[str, str | None]:
         "os_release": read("h100-x1/os-release.txt"),
         "uname": "6.8.0-49-generic\n",
         "fabric_manager": read("fabricmanager/is-active-active.txt"),
+        "dcgm_diag": (HW.parent / "gpu_health" / "dcgmi-diag-r1-pass-dcgm4.json").read_text(),
         "containers": "",
     }
     base.update(overrides)
@@ -267,7 +268,7 @@ def test_the_role_reads_this_machine_for_real(tmp_path: Path) -> None:
         "chronyc tracking",
         "cat /etc/os-release",
         "uname -r",
-        "journalctl -k -b | grep 'NVRM: Xid'",
+        "journalctl -k -b | grep -F -e 'NVRM: Xid' -e 'NVRM: loading NVIDIA UNIX'",
         "docker ps --format '{{.Names}}'",
     ]
     texts = read["here"]["texts"]
