@@ -34,8 +34,27 @@ FormatOpt = Annotated[
 ]
 CheckOpt = Annotated[bool, typer.Option("--check", help="predict changes, change nothing")]
 DiffOpt = Annotated[bool, typer.Option("--diff", help="show file differences")]
+
+
+def checked_limit(value: str | None) -> str | None:
+    """--limit as given; ArgumentError for one that names no host: ansible-playbook takes an
+    empty --limit as none and runs on every host, the opposite of what was asked."""
+    if value is not None and not value.strip(" \t,:&!"):
+        raise ArgumentError(
+            [
+                f"--limit {value!r}: names no host; expected an Ansible host pattern (a host, "
+                "a group such as decode, or several, comma-separated); leave --limit out to "
+                "run on every host"
+            ]
+        )
+    return value
+
+
 LimitOpt = Annotated[
-    str | None, typer.Option("--limit", help="only these hosts (an Ansible host pattern)")
+    str | None,
+    typer.Option(
+        "--limit", help="only these hosts (an Ansible host pattern)", callback=checked_limit
+    ),
 ]
 TagsOpt = Annotated[str | None, typer.Option("--tags", help="only these phases, comma-separated")]
 
@@ -71,8 +90,16 @@ SITE_TAGS = (
 
 def split_tags(tags: str | None) -> tuple[str, ...]:
     """'launch, verify' -> ('launch', 'verify'); ArgumentError for a tag no phase carries
-    (ansible-playbook would run no task of it and call the run a success)."""
+    (ansible-playbook would run no task of it and call the run a success) and for a --tags
+    that names no phase (it would run every phase)."""
     chosen = tuple(t.strip() for t in (tags or "").split(",") if t.strip())
+    if tags is not None and not chosen:
+        raise ArgumentError(
+            [
+                f"--tags {tags!r}: names no phase; expected one or more of "
+                f"{', '.join(SITE_TAGS)}, comma-separated; leave --tags out to run every phase"
+            ]
+        )
     unknown = [t for t in chosen if t not in SITE_TAGS]
     if unknown:
         raise ArgumentError(

@@ -44,6 +44,7 @@ from k2provision.core.records import Plan
 from k2provision.core.versions import version_tuple
 
 __all__ = [
+    "DCGM_CHECKS",
     "DRIVER_CHECKS",
     "FACT_TEXTS",
     "GPU_CHECKS",
@@ -62,12 +63,14 @@ __all__ = [
 
 GPU_CHECKS = frozenset({"gpu_facts", "gpu_model", "gpu_count", "gpu_memory"})
 """What the GPUs are: only new hardware fixes these."""
+DCGM_CHECKS = frozenset({"dcgm"})
+"""DCGM on a GPU host, which the GPU health gate's diagnostic needs."""
 DRIVER_CHECKS = frozenset(
     {"driver", "driver_mismatch", "persistence_mode", "fabric_state", "fabric_manager"}
 )
 """What role k2_nvidia_driver installs and configures (driver, fabric manager, persistence)."""
 IB_CHECKS = frozenset({"ib_port", "ib_rate", "ib_ports"})
-HARDWARE_CHECKS = GPU_CHECKS | DRIVER_CHECKS | IB_CHECKS
+HARDWARE_CHECKS = GPU_CHECKS | DRIVER_CHECKS | IB_CHECKS | DCGM_CHECKS
 """Checks that need GPUs and HCAs; the lab profile (``k2_lab``) has neither and skips them."""
 
 FACT_TEXTS = tuple(fact.key for fact in FACT_COMMANDS)
@@ -102,6 +105,9 @@ class PreflightOptions(BaseModel):
     """Refuse a host whose clock sync state cannot be read; None: on hardware hosts, not in the
     lab (an unsynchronized clock that was read is refused either way)."""
     require_persistence_mode: bool = True
+    require_dcgm: bool = True
+    """Refuse a GPU host without a DCGM diagnostic (core.gpu_health.DCGM_FIX says what it
+    needs); the lab profile skips it with the other hardware checks."""
     os_ids: tuple[str, ...] = ("ubuntu", "debian")
     only: tuple[str, ...] = ()
     """Keep only problems of these checks (empty: all)."""
@@ -206,6 +212,7 @@ def expectations_for(
         ports_free=planned_ports(plan, host, running_containers),
         require_clock_sync=options.require_clock_sync is not False,
         require_persistence_mode=options.require_persistence_mode,
+        require_dcgm=options.require_dcgm,
         os_ids=options.os_ids,
     )
 
@@ -240,7 +247,7 @@ def host_facts(host: str, texts: Mapping[str, Any]) -> tuple[HostFacts, list[Pro
             value="unparsable output",
             expected=f"what `{FACTS[key].label}` prints",
             message=f"cannot read the output of `{FACTS[key].label}`: {exc}",
-            fix=f"run `{FACTS[key].label}` on the host and check its output",
+            fix=FACTS[key].fix or f"run `{FACTS[key].label}` on the host and check its output",
         )
         for field, (key, exc) in failures.items()
         if field not in values

@@ -37,13 +37,15 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict
 
 from k2provision.core.gpu_health import (
+    DCGM_FIX,
+    DRIVER_LOAD_MARK,
     DiagResult,
     NvLink,
     XidEvent,
     memory_health,
     parse_dcgm_diag,
     parse_nvlink_status,
-    parse_xids,
+    xids_since_driver_load,
 )
 
 __all__ = [
@@ -778,7 +780,7 @@ class HostFacts(Fact):
     fabric_manager: ServiceState | None = None
     containers: tuple[str, ...] | None = None
     xids: tuple[XidEvent, ...] | None = None
-    """The NVIDIA driver's XID reports in the kernel log since boot."""
+    """The NVIDIA driver's XID reports in the kernel log since the driver last loaded."""
     gpu_diag: tuple[DiagResult, ...] | None = None
     nvlink: tuple[NvLink, ...] | None = None
     """Every NVLink of every GPU and its state (none on a GPU without NVLink)."""
@@ -818,6 +820,9 @@ class FactCommand:
     """The output is the fact whatever the exit status (``systemctl is-active``)."""
     empty_is_answer: bool = False
     """Empty output means something (no listener, no container, no directory yet)."""
+    fix: str = ""
+    """What to do when the command gives nothing usable, where more than running it again
+    helps (empty: run it on the host and check its output)."""
 
     def command(self, model_dir: str, dcgm_diag_level: int = DEFAULT_DIAG_LEVEL) -> list[str]:
         """The argv to run for a plan whose weights live in ``model_dir``, running DCGM's
@@ -878,15 +883,18 @@ FACT_COMMANDS: tuple[FactCommand, ...] = (
     FactCommand("os_release", ("cat", "/etc/os-release"), "cat /etc/os-release",
                 parse_os_release, "os"),
     FactCommand("uname", ("uname", "-r"), "uname -r", parse_kernel_release, "kernel"),
-    # The kernel log since boot, only the NVIDIA driver's XID lines (grep's 1: there are none).
+    # The kernel log since boot, only the NVIDIA driver's XID lines and its load lines: XIDs
+    # count from the last load (core/gpu_health.py). grep's 1: there are none.
     FactCommand("kernel_xids",
-                ("sh", "-c", 'journalctl -k -b -q --no-pager | grep -F "NVRM: Xid" || [ $? -eq 1 ]',
-                 "kernel-xids"),
-                "journalctl -k -b | grep 'NVRM: Xid'", parse_xids, "xids", empty_is_answer=True),
+                ("sh", "-c",
+                 'journalctl -k -b -q --no-pager | grep -F -e "NVRM: Xid" -e "$1" || [ $? -eq 1 ]',
+                 "kernel-xids", DRIVER_LOAD_MARK),
+                f"journalctl -k -b | grep -F -e 'NVRM: Xid' -e '{DRIVER_LOAD_MARK}'",
+                xids_since_driver_load, "xids", empty_is_answer=True),
     # DCGM's diagnostic at the role's level (default 1, quick: deployment checks, seconds);
     # dcgmi exits non-zero when a test fails, and the JSON says which.
     FactCommand("dcgm_diag", ("dcgmi", "diag", "-r", DIAG_LEVEL, "-j"), "dcgmi diag -r LEVEL -j",
-                _dcgm_diag, "gpu_diag", hardware=True, any_exit=True),
+                _dcgm_diag, "gpu_diag", hardware=True, any_exit=True, fix=DCGM_FIX),
     # Each GPU's NVLinks: a rate per trained link, `<inactive>` for one that is down.
     FactCommand("nvlink", ("nvidia-smi", "nvlink", "-s"), "nvidia-smi nvlink -s",
                 parse_nvlink_status, "nvlink", hardware=True, empty_is_answer=True),

@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from k2provision.core.facts import FACTS, GpuInventory, HostFacts, IbPort, Topology, nearest_nics
-from k2provision.core.gpu_health import down_links
+from k2provision.core.gpu_health import DCGM_FIX, down_links
 from k2provision.core.versions import version_at_least, version_tuple
 
 __all__ = [
@@ -91,6 +91,9 @@ class Expectations(BaseModel):
     """Setting name -> TCP port the plan binds (``{"k2_sglang_port": 30000}``)."""
     require_clock_sync: bool = True
     require_persistence_mode: bool = False
+    require_dcgm: bool = False
+    """Refuse a GPU host whose driver answers but whose DCGM diagnostic gave nothing (no
+    ``dcgmi``, no host engine): the health gate cannot judge its GPUs."""
     os_ids: tuple[str, ...] = ("ubuntu", "debian")
     """Accepted os-release IDs (or ID_LIKE entries); empty skips the check."""
 
@@ -125,6 +128,7 @@ _COLLECTED_BY = {
     "port": "ss",
     "clock": "clock",
     "os": "os_release",
+    "dcgm": "dcgm_diag",
 }
 """The fact command (:data:`~k2provision.core.facts.FACTS`) whose output each check reads."""
 
@@ -514,9 +518,10 @@ def _check_os(f: HostFacts, exp: Expectations) -> list[Problem]:
 
 
 def check_gpu_health(f: HostFacts, exp: Expectations) -> list[Problem]:
-    """The GPU health gate: fatal XIDs since boot (k2provision/core/gpu_health.py cites
-    NVIDIA's catalogue), uncorrectable ECC, pending or failed row remaps, failed DCGM
-    diagnostics. Each names the instance the host would break and what to do."""
+    """The GPU health gate: fatal XIDs since the driver last loaded (k2provision/core/gpu_health.py
+    cites NVIDIA's catalogue), uncorrectable ECC, pending or failed row remaps, NVLinks down,
+    failed DCGM diagnostics, and a DCGM that did not answer on a host whose driver does. Each
+    names the instance the host would break and what to do."""
     drain = f"drain {f.host} (it would break the {exp.instance} instance)"
     found: list[Problem] = []
 
@@ -537,8 +542,10 @@ def check_gpu_health(f: HostFacts, exp: Expectations) -> list[Problem]:
             problem(
                 "gpu_xid",
                 str(event),
-                "no fatal XID since boot",
-                "reset the GPU or reboot the host, and replace the GPU if the XID returns",
+                "no fatal XID since the NVIDIA driver loaded",
+                "reboot the host or reload the NVIDIA driver (the gate counts XIDs since the "
+                "driver's last load, so a GPU reset alone does not clear this), and replace the "
+                "GPU if the XID returns",
             )
     for gpu in f.gpus.gpus if f.gpus is not None else ():
         name = f"GPU {gpu.index} ({gpu.pci_bus_id})"
@@ -580,6 +587,16 @@ def check_gpu_health(f: HostFacts, exp: Expectations) -> list[Problem]:
                 "every DCGM diagnostic passes",
                 "run `dcgmi diag -r 3` on the host and replace the GPU it names",
             )
+    if exp.require_dcgm and f.gpu_diag is None and f.gpus is not None:
+        found.append(
+            _not_collected(
+                f.host,
+                "dcgm",
+                "DCGM's diagnostic",
+                "DCGM (dcgmi and its host engine) on every GPU host",
+                fix=DCGM_FIX,
+            )
+        )
     return found
 
 

@@ -4,7 +4,7 @@ only when that plan fits. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from k2provision.core.records import LAYOUTS, Cluster, GpuSpec, ModelSpec, PoolName
 from k2provision.engines import REGISTRY
@@ -129,6 +129,40 @@ def _pool_fits(
     return pool not in evaluate(cluster, counts, spec, gpu, context)[2]
 
 
+def _batch_knobs(cluster: Cluster, pool: PoolName) -> list[BatchTunable]:
+    """The engine's batch tunables that bound `pool` in this layout."""
+    return [
+        knob
+        for knob in REGISTRY[cluster.engine].BATCH_TUNABLES
+        if cluster.layout in knob.layouts and pool in knob.pools
+    ]
+
+
+def _with_value(cluster: Cluster, field: str, value: int) -> Cluster:
+    return cluster.model_copy(
+        update={"tunables": cluster.tunables.model_copy(update={field: value})}
+    )
+
+
+def _largest_batch(
+    cluster: Cluster, knob: BatchTunable, fits: Callable[[Cluster], bool]
+) -> int | None:
+    """The largest candidate of `knob` below its current value with which `fits` holds."""
+    current = getattr(cluster.tunables, knob.field)
+    return next(
+        (
+            value
+            for value in knob.candidates
+            if value < current and fits(_with_value(cluster, knob.field, value))
+        ),
+        None,
+    )
+
+
+def _batch_text(knob: BatchTunable, value: int) -> str:
+    return f"{knob.variable}={value} ({knob.effect.format(value=value)})"
+
+
 def _smaller_batch(
     cluster: Cluster,
     knob: BatchTunable,
@@ -139,18 +173,121 @@ def _smaller_batch(
     context: int,
 ) -> str | None:
     """The largest value of `knob` below the current one that makes `pool` fit, as a hint."""
-    if cluster.layout not in knob.layouts or pool not in knob.pools:
+    value = _largest_batch(cluster, knob, _fits_at(pool, counts, spec, gpu, context))
+    if value is None:
         return None
-    t = cluster.tunables
-    current = getattr(t, knob.field)
-    for value in (v for v in knob.candidates if v < current):
-        trial = cluster.model_copy(update={"tunables": t.model_copy(update={knob.field: value})})
-        if _pool_fits(trial, pool, counts, spec, gpu, context):
-            return (
-                f"{knob.variable}={value} ({knob.effect.format(value=value)}; "
-                f"{current} now) on these {nodes_text(counts[pool])}"
+    current = getattr(cluster.tunables, knob.field)
+    return (
+        f"{knob.variable}={value} ({knob.effect.format(value=value)}; "
+        f"{current} now) on these {nodes_text(counts[pool])}"
+    )
+
+
+def counts_with_smaller_batch(
+    cluster: Cluster,
+    knob: BatchTunable,
+    pool: PoolName,
+    counts: dict[PoolName, int],
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    context: int,
+) -> list[tuple[int, int]]:
+    """The nearest node counts below and above the requested one at which `pool` fits with a
+    smaller value of `knob`, each with the largest value that fits there: (nodes, value).
+    SGLang PD decode on 80 GB GPUs fits at no node count at the default batch (its graphs
+    and DeepEP buffers grow with the pool), so node counts alone offer nothing there."""
+    asked = counts[pool]
+    limit = max(MAX_SEARCH_NODES, 2 * asked)
+    found: list[tuple[int, int]] = []
+    for candidates in (range(asked - 1, 0, -1), range(asked + 1, limit + 1)):
+        for n in candidates:
+            value = _largest_batch(
+                cluster, knob, _fits_at(pool, {**counts, pool: n}, spec, gpu, context)
             )
-    return None
+            if value is not None:
+                found.append((n, value))
+                break
+    return found
+
+
+def _fits_at(
+    pool: PoolName, counts: dict[PoolName, int], spec: ModelSpec, gpu: GpuSpec, context: int
+) -> Callable[[Cluster], bool]:
+    """Whether a trial cluster's `pool` fits at these counts."""
+
+    def fits(trial: Cluster) -> bool:
+        return _pool_fits(trial, pool, counts, spec, gpu, context)
+
+    return fits
+
+
+def _pool_fixes(
+    cluster: Cluster,
+    pool: PoolName,
+    found: list[str],
+    counts: dict[PoolName, int],
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    context: int,
+) -> list[str]:
+    """The changes to `pool` alone (its node count, its redundant experts, its batch) that
+    make it fit, each planned again."""
+    hints: list[str] = []
+    gpn = cluster.gpus_per_node
+    label = "" if cluster.layout != "pd" else f" [{pool}]"
+
+    def fits_here(trial: Cluster) -> bool:
+        return _pool_fits(trial, pool, counts, spec, gpu, context)
+
+    def on(n: int) -> str:
+        return _on(n, _shape_of(cluster, pool, {**counts, pool: n}, spec), gpn, gpu)
+
+    # A smaller largest batch, where the engine sizes buffers or graphs by it.
+    batch = [
+        hint
+        for knob in _batch_knobs(cluster, pool)
+        if (hint := _smaller_batch(cluster, knob, pool, counts, spec, gpu, context)) is not None
+    ]
+    # Node counts near what was asked, all else equal; where none fits and no batch fits
+    # here, the nearest counts at which a smaller batch fits.
+    near = nearby_counts(cluster, pool, counts, spec, gpu, context)
+    if near:
+        options = " or ".join(on(n) for n in near)
+        hints.append(f"{cluster.engine} {cluster.layout}{label} fits on {options}")
+    elif not batch:
+        for knob in _batch_knobs(cluster, pool):
+            sized = counts_with_smaller_batch(cluster, knob, pool, counts, spec, gpu, context)
+            if sized:
+                options = " or ".join(
+                    f"{on(n)} with {_batch_text(knob, value)}" for n, value in sized
+                )
+                hints.append(f"{cluster.engine} {cluster.layout}{label} fits on {options}")
+    # Redundant experts that let the decode pool's expert parallelism divide (with a smaller
+    # batch where the slots divide but memory falls short).
+    if pool == "decode" and any("expert parallel size" in p for p in found):
+        ep = counts["decode"] * gpn
+        spare = (-spec.n_routed_experts) % ep
+        on_these = f"on these {nodes_text(counts['decode'])}"
+        for r in (spare, spare + ep):
+            if r == cluster.tunables.decode_redundant_experts:
+                continue
+            trial = _with_value(cluster, "decode_redundant_experts", r)
+            experts = (
+                f"k2_decode_redundant_experts={r} ({spec.n_routed_experts} + {r} expert "
+                f"slots over ep {ep})"
+            )
+            if fits_here(trial):
+                hints.append(f"{experts} {on_these}")
+                break
+            with_batch = [
+                f"{experts} and {_batch_text(knob, value)} {on_these}"
+                for knob in _batch_knobs(trial, pool)
+                if (value := _largest_batch(trial, knob, fits_here)) is not None
+            ]
+            if with_batch:
+                hints += with_batch
+                break
+    return hints + batch
 
 
 def fixes(
@@ -174,35 +311,7 @@ def fixes(
         return all_pools_fit(c, counts, spec, gpu, ctx or context)
 
     for pool, found in problems.items():
-        # Node counts near what was asked, all else equal.
-        near = nearby_counts(cluster, pool, counts, spec, gpu, context)
-        if near:
-            label = "" if cluster.layout != "pd" else f" [{pool}]"
-            options = " or ".join(
-                _on(n, _shape_of(cluster, pool, {**counts, pool: n}, spec), gpn, gpu) for n in near
-            )
-            out[pool].append(f"{cluster.engine} {cluster.layout}{label} fits on {options}")
-        # Redundant experts that let the decode pool's expert parallelism divide.
-        if pool == "decode" and any("expert parallel size" in p for p in found):
-            ep = counts["decode"] * cluster.gpus_per_node
-            spare = (-spec.n_routed_experts) % ep
-            for r in (spare, spare + ep):
-                if r == t.decode_redundant_experts:
-                    continue
-                trial = cluster.model_copy(
-                    update={"tunables": t.model_copy(update={"decode_redundant_experts": r})}
-                )
-                if _pool_fits(trial, pool, counts, spec, gpu, context):
-                    out[pool].append(
-                        f"k2_decode_redundant_experts={r} ({spec.n_routed_experts} + {r} expert "
-                        f"slots over ep {ep}) on these {nodes_text(counts['decode'])}"
-                    )
-                    break
-        # A smaller largest batch, where the engine sizes buffers or graphs by it.
-        for knob in REGISTRY[cluster.engine].BATCH_TUNABLES:
-            hint = _smaller_batch(cluster, knob, pool, counts, spec, gpu, context)
-            if hint is not None:
-                out[pool].append(hint)
+        out[pool] = _pool_fixes(cluster, pool, found, counts, spec, gpu, context)
 
     shared: list[str] = []
     # GPUs per node, when the count given cannot split the model's heads or experts.

@@ -50,6 +50,7 @@ def texts(**overrides: str | None) -> dict[str, str | None]:
         "os_release": read("h100-x1/os-release.txt"),
         "uname": "6.8.0-49-generic\n",
         "fabric_manager": read("fabricmanager/is-active-active.txt"),
+        "dcgm_diag": (HW.parent / "gpu_health" / "dcgmi-diag-r1-pass-dcgm4.json").read_text(),
         "containers": "",
     }
     base.update(overrides)
@@ -225,6 +226,23 @@ def test_a_fatal_xid_and_a_failed_dcgm_diag_refuse_the_host_naming_its_instance(
     assert refusal_lines(report, "gpu-02") == [GPU_COUNT.format(host="gpu-02")]
 
 
+def test_a_gpu_host_without_dcgm_is_refused_unless_the_role_is_told_not_to(
+    tmp_path: Path,
+) -> None:
+    facts = {"gpu-01": texts(dcgm_diag=None), "gpu-02": texts()}
+    (tmp_path / "strict").mkdir()
+    (tmp_path / "relaxed").mkdir()
+    report = run_preflight(tmp_path / "strict", facts, ib_devices="mlx5_0")
+    (dcgm,) = [line for line in refusal_lines(report, "gpu-01") if "DCGM" in line]
+    assert dcgm.startswith("gpu-01: DCGM's diagnostic was not collected (`dcgmi diag -r LEVEL -j`")
+    assert "systemctl enable --now nvidia-dcgm" in dcgm
+    assert refusal_lines(report, "gpu-02") == [GPU_COUNT.format(host="gpu-02")]
+    relaxed = run_preflight(
+        tmp_path / "relaxed", facts, ib_devices="mlx5_0", k2_preflight_require_dcgm=False
+    )
+    assert refusal_lines(relaxed, "gpu-01") == [GPU_COUNT.format(host="gpu-01")]
+
+
 def test_a_host_that_meets_the_plan_is_refused_for_nothing_else(tmp_path: Path) -> None:
     """Good captures on both hosts: the single-GPU capture's count is the only line left (no
     capture of an 8-GPU H200 board is available), on each host."""
@@ -267,7 +285,7 @@ def test_the_role_reads_this_machine_for_real(tmp_path: Path) -> None:
         "chronyc tracking",
         "cat /etc/os-release",
         "uname -r",
-        "journalctl -k -b | grep 'NVRM: Xid'",
+        "journalctl -k -b | grep -F -e 'NVRM: Xid' -e 'NVRM: loading NVIDIA UNIX'",
         "docker ps --format '{{.Names}}'",
     ]
     texts = read["here"]["texts"]

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -111,4 +113,26 @@ def test_apply_refuses_a_tag_no_phase_carries(tmp_path: Path) -> None:
     said = " ".join(out.stderr.split())
     assert "--tags lanch: no phase carries that tag" in said
     assert "preflight, prepare, ssh_mesh, weights, nccl, launch, verify, monitoring" in said
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value", "said"),
+    [
+        ("apply", "--limit", "", "--limit '': names no host"),
+        ("apply", "--limit", " , ", "--limit ' , ': names no host"),
+        ("stop", "--limit", "", "--limit '': names no host"),
+        ("weights", "--limit", "", "--limit '': names no host"),
+        ("apply", "--tags", "", "--tags '': names no phase"),
+        ("apply", "--tags", ",", "--tags ',': names no phase"),
+    ],
+)
+def test_an_empty_limit_or_tags_is_refused_before_the_run(
+    tmp_path: Path, command: str, option: str, value: str, said: str
+) -> None:
+    """An empty --limit would run on every host, an empty --tags every phase."""
+    out = k2(command, "inventory/prod.ini", f"{option}={value}", runs=tmp_path / "runs")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert said in " ".join(out.stderr.split())
+    assert "leave " + option + " out" in out.stderr
     assert not (tmp_path / "runs").exists()

@@ -71,6 +71,7 @@ def good_h200_texts(**overrides: str | None) -> dict[str, str | None]:
         "os_release": read("h100-x1/os-release.txt"),
         "uname": "6.8.0-49-generic\n",
         "fabric_manager": read("fabricmanager/is-active-active.txt"),
+        "dcgm_diag": (HW.parent / "gpu_health" / "dcgmi-diag-r1-pass-dcgm4.json").read_text(),
         "containers": "",
     }
     texts.update(overrides)
@@ -202,6 +203,24 @@ def test_a_good_host_passes_apart_from_its_single_gpu(prod: Plan) -> None:
     assert verdict.defer == ()
     assert verdict.summary.startswith("gpu-p01: Ubuntu 24.04.3 LTS; kernel 6.8.0-49-generic; ")
     assert "1 x NVIDIA H200, driver 580.159.04" in verdict.summary
+
+
+def test_a_gpu_host_without_dcgm_is_refused_and_a_lab_host_is_not(prod: Plan, lab: Plan) -> None:
+    plan = with_ib_devices(prod, "gpu-p01", ())
+    verdict = evaluate_host(plan, "gpu-p01", good_h200_texts(dcgm_diag=None), PreflightOptions())
+    assert [p.check for p in verdict.refuse] == ["gpu_count", "dcgm"]
+    (line,) = [x for x in lines(verdict) if "DCGM" in x]
+    assert line.startswith("gpu-p01: DCGM's diagnostic was not collected")
+    assert "fix: install DCGM 4" in line
+    no_engine = "Error: unable to establish a connection to the specified host: localhost\n"
+    verdict = evaluate_host(
+        plan, "gpu-p01", good_h200_texts(dcgm_diag=no_engine), PreflightOptions()
+    )
+    assert [p.check for p in verdict.refuse] == ["unreadable_dcgm_diag", "gpu_count", "dcgm"]
+    relaxed = PreflightOptions(require_dcgm=False)
+    verdict = evaluate_host(plan, "gpu-p01", good_h200_texts(dcgm_diag=None), relaxed)
+    assert [p.check for p in verdict.refuse] == ["gpu_count"]
+    assert "dcgm" in evaluate_host(lab, "lab1", {}, PreflightOptions(hardware=False)).skipped
 
 
 def test_wrong_gpu_h100_capture_against_an_h200_plan(prod: Plan) -> None:

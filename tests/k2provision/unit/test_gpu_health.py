@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from k2provision.core.gpu_health import (
     FATAL_XIDS,
+    NO_LINK,
+    down_links,
     host_gpu_health,
     parse_dcgm_diag,
     parse_memory_health,
     parse_nvlink_status,
     parse_xids,
+    xids_since_driver_load,
 )
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -113,3 +118,72 @@ def test_a_gpu_with_no_active_link_is_down_only_beside_other_gpus() -> None:
     )
     # A lone GPU without NVLink (a one-GPU VM) has nothing to lose.
     assert host_gpu_health("vm-01", nvlink_status=header.format(n=0)).ok
+
+
+def test_xids_count_from_the_driver_s_last_load() -> None:
+    log = (GPU / "kernel-log-xid-driver-reloaded.txt").read_text()
+    assert [e.xid for e in parse_xids(log)] == [79, 13]
+    # The XID 79 came before the driver was reloaded: only the XID 13 after it counts.
+    assert [(e.pci, e.xid) for e in xids_since_driver_load(log)] == [("0000:18:00", 13)]
+    assert host_gpu_health("gpu-d01", kernel_log=log).ok
+    # A log whose only load line precedes the XID (this boot's first load) keeps it.
+    once = (GPU / "kernel-log-xid.txt").read_text()
+    assert [e.xid for e in xids_since_driver_load(once)] == [13, 13, 79]
+    assert not host_gpu_health("gpu-d01", kernel_log=once).ok
+    # Without any load line (a log that starts after it) every XID counts.
+    (fatal,) = xids_since_driver_load("[9.0] NVRM: Xid (PCI:0000:bb:00): 79, pid=1, off the bus\n")
+    assert fatal.fatal
+
+
+def test_dcgm_4_results_per_gpu() -> None:
+    results = parse_dcgm_diag((GPU / "dcgmi-diag-r1-fail-dcgm4.json").read_text())
+    assert [(r.test, r.gpu, r.status) for r in results] == [
+        ("software", "0", "Pass"),
+        ("software", "1", "Fail"),
+    ]
+    assert results[1].info == "GPU 1 had uncorrectable memory errors and row remapping failed."
+    passed = parse_dcgm_diag((GPU / "dcgmi-diag-r1-pass-dcgm4.json").read_text())
+    assert len(passed) == 2
+    assert not any(r.failed for r in passed)
+    bad = host_gpu_health("gpu-d01", diag_json=(GPU / "dcgmi-diag-r1-fail-dcgm4.json").read_text())
+    assert bad.problems == (
+        "DCGM diag software failed on GPU 1: GPU 1 had uncorrectable memory errors and row "
+        "remapping failed.",
+    )
+
+
+def test_a_dcgm_4_failure_tied_to_no_gpu_fails_through_the_test_summary() -> None:
+    doc = (GPU / "dcgmi-diag-r1-pass-dcgm4.json").read_text()
+    failed = doc.replace(
+        '"test_summary" : {\n                     "status" : "Pass"',
+        '"test_summary" : {\n                     "status" : "Fail", "info" : ["no CUDA context"]',
+    )
+    assert failed != doc
+    (summary,) = [r for r in parse_dcgm_diag(failed) if r.failed]
+    assert (summary.test, summary.gpu, summary.info) == ("software", "all", "no CUDA context")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Error: unable to establish a connection to the specified host: localhost",
+        "{}",
+        '{"DCGM GPU Diagnostic": {"version": "3.3.9"}}',
+        '{"DCGM Diagnostic": {"test_categories": []}, "metadata": {"version": "4.4.2"}}',
+        '{"DCGM Diagnostic": {"runtime_error": "Host engine not reachable", "version": "4.4.2"}}',
+        '{"Some Future Root": {"test_categories": [{"tests": [{"name": "software"}]}]}}',
+    ],
+)
+def test_a_dcgm_document_without_results_is_unreadable_not_passing(text: str) -> None:
+    with pytest.raises(ValueError, match="dcgmi diag"):
+        parse_dcgm_diag(text)
+
+
+def test_all_links_inactive_on_the_line_after_the_gpu_header() -> None:
+    text = (GPU / "nvidia-smi-nvlink-s-hgx-h100-gpu5-all-inactive.txt").read_text()
+    message = "NVML: Unable to retrieve NVLink information as all links are inActive"
+    (down,) = down_links(parse_nvlink_status(text))
+    assert (down.gpu, down.link, down.state) == (5, NO_LINK, message)
+    assert host_gpu_health("gpu-01", nvlink_status=text).problems == (
+        f"GPU 5 has no active NVLink (nvidia-smi nvlink -s: {message})",
+    )

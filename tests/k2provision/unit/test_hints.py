@@ -74,11 +74,23 @@ def applied(setup: Setup, pool: str, hint: str) -> list[Setup]:
         return [replace(setup, layout=layout, counts=counts)]
     if m := re.match(r"the smallest \w+ layout that fits is (k2_layout=.*)", hint):
         return applied(setup, pool, m.group(1))
-    if m := re.match(r"(k2_\w+)=(\w+)", hint):
-        return [replace(setup, variables={**setup.variables, m.group(1): m.group(2)})]
-    if " fits on " in hint:
-        sizes = [int(n) for n in re.findall(r"(\d+) nodes? x", hint)]
-        return [replace(setup, counts={**setup.counts, pool: n}) for n in sizes]
+    if re.match(r"k2_\w+=\w+", hint):  # one setting, or several joined by "and"
+        settings = dict(re.findall(r"(k2_\w+)=(\w+)", hint))
+        return [replace(setup, variables={**setup.variables, **settings})]
+    if " fits on " in hint:  # node counts, each maybe "with" a setting
+        found = []
+        for option in hint.split(" fits on ", 1)[1].split(" or "):
+            size = re.match(r"(\d+) nodes? x", option)
+            assert size, hint
+            settings = dict(re.findall(r"(k2_\w+)=(\w+)", option))
+            found.append(
+                replace(
+                    setup,
+                    counts={**setup.counts, pool: int(size.group(1))},
+                    variables={**setup.variables, **settings},
+                )
+            )
+        return found
     raise AssertionError(f"a hint of unknown form: {hint}")
 
 
@@ -96,6 +108,8 @@ SETUPS = {
     "sglang-pd-2p5d": Setup("sglang", "pd", {"prefill": 2, "decode": 5}),
     "sglang-pd-32p96d": Setup("sglang", "pd", {"prefill": 32, "decode": 96}),
     "sglang-pd-4p12d-h100": Setup("sglang", "pd", {"prefill": 4, "decode": 12}, {"k2_gpu": "h100"}),
+    "sglang-pd-4p2d-h100": Setup("sglang", "pd", {"prefill": 4, "decode": 2}, {"k2_gpu": "h100"}),
+    "sglang-pd-4p5d-h800": Setup("sglang", "pd", {"prefill": 4, "decode": 5}, {"k2_gpu": "h800"}),
     "vllm-tp-1xh200-dcp-off": Setup(
         "vllm",
         "tp",
@@ -227,3 +241,31 @@ def test_pd_on_80_gb_gpus_is_offered_the_largest_decode_batch_that_fits(tmp_path
         replace(setup, variables={**setup.variables, "k2_cuda_graph_max_bs_decode": str(bigger)}),
         tmp_path,
     )
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h800"])
+def test_pd_decode_on_80_gb_gpus_is_offered_node_counts_with_a_smaller_batch(
+    gpu: str, tmp_path: Path
+) -> None:
+    """At the default batch the decode pool fits at no node count on 80 GB GPUs (its CUDA
+    graphs and DeepEP buffers grow with the pool): the counts come with the batch that fits."""
+    setup = Setup("sglang", "pd", {"prefill": 4, "decode": 2}, {"k2_gpu": gpu})
+    (decode,) = problems(setup, tmp_path)
+    assert decode.startswith("[decode]")
+    assert "no change near" not in decode
+    (hint,) = hints(decode)
+    assert hint.startswith(f"sglang pd [decode] fits on 3 nodes x 8 {gpu} ")
+    assert "with k2_cuda_graph_max_bs_decode=" in hint
+    (fixed,) = applied(setup, "decode", hint)
+    assert plans(fixed, tmp_path)
+
+
+def test_pd_decode_is_offered_redundant_experts_with_a_smaller_batch(tmp_path: Path) -> None:
+    setup = SETUPS["sglang-pd-4p5d-h800"]
+    lines = problems(setup, tmp_path)
+    both = [h for line in lines for h in hints(line) if h.startswith("k2_decode_redundant")]
+    assert both
+    assert all(" and k2_cuda_graph_max_bs_decode=" in h for h in both)
+    for hint in both:
+        (fixed,) = applied(setup, "decode", hint)
+        assert plans(fixed, tmp_path), hint

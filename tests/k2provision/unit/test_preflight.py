@@ -454,12 +454,24 @@ def test_a_fatal_xid_refuses_the_host_an_application_xid_does_not() -> None:
     problem = only(check_gpu_health(facts, h200(instance="decode")), "gpu_xid")
     assert_readable(problem)
     assert "XID 79 on GPU 0000:bb:00 (GPU has fallen off the bus)" in problem.value
-    assert problem.fix.startswith("drain gpu-d01 (it would break the decode instance); reset")
+    assert problem.fix.startswith("drain gpu-d01 (it would break the decode instance); reboot")
+    # What clears it is what the gate reads: XIDs since the driver's last load.
+    assert "a GPU reset alone does not clear this" in problem.fix
+    assert "since the NVIDIA driver loaded" in problem.expected
     app_only = "[1.0] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics Exception\n"
     clean, _ = host_facts("gpu-d02", {"kernel_xids": app_only})
     assert clean.xids is not None
     assert len(clean.xids) == 1
     assert check_gpu_health(clean, h200()) == []
+
+
+def test_a_fatal_xid_before_the_driver_reloaded_passes_the_gate() -> None:
+    reloaded = (GPU_HEALTH / "kernel-log-xid-driver-reloaded.txt").read_text()
+    facts, unreadable = host_facts("gpu-d01", {"kernel_xids": reloaded})
+    assert unreadable == []
+    assert facts.xids is not None
+    assert [e.xid for e in facts.xids] == [13]
+    assert check_gpu_health(facts, h200()) == []
 
 
 def test_ecc_and_row_remaps_from_nvidia_smi() -> None:
@@ -491,6 +503,46 @@ def test_a_failed_dcgm_diag_refuses_and_an_unreadable_one_is_named() -> None:
     assert check_gpu_health(passed, h200()) == []
     _, unreadable = host_facts("g1", {"dcgm_diag": "Error: unable to connect to host engine"})
     assert checks(unreadable) == ["unreadable_dcgm_diag"]
+
+
+def test_a_failed_dcgm_4_diag_refuses_and_one_without_results_is_unreadable() -> None:
+    fail4 = (GPU_HEALTH / "dcgmi-diag-r1-fail-dcgm4.json").read_text()
+    facts, unreadable = host_facts("g1", {"dcgm_diag": fail4})
+    assert unreadable == []
+    problem = only(check_host(facts, h200()), "gpu_diag")
+    assert_readable(problem)
+    assert problem.value.startswith("DCGM diag `software` failed on GPU 1: GPU 1 had uncorrectable")
+    passed, _ = host_facts(
+        "g1", {"dcgm_diag": (GPU_HEALTH / "dcgmi-diag-r1-pass-dcgm4.json").read_text()}
+    )
+    assert check_gpu_health(passed, h200()) == []
+    empty = '{"DCGM Diagnostic": {"runtime_error": "Host engine not reachable"}}'
+    nothing, unreadable = host_facts("g1", {"dcgm_diag": empty})
+    assert nothing.gpu_diag is None
+    (problem,) = unreadable
+    assert problem.check == "unreadable_dcgm_diag"
+    assert "Host engine not reachable" in problem.message
+    assert "systemctl enable --now nvidia-dcgm" in problem.fix
+
+
+def test_a_gpu_host_without_dcgm_is_refused_naming_host_and_fix() -> None:
+    gpus = parse_nvidia_smi_xml(read("h200-x1/nvidia-smi-q-x.xml"))
+    missing = HostFacts(host="gpu-d03", gpus=gpus)
+    problem = only(check_gpu_health(missing, h200(require_dcgm=True)), "dcgm")
+    assert_readable(problem)
+    assert problem.line().startswith("gpu-d03: DCGM's diagnostic was not collected (`dcgmi diag")
+    assert "datacenter-gpu-manager-4-cuda13" in problem.fix
+    assert "systemctl enable --now nvidia-dcgm" in problem.fix
+    # No driver answering yet: the GPU inventory check says so, not DCGM.
+    assert check_gpu_health(HostFacts(host="gpu-d03"), h200(require_dcgm=True)) == []
+    assert check_gpu_health(missing, h200()) == []
+
+
+def test_all_links_inactive_after_the_header_refuses_the_host() -> None:
+    text = (GPU_HEALTH / "nvidia-smi-nvlink-s-hgx-h100-gpu5-all-inactive.txt").read_text()
+    facts, _ = host_facts("gpu-p01", {"nvlink": text})
+    problem = only(check_host(facts, h200(instance="prefill")), "gpu_nvlink")
+    assert problem.value.startswith("GPU 5 has no active NVLink")
 
 
 def test_a_down_nvlink_refuses_the_host_naming_gpu_and_link() -> None:
