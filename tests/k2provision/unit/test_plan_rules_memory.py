@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from k2provision.core import catalog
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.engines import REGISTRY
 from k2provision.errors import InventoryError, PlanError
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from tests.k2provision import plan_space
 from tests.k2provision.plan_rules_memory import problems
 
