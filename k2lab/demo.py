@@ -12,7 +12,7 @@ written down: candidates are tried in this order and the first that plans wins.
 3. vLLM DP+EP, then vLLM TP+PP, then vLLM TP;
 4. TensorRT-LLM TP+EP;
 5. KTransformers on one host;
-6. any other layout the product knows (models.LAYOUTS), in its order.
+6. any other layout the product knows (each registered engine's LAYOUTS), in its order.
 
 Within a layout, models go in catalog order with the default model first, and for each model
 the context lengths of CONTEXT_LENGTHS in order. Weights come from the synthetic test source.
