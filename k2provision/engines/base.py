@@ -266,7 +266,7 @@ class Engine(Protocol):
     """Per catalog model id, the first release of the engine that serves it (a model absent
     here, or with no min_version, is one no release is known to serve)."""
     LAYOUTS: tuple[Layout, ...]
-    """The layouts the engine renders, the first the one its docs lead with."""
+    """The layouts the engine renders, in the order tables and fix hints list them."""
     SINGLE_GPU: bool
     """A pool uses one GPU of its host, whatever the host has."""
     ROUTED_EXPERTS_ON_HOST: bool
@@ -277,6 +277,9 @@ class Engine(Protocol):
     """k2_kv_cache_dtype=fp8 renders an FP8 KV cache for MLA."""
     DCP_LAYOUTS: tuple[str, ...]
     """Layouts with decode context parallelism."""
+    SPARE_EXPERT_TUNABLES: dict[PoolName, str]
+    """Per pool, the Tunables field of its spare expert slots, where the engine takes them: a
+    fix hint offers the count that lets the pool's expert parallelism divide the experts."""
     DCP_TUNABLE: str | None
     """The Tunables field that sets the decode context parallel size (a fix hint offers
     other sizes); None where the engine has none."""

@@ -189,6 +189,7 @@ FP8_KV = False
 FLEET_LAYOUTS: tuple[str, ...] = ()
 DCP_LAYOUTS: tuple[str, ...] = ()
 DCP_TUNABLE: str | None = None
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
 HEALTH_PATH = "/health"
 # sglang-kt 0.7.2 is SGLang's server: --enable-metrics mounts Prometheus' /metrics on its HTTP
 # port (sglang/srt/entrypoints/http_server.py, add_prometheus_middleware in

@@ -772,6 +772,7 @@ FP8_KV = True  # --kv-cache-dtype fp8_e4m3
 FLEET_LAYOUTS: tuple[str, ...] = ("tp", "pd")
 DCP_LAYOUTS: tuple[str, ...] = ()
 DCP_TUNABLE: str | None = None
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {"decode": "decode_redundant_experts"}
 HEALTH_PATH = SERVER_HEALTH_PATH
 METRICS_PATH: str | None = "/metrics"
 METRICS_PORTS: tuple[str, ...] = ("k2_sglang_port", "k2_router_metrics_port")

@@ -471,6 +471,7 @@ FP8_KV = False  # its KV dtype is k2_trtllm_kv_cache_dtype (kv_cache_config.dtyp
 FLEET_LAYOUTS: tuple[str, ...] = ()
 DCP_LAYOUTS: tuple[str, ...] = ()
 DCP_TUNABLE: str | None = None
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
 HEALTH_PATH = "/health"
 # No Prometheus scrape: trtllm-serve's GET /metrics answers iteration stats as JSON
 # (tensorrt_llm/serve/openai_server.py, get_iteration_stats), not Prometheus text; its

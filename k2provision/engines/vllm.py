@@ -583,6 +583,7 @@ FP8_KV = True  # --kv-cache-dtype fp8
 FLEET_LAYOUTS: tuple[str, ...] = layout_names(LAYOUTS)
 DCP_LAYOUTS: tuple[str, ...] = ("tp", "tp_pp")
 DCP_TUNABLE: str | None = "vllm_decode_context_parallel_size"
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
 HEALTH_PATH = "/health"
 # vllm 0.33.0's API server always mounts Prometheus' /metrics
 # (entrypoints/serve/instrumentator/metrics.py); nothing to turn on.

@@ -190,20 +190,22 @@ def fixes(
                 _on(n, _shape_of(cluster, pool, {**counts, pool: n}, spec), gpn, gpu) for n in near
             )
             out[pool].append(f"{cluster.engine} {cluster.layout}{label} fits on {options}")
-        # Redundant experts that let the decode pool's expert parallelism divide.
-        if pool == "decode" and any("expert parallel size" in p for p in found):
-            ep = counts["decode"] * cluster.gpus_per_node
+        # Spare expert slots that let the pool's expert parallelism divide, where the engine
+        # takes them.
+        spare_field = REGISTRY[cluster.engine].SPARE_EXPERT_TUNABLES.get(pool)
+        if spare_field and any("expert parallel size" in p for p in found):
+            ep = counts[pool] * cluster.gpus_per_node
             spare = (-spec.n_routed_experts) % ep
             for r in (spare, spare + ep):
-                if r == t.decode_redundant_experts:
+                if r == getattr(t, spare_field):
                     continue
                 trial = cluster.model_copy(
-                    update={"tunables": t.model_copy(update={"decode_redundant_experts": r})}
+                    update={"tunables": t.model_copy(update={spare_field: r})}
                 )
                 if _poolall_pools_fit(trial, pool, counts, spec, gpu, context):
                     out[pool].append(
-                        f"k2_decode_redundant_experts={r} ({spec.n_routed_experts} + {r} expert "
-                        f"slots over ep {ep}) on these {nodes_text(counts['decode'])}"
+                        f"k2_{spare_field}={r} ({spec.n_routed_experts} + {r} expert "
+                        f"slots over ep {ep}) on these {nodes_text(counts[pool])}"
                     )
                     break
         # A smaller largest batch, where the engine sizes buffers or graphs by it.

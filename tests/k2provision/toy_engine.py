@@ -119,6 +119,7 @@ TEXT_ONLY = False
 FP8_KV = True
 DCP_LAYOUTS: tuple[str, ...] = ()
 DCP_TUNABLE: str | None = None
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
 FLEET_LAYOUTS: tuple[str, ...] = ()
 HEALTH_PATH = "/health"
 METRICS_PATH: str | None = "/metrics"
