@@ -12,7 +12,7 @@ written down: candidates are tried in this order and the first that plans wins.
 3. vLLM DP+EP, then vLLM TP+PP, then vLLM TP;
 4. TensorRT-LLM TP+EP;
 5. KTransformers on one host;
-6. any other layout the product knows (models.LAYOUTS), in its order.
+6. any other layout the product knows (each registered engine's LAYOUTS), in its order.
 
 Within a layout, models go in catalog order with the default model first, and for each model
 the context lengths of CONTEXT_LENGTHS in order. Weights come from the synthetic test source.
@@ -32,10 +32,11 @@ from k2lab.config import MAX_HOSTS, LabConfig
 from k2lab.errors import LabError
 from k2lab.inventory import InventoryHost, VarValue, layout_groups, render_inventory
 from k2provision.core import catalog
-from k2provision.core.inventory import DEFAULT_MODEL, cluster_from_groups, load_cluster
-from k2provision.core.records import LAYOUTS
+from k2provision.core.inventory import DEFAULT_MODEL
+from k2provision.engines import REGISTRY, layout_named
 from k2provision.errors import K2Error
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import cluster_from_groups, load_cluster
 
 LAYOUT_ORDER: tuple[tuple[str, str], ...] = (
     ("sglang", "pd"),
@@ -87,7 +88,7 @@ class DemoLayout:
 
 def layouts() -> list[tuple[str, str]]:
     """LAYOUT_ORDER, then every other (engine, layout) the product knows."""
-    known = [(engine, layout) for engine, names in LAYOUTS.items() for layout in names]
+    known = [(name, layout.name) for name, engine in REGISTRY.items() for layout in engine.LAYOUTS]
     return [p for p in LAYOUT_ORDER if p in known] + [p for p in known if p not in LAYOUT_ORDER]
 
 
@@ -102,13 +103,14 @@ def _pd_splits(n: int) -> list[int]:
     return sorted(range(1, n), key=lambda p: (abs(p - half), -p))
 
 
-def group_choices(layout: str, n: int, instances: int = 1) -> list[dict[str, int]]:
+def group_choices(engine: str, layout: str, n: int, instances: int = 1) -> list[dict[str, int]]:
     """Ways to place n hosts in a layout's groups, in the order they are tried. A fleet
     (`instances` above 1) puts the router on the first host, alone, and its replicas on the
     others: a change to a replica then never restarts the router with it."""
+    disaggregated = layout_named(engine, layout).disaggregated
     if instances > 1:
-        return [] if layout == "pd" or n < 2 else [{"router": 1, "nodes": n - 1}]
-    if layout == "pd":
+        return [] if disaggregated or n < 2 else [{"router": 1, "nodes": n - 1}]
+    if disaggregated:
         return [{"prefill": p, "decode": n - p} for p in _pd_splits(n)]
     return [{"nodes": n}]
 
@@ -118,7 +120,7 @@ def candidates(n: int, instances: int = 1) -> Iterator[DemoLayout]:
     order."""
     for engine, layout in layouts():
         for model in models():
-            for groups in group_choices(layout, n, instances):
+            for groups in group_choices(engine, layout, n, instances):
                 for context in CONTEXT_LENGTHS:
                     yield DemoLayout(engine, layout, model, context, groups, instances)
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import exec_argv, run_argv
+from k2provision.plan.inventory import load_cluster
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "inventory.ini").exists())

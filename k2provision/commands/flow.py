@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 from rich.text import Text
 
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan, Tunables
 from k2provision.plan.assemble import build_plan, plan_digest
+from k2provision.plan.inventory import load_cluster
 from k2provision.run.cancel import CURRENT, Interrupted, Started, cleaning, exit_code, stopping
 from k2provision.run.display import (
     RunView,

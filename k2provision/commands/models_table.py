@@ -8,10 +8,11 @@ from typing import Any
 from rich.table import Table
 
 from k2provision.core import catalog
-from k2provision.core.records import ENGINES, LAYOUTS, Cluster, EngineName, ModelSpec, Tunables
+from k2provision.core.records import Cluster, EngineName, ModelSpec, Tunables
 from k2provision.core.versions import version_at_least
-from k2provision.engines import REGISTRY
-from k2provision.plan.fixes import MAX_SEARCH_NODES, smallest_for_layout
+from k2provision.engines import REGISTRY, release
+from k2provision.engines import support as engine_support
+from k2provision.plan.fixes import search_limit, smallest_for_layout
 from k2provision.plan.shapes import pool_names
 from k2provision.plan.support import model_problems
 
@@ -20,13 +21,23 @@ GPUS_PER_NODE = 8
 
 def support(spec: ModelSpec, engine: EngineName) -> str:
     """How the pinned release of `engine` stands with the model, in a few words."""
-    release = catalog.RELEASES[engine]
-    s = spec.support.get(engine)
+    s = engine_support(engine, spec.id)
     if s is None or s.min_version is None:
         return "no"
-    if version_at_least(release.version, s.min_version):
+    if version_at_least(release(engine).version, s.min_version):
         return "yes"
     return f"needs >= {s.min_version}"
+
+
+def _engine_row(spec: ModelSpec, engine: EngineName) -> dict[str, Any]:
+    """The pinned release of `engine` and what it says of serving the model."""
+    s = engine_support(engine, spec.id)
+    return {
+        "pinned": release(engine).version,
+        "support": support(spec, engine),
+        "min_version": s.min_version if s else None,
+        "source": s.source if s else "",
+    }
 
 
 def _cluster(
@@ -56,22 +67,22 @@ def smallest_nodes(spec: ModelSpec, gpu: str, context: int | None = None) -> dic
     layout of up to N nodes fits."""
     gpu_spec = catalog.gpu(gpu)
     out: dict[str, int | str] = {}
-    for engine in ENGINES:
-        for layout in LAYOUTS[engine]:
-            key = f"{engine}/{layout}"
-            cluster = _cluster(spec, engine, layout, gpu, context)
+    for engine, declared in REGISTRY.items():
+        for layout in declared.LAYOUTS:
+            key = f"{engine}/{layout.name}"
+            cluster = _cluster(spec, engine, layout.name, gpu, context)
             ctx = context or spec.max_position_embeddings
             problems, _ = model_problems(cluster, spec, gpu_spec, ctx)
             problems += [
                 p
                 for pool in pool_names(layout)
-                for p in REGISTRY[engine].kernel_path_problems(cluster, pool, spec)
+                for p in declared.kernel_path_problems(cluster, pool, spec)
             ]
             if problems:
                 out[key] = UNSERVED
                 continue
             found = smallest_for_layout(cluster, layout, spec, gpu_spec, ctx, 10**9)
-            limit = 1 if layout == "single" else MAX_SEARCH_NODES // (2 if layout == "pd" else 1)
+            limit = search_limit(layout)
             out[key] = sum(found[0].values()) if found else f"over {limit}"
     return out
 
@@ -96,19 +107,9 @@ def rows(gpus: tuple[str, ...] | None = None, context: int | None = None) -> lis
                 "reasoning_parser": spec.reasoning_parser,
                 "tool_parser": spec.tool_parser,
                 "text_only_engines": [
-                    e for e in ENGINES if REGISTRY[e].TEXT_ONLY and spec.multimodal
+                    e for e, declared in REGISTRY.items() if declared.TEXT_ONLY and spec.multimodal
                 ],
-                "engines": {
-                    engine: {
-                        "pinned": catalog.RELEASES[engine].version,
-                        "support": support(spec, engine),
-                        "min_version": spec.support[engine].min_version
-                        if engine in spec.support
-                        else None,
-                        "source": spec.support[engine].source if engine in spec.support else "",
-                    }
-                    for engine in ENGINES
-                },
+                "engines": {engine: _engine_row(spec, engine) for engine in REGISTRY},
                 "smallest_nodes": {gpu: smallest_nodes(spec, gpu, context) for gpu in keys},
             }
         )
@@ -121,8 +122,8 @@ def tables(data: list[dict[str, Any]]) -> list[Table]:
     catalog_table.add_column("model", no_wrap=True)
     for column in ("GiB", "shards", "weights", "context", "vision", "reasoning"):
         catalog_table.add_column(column)
-    for engine in ENGINES:
-        catalog_table.add_column(f"{engine} {catalog.RELEASES[engine].version}")
+    for engine in REGISTRY:
+        catalog_table.add_column(f"{engine} {release(engine).version}")
     for row in data:
         catalog_table.add_row(
             row["model"],
@@ -132,10 +133,12 @@ def tables(data: list[dict[str, Any]]) -> list[Table]:
             f"{row['context']:,}",
             "yes" if row["multimodal"] else "no",
             row["reasoning_parser"] or "-",
-            *(row["engines"][engine]["support"] for engine in ENGINES),
+            *(row["engines"][engine]["support"] for engine in REGISTRY),
         )
     out = [catalog_table]
-    layouts = [f"{e}/{layout}" for e in ENGINES for layout in LAYOUTS[e]]
+    layouts = [
+        f"{e}/{layout.name}" for e, declared in REGISTRY.items() for layout in declared.LAYOUTS
+    ]
     for gpu in data[0]["smallest_nodes"] if data else ():
         table = Table(
             title=f"fewest nodes of {GPUS_PER_NODE} x {gpu} for one request of the full "
@@ -157,19 +160,21 @@ def markdown(data: list[dict[str, Any]]) -> str:
     """The rows as Markdown tables (the table in docs/models.md)."""
     lines = [
         "| model | GiB | shards | weights | context | vision | reasoning parser | "
-        + " | ".join(f"{e} {catalog.RELEASES[e].version}" for e in ENGINES)
+        + " | ".join(f"{e} {release(e).version}" for e in REGISTRY)
         + " |",
-        "|" + " --- |" * (7 + len(ENGINES)),
+        "|" + " --- |" * (7 + len(REGISTRY)),
     ]
     for row in data:
         lines.append(
             f"| `{row['model']}` | {row['checkpoint_gib']:g} | {row['shards']} | "
             f"{row['quantization']} | {row['context']:,} | "
             f"{'yes' if row['multimodal'] else 'no'} | {row['reasoning_parser'] or '-'} | "
-            + " | ".join(row["engines"][e]["support"] for e in ENGINES)
+            + " | ".join(row["engines"][e]["support"] for e in REGISTRY)
             + " |"
         )
-    layouts = [f"{e}/{layout}" for e in ENGINES for layout in LAYOUTS[e]]
+    layouts = [
+        f"{e}/{layout.name}" for e, declared in REGISTRY.items() for layout in declared.LAYOUTS
+    ]
     for gpu in data[0]["smallest_nodes"] if data else ():
         lines += [
             "",

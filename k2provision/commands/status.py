@@ -33,6 +33,7 @@ from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import FormatOpt, InventoryArg, OutputFormat
 from k2provision.core.inventory import read_inventory
 from k2provision.core.records import Plan
+from k2provision.engines import layout_named
 from k2provision.errors import ArgumentError, K2Error
 from k2provision.ops.connect import SshTarget
 from k2provision.ops.endpoint_access import EndpointAccess, endpoint_access
@@ -136,7 +137,8 @@ def endpoint_status(plan: Plan, access: EndpointAccess) -> EndpointStatus:
         error = f"/v1/models answered HTTP {status}"
     elif not error and not models:
         error = "/v1/models answered without a model"
-    if plan.layout != "pd" and not any(pool.instances for pool in plan.pools):
+    routed = layout_named(plan.engine, plan.layout).disaggregated
+    if not routed and not any(pool.instances for pool in plan.pools):
         return EndpointStatus(base, models, error)
     ready_status, ready_body, ready_error = _get_json(f"{base}/readiness", access)
     _, workers_body, _ = _get_json(f"{base}/workers", access)

@@ -16,9 +16,6 @@ from typing import Any
 from k2provision.core import bounded_read
 from k2provision.core.model_config import ConfigProblems, spec_from_config
 from k2provision.core.records import (
-    EngineName,
-    EngineRelease,
-    EngineSupport,
     GpuSpec,
     ModelSpec,
     Quantization,
@@ -82,29 +79,6 @@ _KIMI_K2_CONFIG: dict[str, Any] = {
 MOONVIT = VisionSpec(hidden_size=1152, num_hidden_layers=27, intermediate_size=4304, patch_size=14)
 
 RECIPES = "vllm-project/recipes models/moonshotai"
-_K2_SUPPORT = {
-    "sglang": EngineSupport(min_version="0.5.23", source="the pinned release (parser-checked)"),
-    "vllm": EngineSupport(min_version="0.12.0", source=f"{RECIPES}/Kimi-K2-Instruct.yaml"),
-    "trtllm": EngineSupport(min_version="1.2.1", source="the pinned release (schema-checked)"),
-    "ktransformers": EngineSupport(
-        min_version="0.3.2", source="kvcache-ai/ktransformers doc/en/Kimi-K2.md"
-    ),
-}
-_TRTLLM_INT4 = EngineSupport(
-    min_version=None,
-    source="TensorRT-LLM documents the family only as NVFP4 checkpoints on Blackwell "
-    "(nvidia/Kimi-K2-Thinking-NVFP4), not these INT4 compressed-tensors weights",
-)
-_KTRANSFORMERS_INT4 = EngineSupport(
-    min_version="0.7.2",
-    source="SGLang with kt-kernel, --kt-method RAWINT4 on the native INT4 weights "
-    "(kvcache-ai/ktransformers doc/en/kt-kernel/Kimi-K2-Thinking-Native.md, doc/en/Kimi-K2.5.md; "
-    "RAWINT4 since kt-kernel's 'Support Native Kimi K2 Thinking', Dec 2025)",
-)
-_SGLANG_K25 = EngineSupport(
-    min_version="0.5.9",
-    source="the first sglang wheel with sglang/srt/models/kimi_k25.py (0.5.8 has none)",
-)
 # What a multimodal Kimi checkpoint carries besides the text model's files: the MoonViT
 # processor's code and configs (kimi_k25_processor.py, media_utils.py,
 # preprocessor_config.json), which the text model's patterns already match, and the docs the
@@ -112,7 +86,7 @@ _SGLANG_K25 = EngineSupport(
 _MULTIMODAL_PATTERNS = (*ModelSpec.model_fields["allow_patterns"].default, "*.md")
 
 
-def _k25_family(model_id: str, vllm: str, vllm_source: str, note: str) -> ModelSpec:
+def _k25_family(model_id: str, note: str) -> ModelSpec:
     return ModelSpec(
         id=model_id,
         **{
@@ -128,12 +102,6 @@ def _k25_family(model_id: str, vllm: str, vllm_source: str, note: str) -> ModelS
         allow_patterns=_MULTIMODAL_PATTERNS,
         reasoning_parser="kimi_k2",
         decode_context_parallel=True,
-        support={
-            "sglang": _SGLANG_K25,
-            "vllm": EngineSupport(min_version=vllm, source=vllm_source),
-            "trtllm": _TRTLLM_INT4,
-            "ktransformers": _KTRANSFORMERS_INT4,
-        },
         sources=(
             f"https://huggingface.co/{model_id} config.json: KimiK25ForConditionalGeneration, "
             "text_config (DeepSeek-V3 numbers, max_position_embeddings 262144) and its "
@@ -152,7 +120,6 @@ def _k2_fp8(model_id: str, shards: int, context: int, *sources: str) -> ModelSpe
         checkpoint_gib=959.0,
         shard_count=shards,
         decode_context_parallel=True,
-        support=_K2_SUPPORT,
         sources=sources,
     )
 
@@ -187,16 +154,6 @@ MODELS: dict[str, ModelSpec] = {
         shard_count=62,
         reasoning_parser="kimi_k2",
         decode_context_parallel=True,
-        support={
-            "sglang": EngineSupport(
-                min_version="0.5.5",
-                source="the first sglang release with the kimi_k2 reasoning parser and "
-                "CompressedTensorsWNA16MoEMethod (wheel of 2025-11-06)",
-            ),
-            "vllm": EngineSupport(min_version="0.12.0", source=f"{RECIPES}/Kimi-K2-Thinking.yaml"),
-            "trtllm": _TRTLLM_INT4,
-            "ktransformers": _KTRANSFORMERS_INT4,
-        },
         sources=(
             "https://huggingface.co/moonshotai/Kimi-K2-Thinking config.json: compressed-tensors "
             "pack-quantized INT4 group 32 for routed experts, BF16 elsewhere; 262144 context",
@@ -207,23 +164,21 @@ MODELS: dict[str, ModelSpec] = {
     ),
     "moonshotai/Kimi-K2.5": _k25_family(
         "moonshotai/Kimi-K2.5",
-        "0.19.1",
-        f"{RECIPES}/Kimi-K2.5.yaml min_vllm_version",
         f"{RECIPES}/Kimi-K2.5.yaml: TP8 on 8xH200, --language-model-only for text only",
     ),
     "moonshotai/Kimi-K2.6": _k25_family(
         "moonshotai/Kimi-K2.6",
-        "0.25.0",
-        f"{RECIPES}/Kimi-K2.6.yaml min_vllm_version",
         f"{RECIPES}/Kimi-K2.6.yaml: same architecture as K2.5",
     ),
     "moonshotai/Kimi-K2.7-Code": _k25_family(
         "moonshotai/Kimi-K2.7-Code",
-        "0.19.1",
-        f"{RECIPES}/Kimi-K2.7-Code.yaml min_vllm_version",
         f"{RECIPES}/Kimi-K2.7-Code.yaml: built on K2.6, thinking only (keep the reasoning parser)",
     ),
 }
+
+# The family by checkpoint format, for the engines' support tables (each engine's SUPPORT).
+FP8_FAMILY = tuple(m for m, spec in MODELS.items() if spec.quantization == FP8_EVERYWHERE)
+INT4_FAMILY = tuple(m for m in MODELS if m not in FP8_FAMILY)
 
 # Models people ask for that are not Kimi-K2 variants: refused with the reason.
 NOT_K2: dict[str, str] = {
@@ -299,34 +254,6 @@ GPUS: dict[str, GpuSpec] = {
         sm=80,
         nvswitch=True,
         min_driver="450.80",
-    ),
-}
-
-# Engine releases and their images. Each image tag names the release it carries; the
-# engines' own sources at these releases are what the renders follow (docs/engines.md).
-RELEASES: dict[EngineName, EngineRelease] = {
-    "sglang": EngineRelease(
-        engine="sglang", version="0.5.23", image="lmsysorg/sglang:v0.5.23", min_driver="580.65"
-    ),
-    "trtllm": EngineRelease(
-        engine="trtllm",
-        version="1.2.1",
-        image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
-        min_driver="580.65",
-    ),
-    "vllm": EngineRelease(
-        engine="vllm", version="0.33.0", image="vllm/vllm-openai:v0.33.0", min_driver="580.65"
-    ),
-    # KTransformers serves Kimi-K2 through SGLang with its CPU expert kernels (kt-kernel):
-    # kt-kernel 0.7.2 and the SGLang build it pairs with, sglang-kt 0.7.2 (both on PyPI, both
-    # pinning torch 2.9.1 and CUDA 12.8 wheels). No public image of this pair is published
-    # under a tag we could check, so the image is the one containers/ktransformers builds
-    # from those pins.
-    "ktransformers": EngineRelease(
-        engine="ktransformers",
-        version="0.7.2",
-        image="localhost/k2provision-ktransformers:0.7.2",
-        min_driver="570.26",  # CUDA 12.8, the torch 2.9.1 wheels kt-kernel pins
     ),
 }
 

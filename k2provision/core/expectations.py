@@ -161,9 +161,8 @@ def _gpu_hosts(plan: Plan) -> list[str]:
 def _min_driver(plan: Plan) -> tuple[str, str]:
     """The newer of the GPU's and the engine release's minimum driver, and who needs it."""
     gpu = catalog.gpu(plan.gpu)
-    release = catalog.RELEASES[plan.engine]
-    if version_tuple(release.min_driver) >= version_tuple(gpu.min_driver):
-        return release.min_driver, f"the {plan.engine} {release.version} image"
+    if version_tuple(plan.engine_min_driver) >= version_tuple(gpu.min_driver):
+        return plan.engine_min_driver, f"the {plan.engine} {plan.engine_version} image"
     return gpu.min_driver, f"the {gpu.key} GPU"
 
 

@@ -30,9 +30,8 @@ from k2provision.core.inventory_checks import (
     lab_fault_problem,
     port_problem,
 )
+from k2provision.core.layouts import EngineLayouts, Layout, find_layout, layouts_with_pool
 from k2provision.core.records import (
-    DEFAULT_ENGINE,
-    LAYOUTS,
     Cluster,
     HostSpec,
     PoolName,
@@ -322,19 +321,25 @@ def _templated(
         return plain
 
 
-def load_cluster(path: str | Path) -> Cluster:
-    """Read and validate an inventory; raise InventoryError listing every problem."""
+def load_cluster(path: str | Path, engines: EngineLayouts) -> Cluster:
+    """Read and validate an inventory against the engines and their layouts (the engine
+    registry's, engines/__init__.py engine_layouts); raise InventoryError listing every
+    problem."""
     groups, host_vars = read_inventory(path)
-    return cluster_from_groups(str(path), groups, host_vars)
+    return cluster_from_groups(str(path), groups, host_vars, engines)
 
 
 # ---------------------------------------------------------------- the contract
 
 
 def cluster_from_groups(
-    source: str, groups: Mapping[str, list[str]], host_vars: Mapping[str, Mapping[str, Any]]
+    source: str,
+    groups: Mapping[str, list[str]],
+    host_vars: Mapping[str, Mapping[str, Any]],
+    engines: EngineLayouts,
 ) -> Cluster:
-    """Validate groups and variables (as Ansible resolved them) into a Cluster."""
+    """Validate groups and variables (as Ansible resolved them) into a Cluster, the engine
+    and layout against `engines` (each engine's name and layouts)."""
     problems: list[str] = []
     pools: dict[str, PoolName] = {}
     for pool in POOL_GROUPS:
@@ -363,19 +368,21 @@ def cluster_from_groups(
 
     engine = str(values.get("k2_engine", ""))
     layout = str(values.get("k2_layout", ""))
-    if engine not in LAYOUTS:
+    chosen = find_layout(engines, engine, layout)
+    if engine not in engines:
         problems.append(
-            f"{source}: k2_engine={engine or '(unset)'} is not an engine; expected "
-            f"{value_range('k2_engine')}; fix: set k2_engine in [all:vars]"
+            f"{source}: k2_engine={engine or '(unset)'} is not an engine; expected one of "
+            f"{', '.join(engines)}; fix: set k2_engine in [all:vars]"
         )
-    elif layout not in LAYOUTS[engine]:
+    elif chosen is None:
+        names = ", ".join(known.name for known in engines[engine])
         problems.append(
             f"{source}: k2_layout={layout or '(unset)'} is not a {engine} layout; expected one "
-            f"of {', '.join(LAYOUTS[engine])}; fix: set k2_layout in [all:vars]"
+            f"of {names}; fix: set k2_layout in [all:vars]"
         )
     else:
         fleet = str(values.get("k2_instances", 1)) not in ("1", "")
-        problems.extend(_check_groups(source, engine, layout, groups, fleet))
+        problems.extend(_check_groups(source, engine, chosen, groups, engines, fleet))
 
     hosts, host_problems = _hosts(members, pools, hv)
     problems.extend(host_problems)
@@ -384,11 +391,12 @@ def cluster_from_groups(
     if router_hosts:
         router: str | None = router_hosts[0]
     else:
-        router = next((h for h in pools if pools[h] == "prefill"), None) if layout == "pd" else None
+        disaggregated = chosen is not None and chosen.disaggregated
+        router = next((h for h in pools if pools[h] == "prefill"), None) if disaggregated else None
     model_id = str(values.get("k2_model", DEFAULT_MODEL))
     fields = {
         "inventory": source,
-        "engine": engine if engine in LAYOUTS else DEFAULT_ENGINE,
+        "engine": engine,
         "layout": layout,
         "model": model_id,
         "model_dir": values.get("k2_model_dir", f"/models/{model_id.rsplit('/', maxsplit=1)[-1]}"),
@@ -417,7 +425,8 @@ def cluster_from_groups(
             "(k2_lab is false); expected it only on lab hosts, where the stand-in engine runs; "
             "fix: remove k2_lab_fault"
         )
-    problems.extend(_instance_problems(source, cluster))
+    if chosen is not None:
+        problems.extend(_instance_problems(source, cluster, chosen))
     if problems:
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
@@ -583,10 +592,10 @@ def _relay_ports(hv: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
     return ports
 
 
-def _instance_problems(source: str, cluster: Cluster) -> list[str]:
+def _instance_problems(source: str, cluster: Cluster, layout: Layout) -> list[str]:
     """Instance counts the layout has no pool for, and pools they do not split evenly."""
     problems = []
-    names: tuple[PoolName, ...] = ("prefill", "decode") if cluster.layout == "pd" else ("nodes",)
+    names = layout.pools
     for pool, variable in INSTANCE_VARS.items():
         count = cluster.instance_count(pool)
         if pool not in names:
@@ -605,45 +614,53 @@ def _instance_problems(source: str, cluster: Cluster) -> list[str]:
 
 
 def _check_groups(
-    source: str, engine: str, layout: str, groups: Mapping[str, list[str]], fleet: bool = False
+    source: str,
+    engine: str,
+    layout: Layout,
+    groups: Mapping[str, list[str]],
+    engines: EngineLayouts,
+    fleet: bool = False,
 ) -> list[str]:
     """Which groups a layout needs, and which it must not have."""
     problems = []
     routers = groups.get("router", [])
-    if layout == "pd":
-        for need in ("prefill", "decode"):
-            if not groups.get(need):
-                problems.append(
-                    f"{source}: {engine} layout pd needs hosts in [{need}]; fix: add a "
-                    f"[{need}] group (see inventory/prod.ini)"
-                )
-        if groups.get("nodes"):
-            problems.append(
-                f"{source}: layout pd uses [prefill] and [decode], but [nodes] has hosts; "
-                "fix: move them into [prefill] or [decode]"
+    for need in layout.pools:
+        if not groups.get(need):
+            fix = (
+                f"add a [{need}] group (see inventory/prod.ini)"
+                if layout.disaggregated
+                else f"add a [{need}] group listing the GPU hosts, master first"
             )
-        if len(routers) > 1:
             problems.append(
-                f"{source}: [router] has {len(routers)} hosts ({shorten_hosts(routers)}); "
-                "expected one, the host that runs the PD router; fix: keep one host in [router]"
+                f"{source}: {engine} layout {layout.name} needs hosts in [{need}]; fix: {fix}"
             )
-    else:
-        if not groups.get("nodes"):
+    for extra in POOL_GROUPS:
+        if extra in layout.pools or not groups.get(extra):
+            continue
+        if layout.disaggregated:
+            into = " or ".join(f"[{pool}]" for pool in layout.pools)
             problems.append(
-                f"{source}: {engine} layout {layout} needs hosts in [nodes]; fix: add a [nodes] "
-                "group listing the GPU hosts, master first"
+                f"{source}: layout {layout.name} uses {into.replace(' or ', ' and ')}, but "
+                f"[{extra}] has hosts; fix: move them into {into}"
             )
-        for extra in ("prefill", "decode"):
-            if groups.get(extra):
-                problems.append(
-                    f"{source}: [{extra}] is only for layout pd, but k2_layout={layout}; fix: "
-                    "set k2_layout=pd or move the hosts into [nodes]"
-                )
+        else:
+            owners = ", ".join(layouts_with_pool(engines, extra))
+            problems.append(
+                f"{source}: [{extra}] is only for layout {owners}, but k2_layout={layout.name}; "
+                f"fix: set k2_layout={owners} or move the hosts into [nodes]"
+            )
+    if layout.disaggregated and len(routers) > 1:
+        problems.append(
+            f"{source}: [router] has {len(routers)} hosts ({shorten_hosts(routers)}); "
+            "expected one, the host that runs the PD router; fix: keep one host in [router]"
+        )
+    elif not layout.disaggregated:
+        routed = ", ".join(layouts_with_pool(engines, "prefill"))
         if routers and not fleet:
             problems.append(
-                f"{source}: [router] ({shorten_hosts(routers)}) is only for layout pd and "
-                f"fleets (k2_instances above 1), and one {engine} {layout} instance runs no "
-                "router; fix: remove the [router] group, or set k2_instances"
+                f"{source}: [router] ({shorten_hosts(routers)}) is only for layout {routed} and "
+                f"fleets (k2_instances above 1), and one {engine} {layout.name} instance runs "
+                "no router; fix: remove the [router] group, or set k2_instances"
             )
         elif len(routers) > 1:
             problems.append(
@@ -651,9 +668,9 @@ def _check_groups(
                 "expected one, the host that runs the fleet's router; fix: keep one host in "
                 "[router]"
             )
-        if layout == "single" and len(groups.get("nodes", [])) != 1:
-            problems.append(
-                f"{source}: {engine} runs on exactly one host, [nodes] has "
-                f"{len(groups.get('nodes', []))}; fix: list one host in [nodes]"
-            )
+    if layout.one_host and len(groups.get("nodes", [])) != 1:
+        problems.append(
+            f"{source}: {engine} runs on exactly one host, [nodes] has "
+            f"{len(groups.get('nodes', []))}; fix: list one host in [nodes]"
+        )
     return problems

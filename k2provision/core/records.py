@@ -20,23 +20,16 @@ from pydantic import (
     model_validator,
 )
 
-EngineName = Literal["sglang", "trtllm", "vllm", "ktransformers"]
+# An engine's name: a key of the engine registry (engines/__init__.py REGISTRY), which the
+# inventory contract is checked against; the records name no engine themselves.
+EngineName = str
 PoolName = Literal["nodes", "prefill", "decode"]
 Role = Literal["node", "prefill", "decode", "router"]
 
-ENGINES: tuple[EngineName, ...] = ("sglang", "trtllm", "vllm", "ktransformers")
-# What a cluster whose inventory names no valid engine is validated as (its error names it).
-DEFAULT_ENGINE: EngineName = "sglang"
 # The lab stand-in's fault modes (k2_lab_fault; die_after takes =<seconds>).
+LAB_FAULTS = ("exit_at_start", "never_healthy", "wrong_answer", "die_after")
 # The most serving instances one pool may hold (k2_instances and its PD forms).
 MAX_INSTANCES = 64
-LAB_FAULTS = ("exit_at_start", "never_healthy", "wrong_answer", "die_after")
-LAYOUTS: dict[str, tuple[str, ...]] = {
-    "sglang": ("tp", "pd"),
-    "trtllm": ("tp_ep",),
-    "vllm": ("tp", "tp_pp", "dp_ep"),
-    "ktransformers": ("single",),
-}
 
 
 class Record(BaseModel):
@@ -450,7 +443,8 @@ class VisionSpec(Record):
 
 
 class EngineSupport(Record):
-    """The first release of an engine that serves a model (None: no release known to)."""
+    """The first release of an engine that serves a model (None: no release known to); each
+    engine module's SUPPORT holds its own, per model."""
 
     min_version: str | None
     source: str
@@ -491,7 +485,6 @@ class ModelSpec(Record):
     reasoning_parser: str | None = None
     # vLLM decode context parallelism pays for this model (the vLLM recipes' supports_dcp).
     decode_context_parallel: bool = False
-    support: dict[EngineName, EngineSupport] = {}
     sources: tuple[str, ...] = ()
 
     @property
@@ -847,6 +840,8 @@ class Plan(Record):
 
     engine: EngineName
     engine_version: str
+    engine_min_driver: str
+    """The oldest NVIDIA driver the engine release's image runs on (preflight checks it)."""
     layout: str
     model: str
     model_dir: AbsolutePath

@@ -16,7 +16,7 @@ from annotated_types import Ge, Le
 from pydantic.fields import FieldInfo
 
 from k2provision.core import role_specs
-from k2provision.core.records import ENGINES, LAB_FAULTS, Cluster, PoolName, Tunables
+from k2provision.core.records import LAB_FAULTS, Cluster, PoolName, Tunables
 
 # One value for the whole cluster ([all:vars] or group_vars/all), read into Cluster's fields.
 CLUSTER_VARS = (
@@ -89,7 +89,7 @@ def _number(value: float, integer: bool) -> str:
 def value_range(variable: str) -> str:
     """What a variable accepts, as a short phrase ("an integer from 1 to 65535")."""
     special = {
-        "k2_engine": "one of " + ", ".join(ENGINES),
+        "k2_engine": "an engine of the registry (see k2_engine)",
         "k2_layout": "a layout of the engine (see k2_layout)",
         "k2_model": "a model of the catalog",
         "k2_gpu": "a GPU of the catalog",

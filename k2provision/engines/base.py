@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from k2provision.core.layouts import Layout
 from k2provision.core.records import (
     Cluster,
     EngineRelease,
+    EngineSupport,
     GpuSpec,
     KvDtype,
     MemoryReserve,
@@ -79,6 +81,11 @@ class Listener(Record):
         """`k2_api_port=8000 (the PD router)`, with the run of ports where there is one."""
         run = f", ports {self.port}-{self.last}" if self.count > 1 else ""
         return f"{self.setting}={self.port} ({self.what}{run})"
+
+
+def layout_names(layouts: tuple[Layout, ...]) -> tuple[str, ...]:
+    """The names of `layouts`, in order."""
+    return tuple(layout.name for layout in layouts)
 
 
 def listener(
@@ -181,7 +188,8 @@ class BatchTunable:
 class BenchClient:
     """The pinned benchmark client that fits an engine, and how it is invoked."""
 
-    kind: Literal["sglang", "vllm"]
+    kind: str
+    """Whose client it is (the engine that ships it), as the run record names it."""
     module: str
     """The module the client's Python must import (checked before any run)."""
     command: tuple[str, ...]
@@ -200,6 +208,35 @@ class BenchClient:
     @property
     def label(self) -> str:
         return "python " + " ".join(self.command)
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """The Prometheus series an engine's servers export, by what they measure: the dashboards
+    and alert rules (plan/dashboards.py, plan/alert_rules.py) ask every engine's names."""
+
+    prompt_tokens: str
+    """Counter of prompt tokens."""
+    generation_tokens: str
+    """Counter of generated tokens."""
+    running: str
+    """Gauge of requests running."""
+    queued: str
+    """Gauge of requests waiting."""
+    kv_usage: str
+    """Gauge of the KV cache's used fraction."""
+    ttft: str
+    """Histogram of the time to first token (seconds), without `_bucket`."""
+    inter_token: str
+    """Histogram of the inter-token latency (seconds)."""
+    e2e: str
+    """Histogram of the end-to-end request latency (seconds)."""
+    kv_transfer_latency: str | None = None
+    """Histogram of a disaggregated layout's KV transfer latency (ms); None without one."""
+    kv_transfer_speed: str | None = None
+    """Histogram of its KV transfer speed (GB/s)."""
+    kv_bootstrap: str | None = None
+    """Histogram of its KV bootstrap time (ms)."""
 
 
 @dataclass(frozen=True)
@@ -223,8 +260,13 @@ class Engine(Protocol):
 
     DISPLAY_NAME: str
     """The engine's name as its authors write it, for messages."""
-    LAYOUTS: tuple[str, ...]
-    """The layouts the engine renders (core/records.py LAYOUTS lists the same)."""
+    RELEASE: EngineRelease
+    """The pinned release the renders follow, and its image."""
+    SUPPORT: dict[str, EngineSupport]
+    """Per catalog model id, the first release of the engine that serves it (a model absent
+    here, or with no min_version, is one no release is known to serve)."""
+    LAYOUTS: tuple[Layout, ...]
+    """The layouts the engine renders, in the order tables and fix hints list them."""
     SINGLE_GPU: bool
     """A pool uses one GPU of its host, whatever the host has."""
     ROUTED_EXPERTS_ON_HOST: bool
@@ -235,6 +277,12 @@ class Engine(Protocol):
     """k2_kv_cache_dtype=fp8 renders an FP8 KV cache for MLA."""
     DCP_LAYOUTS: tuple[str, ...]
     """Layouts with decode context parallelism."""
+    SPARE_EXPERT_TUNABLES: dict[PoolName, str]
+    """Per pool, the Tunables field of its spare expert slots, where the engine takes them: a
+    fix hint offers the count that lets the pool's expert parallelism divide the experts."""
+    DCP_TUNABLE: str | None
+    """The Tunables field that sets the decode context parallel size (a fix hint offers
+    other sizes); None where the engine has none."""
     FLEET_LAYOUTS: tuple[str, ...]
     """Layouts the engine renders as fleets (a pool of several instances behind one router);
     the plan refuses k2_instances above 1 in the others."""
@@ -244,6 +292,8 @@ class Engine(Protocol):
     """The Prometheus metrics path the plan renders, None while it renders none."""
     METRICS_PORTS: tuple[str, ...]
     """The port settings (``k2_sglang_port``) whose listeners serve METRICS_PATH."""
+    METRICS: MetricNames | None
+    """The names of the series METRICS_PATH serves, None while the plan scrapes none."""
     BENCH_CLIENT: BenchClient
     PUBLISHED_FIGURES: tuple[PublishedFigure, ...]
     """Throughputs published for this engine, beside which bench reports its own."""

@@ -43,6 +43,7 @@ from k2provision.core.records import (
     WorkerRegistration,
 )
 from k2provision.core.variables import TUNABLE_VARS
+from k2provision.engines.base import Deployment
 
 IFNAME = LaunchValue(name="K2_SOCKET_IFNAME", kind="ifname-of")
 SUBNET = LaunchValue(name="K2_SOCKET_SUBNET", kind="cidr-of")
@@ -262,6 +263,18 @@ def no_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> li
 def own_tunables(prefix: str, layouts: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """The tunables named `prefix...`, each read by every one of `layouts`."""
     return {name: layouts for name in TUNABLE_VARS if name.startswith(prefix)}
+
+
+def master_endpoint(deployment: Deployment) -> str:
+    """The base URL of one server on the [nodes] master, on k2_api_port (an engine with no
+    router and no TLS)."""
+    pool = deployment.pool("nodes")
+    return http_url(pool.master_address, deployment.cluster.tunables.api_port)
+
+
+def master_instance_url(cluster: Cluster, instance: PoolPlan) -> str:
+    """Where a router would reach one instance: its master's k2_local_ip on k2_api_port."""
+    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
 
 
 def regular_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:

@@ -24,35 +24,38 @@ from __future__ import annotations
 
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
+from k2provision.core.layouts import Layout
 from k2provision.core.records import (
     Cluster,
     EngineRelease,
+    EngineSupport,
     GpuSpec,
     LaunchValue,
     MemoryReserve,
     ModelSpec,
     Parallel,
     PoolName,
-    PoolPlan,
     Process,
     Tunables,
-    WorkerRegistration,
 )
 from k2provision.engines.base import (
     BatchTunable,
     ContainerNeeds,
     Deployment,
     HostRender,
+    MetricNames,
     PublishedFigure,
     WeightSlices,
+    layout_names,
     listener,
 )
 from k2provision.engines.common import (
     any_address,
     http_gate,
-    http_url,
     inventory_served_name,
     kv_cache_dtype,
+    master_endpoint,
+    master_instance_url,
     no_fp8_kv_problems,
     own_tunables,
     regular_worker,
@@ -73,6 +76,7 @@ from k2provision.engines.sglang import (
     server_env,
     server_key,
 )
+from k2provision.engines.sglang import METRICS as SGLANG_METRICS
 
 CONTAINER = "k2-ktransformers"
 # kt-kernel's method for the routed experts' format as the checkpoint ships it.
@@ -145,38 +149,54 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     return {pool.master: HostRender(processes=(process,), listeners=(port,))}
 
 
-def endpoint(deployment: Deployment) -> str:
-    """The server's base URL."""
-    pool = deployment.pool("nodes")
-    return http_url(pool.master_address, deployment.cluster.tunables.api_port)
-
-
-def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
-    """Where a router would reach one instance (fleets do not render for this engine yet)."""
-    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
-
-
-def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
-    """A replica the router takes back by its URL (fleets do not render for this engine yet)."""
-    return regular_worker(cluster, instance)
+# One server on the single host, reached as a router would reach an instance (fleets do not
+# render for this engine yet).
+endpoint = master_endpoint
+instance_url = master_instance_url
+router_worker = regular_worker
 
 
 # ---------------------------------------------------------------- what the plan asks
 
 DISPLAY_NAME = "KTransformers"
-LAYOUTS: tuple[str, ...] = ("single",)
+# KTransformers serves Kimi-K2 through SGLang with its CPU expert kernels (kt-kernel):
+# kt-kernel 0.7.2 and the SGLang build it pairs with, sglang-kt 0.7.2 (both on PyPI, both
+# pinning torch 2.9.1 and CUDA 12.8 wheels). No public image of this pair is published
+# under a tag we could check, so the image is the one containers/ktransformers builds
+# from those pins.
+RELEASE = EngineRelease(
+    engine="ktransformers",
+    version="0.7.2",
+    image="localhost/k2provision-ktransformers:0.7.2",
+    min_driver="570.26",  # CUDA 12.8, the torch 2.9.1 wheels kt-kernel pins
+)
+_FP8 = EngineSupport(min_version="0.3.2", source="kvcache-ai/ktransformers doc/en/Kimi-K2.md")
+_INT4 = EngineSupport(
+    min_version="0.7.2",
+    source="SGLang with kt-kernel, --kt-method RAWINT4 on the native INT4 weights "
+    "(kvcache-ai/ktransformers doc/en/kt-kernel/Kimi-K2-Thinking-Native.md, doc/en/Kimi-K2.5.md; "
+    "RAWINT4 since kt-kernel's 'Support Native Kimi K2 Thinking', Dec 2025)",
+)
+SUPPORT: dict[str, EngineSupport] = {
+    **dict.fromkeys(catalog.FP8_FAMILY, _FP8),
+    **dict.fromkeys(catalog.INT4_FAMILY, _INT4),
+}
+LAYOUTS: tuple[Layout, ...] = (Layout(name="single", one_host=True),)
 SINGLE_GPU = True
 ROUTED_EXPERTS_ON_HOST = True
 TEXT_ONLY = False
 FP8_KV = False
 FLEET_LAYOUTS: tuple[str, ...] = ()
 DCP_LAYOUTS: tuple[str, ...] = ()
+DCP_TUNABLE: str | None = None
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
 HEALTH_PATH = "/health"
 # sglang-kt 0.7.2 is SGLang's server: --enable-metrics mounts Prometheus' /metrics on its HTTP
 # port (sglang/srt/entrypoints/http_server.py, add_prometheus_middleware in
 # sglang/srt/utils/common.py), in SGLang's metric names.
 METRICS_PATH: str | None = "/metrics"
 METRICS_PORTS: tuple[str, ...] = ("k2_api_port",)
+METRICS: MetricNames | None = SGLANG_METRICS
 # Served by sglang.launch_server: sglang's client on its native route.
 BENCH_CLIENT = SGLANG_BENCH_CLIENT
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
@@ -193,7 +213,7 @@ CONTAINER_NEEDS = ContainerNeeds(
     ),
 )
 # Tunables only KTransformers reads, each with the layouts that read it.
-OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_ktransformers_", LAYOUTS)
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_ktransformers_", layout_names(LAYOUTS))
 NO_IPV6: str | None = None
 NO_API_KEY: str | None = None
 NO_TLS: str | None = (

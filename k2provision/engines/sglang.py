@@ -26,8 +26,11 @@ from __future__ import annotations
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
 from k2provision.core.endpoint_guard import API_KEY_YAML, guard_path
+from k2provision.core.layouts import Layout
 from k2provision.core.records import (
     Cluster,
+    EngineRelease,
+    EngineSupport,
     HostSpec,
     LaunchValue,
     MemoryReserve,
@@ -46,6 +49,7 @@ from k2provision.engines.base import (
     Deployment,
     HostRender,
     Listener,
+    MetricNames,
     PublishedFigure,
     ResultFormat,
     WeightSlices,
@@ -737,7 +741,26 @@ def endpoint(deployment: Deployment) -> str:
 # ---------------------------------------------------------------- what the plan asks
 
 DISPLAY_NAME = "SGLang"
-LAYOUTS: tuple[str, ...] = ("tp", "pd")
+RELEASE = EngineRelease(
+    engine="sglang", version="0.5.23", image="lmsysorg/sglang:v0.5.23", min_driver="580.65"
+)
+_K25 = EngineSupport(
+    min_version="0.5.9",
+    source="the first sglang wheel with sglang/srt/models/kimi_k25.py (0.5.8 has none)",
+)
+SUPPORT: dict[str, EngineSupport] = {
+    **dict.fromkeys(
+        catalog.FP8_FAMILY,
+        EngineSupport(min_version="0.5.23", source="the pinned release (parser-checked)"),
+    ),
+    **dict.fromkeys(catalog.INT4_FAMILY, _K25),
+    "moonshotai/Kimi-K2-Thinking": EngineSupport(
+        min_version="0.5.5",
+        source="the first sglang release with the kimi_k2 reasoning parser and "
+        "CompressedTensorsWNA16MoEMethod (wheel of 2025-11-06)",
+    ),
+}
+LAYOUTS: tuple[Layout, ...] = (Layout(name="tp"), Layout(name="pd", pools=("prefill", "decode")))
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
 # SGLang 0.5.23's --language-model-only does not accept KimiK25ForConditionalGeneration
@@ -748,9 +771,26 @@ FP8_KV = True  # --kv-cache-dtype fp8_e4m3
 # and decode instance; tp: replicas, the router regular mode's --worker-urls).
 FLEET_LAYOUTS: tuple[str, ...] = ("tp", "pd")
 DCP_LAYOUTS: tuple[str, ...] = ()
+DCP_TUNABLE: str | None = None
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {"decode": "decode_redundant_experts"}
 HEALTH_PATH = SERVER_HEALTH_PATH
 METRICS_PATH: str | None = "/metrics"
 METRICS_PORTS: tuple[str, ...] = ("k2_sglang_port", "k2_router_metrics_port")
+# sglang 0.5.23's names (the KV transfer ones exported by PD's pools), each found in its
+# sources by tests/engine_parsers/test_metric_names.py.
+METRICS: MetricNames | None = MetricNames(
+    prompt_tokens="sglang:prompt_tokens_total",
+    generation_tokens="sglang:generation_tokens_total",
+    running="sglang:num_running_reqs",
+    queued="sglang:num_queue_reqs",
+    kv_usage="sglang:token_usage",
+    ttft="sglang:time_to_first_token_seconds",
+    inter_token="sglang:inter_token_latency_seconds",
+    e2e="sglang:e2e_request_latency_seconds",
+    kv_transfer_latency="sglang:kv_transfer_latency_ms",
+    kv_transfer_speed="sglang:kv_transfer_speed_gb_s",
+    kv_bootstrap="sglang:kv_transfer_bootstrap_ms",
+)
 # The native /generate route, through sglang's own client (sglang 0.5.23's home of
 # `sglang.bench_serving`, which is a deprecated alias there).
 BENCH_CLIENT = BenchClient(

@@ -30,9 +30,11 @@ from pathlib import PurePosixPath
 import yaml
 
 from k2provision.core import catalog
+from k2provision.core.layouts import Layout
 from k2provision.core.records import (
     Cluster,
     EngineRelease,
+    EngineSupport,
     GpuSpec,
     HostSpec,
     KvDtype,
@@ -44,7 +46,6 @@ from k2provision.core.records import (
     PoolPlan,
     Process,
     Tunables,
-    WorkerRegistration,
 )
 from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.core.templating import render_template
@@ -53,15 +54,18 @@ from k2provision.engines.base import (
     ContainerNeeds,
     Deployment,
     HostRender,
+    MetricNames,
     PublishedFigure,
     WeightSlices,
+    layout_names,
     listener,
 )
 from k2provision.engines.common import (
     SUBNET,
     any_address,
     http_gate,
-    http_url,
+    master_endpoint,
+    master_instance_url,
     multi_host,
     own_tunables,
     parser_args,
@@ -429,32 +433,45 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     return out
 
 
-def endpoint(deployment: Deployment) -> str:
-    """Rank 0's OpenAI-compatible server."""
-    pool = deployment.pool("nodes")
-    return http_url(pool.master_address, deployment.cluster.tunables.api_port)
-
-
-def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
-    """Where a router would reach one instance (fleets do not render for this engine yet)."""
-    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.api_port)
-
-
-def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
-    """A replica the router takes back by its URL (fleets do not render for this engine yet)."""
-    return regular_worker(cluster, instance)
+# Rank 0's OpenAI-compatible server, reached as a router would reach an instance (fleets do
+# not render for this engine yet).
+endpoint = master_endpoint
+instance_url = master_instance_url
+router_worker = regular_worker
 
 
 # ---------------------------------------------------------------- what the plan asks
 
 DISPLAY_NAME = "TensorRT-LLM"
-LAYOUTS: tuple[str, ...] = ("tp_ep",)
+RELEASE = EngineRelease(
+    engine="trtllm",
+    version=TRTLLM_VERSION,
+    image=f"nvcr.io/nvidia/tensorrt-llm/release:{TRTLLM_VERSION}",
+    min_driver="580.65",
+)
+SUPPORT: dict[str, EngineSupport] = {
+    **dict.fromkeys(
+        catalog.FP8_FAMILY,
+        EngineSupport(min_version="1.2.1", source="the pinned release (schema-checked)"),
+    ),
+    **dict.fromkeys(
+        catalog.INT4_FAMILY,
+        EngineSupport(
+            min_version=None,
+            source="TensorRT-LLM documents the family only as NVFP4 checkpoints on Blackwell "
+            "(nvidia/Kimi-K2-Thinking-NVFP4), not these INT4 compressed-tensors weights",
+        ),
+    ),
+}
+LAYOUTS: tuple[Layout, ...] = (Layout(name="tp_ep"),)
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
 TEXT_ONLY = False
 FP8_KV = False  # its KV dtype is k2_trtllm_kv_cache_dtype (kv_cache_config.dtype)
 FLEET_LAYOUTS: tuple[str, ...] = ()
 DCP_LAYOUTS: tuple[str, ...] = ()
+DCP_TUNABLE: str | None = None
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
 HEALTH_PATH = "/health"
 # No Prometheus scrape: trtllm-serve's GET /metrics answers iteration stats as JSON
 # (tensorrt_llm/serve/openai_server.py, get_iteration_stats), not Prometheus text; its
@@ -463,6 +480,7 @@ HEALTH_PATH = "/health"
 # (docs/engines.md, "Metrics").
 METRICS_PATH: str | None = None
 METRICS_PORTS: tuple[str, ...] = ()
+METRICS: MetricNames | None = None
 # trtllm-serve is OpenAI-compatible: sglang's client on the OpenAI completions route.
 BENCH_CLIENT = replace(SGLANG_BENCH_CLIENT, backend="sglang-oai")
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
@@ -494,7 +512,7 @@ CONTAINER_NEEDS = ContainerNeeds(
     compile_caches=COMPILE_CACHES,
 )
 # Tunables only TensorRT-LLM reads, each with the layouts that read it.
-OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_trtllm_", LAYOUTS)
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_trtllm_", layout_names(LAYOUTS))
 # mpirun takes its hosts as -H host:slots, where an IPv6 literal's colons break the list.
 NO_IPV6: str | None = "mpirun host list (-H host:slots) cannot carry an IPv6 literal"
 # The `serve` options (SERVE_OPTIONS) have neither a key nor a certificate.

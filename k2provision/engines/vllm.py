@@ -50,8 +50,11 @@ from dataclasses import dataclass
 
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
+from k2provision.core.layouts import Layout
 from k2provision.core.records import (
     Cluster,
+    EngineRelease,
+    EngineSupport,
     GpuSpec,
     HealthGate,
     HostSpec,
@@ -72,9 +75,11 @@ from k2provision.engines.base import (
     Deployment,
     HostRender,
     Listener,
+    MetricNames,
     PublishedFigure,
     ResultFormat,
     WeightSlices,
+    layout_names,
     listener,
 )
 from k2provision.engines.common import (
@@ -129,7 +134,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     """Processes per host for the cluster's vLLM layout: every instance of the pool, and in a
     fleet the router in front of them."""
     layout = deployment.cluster.layout
-    if layout not in LAYOUTS:
+    if layout not in layout_names(LAYOUTS):
         raise ValueError(f"vllm has no layout {layout!r}")
     out: dict[str, HostRender] = {}
     for pool in deployment.pool("nodes").members():
@@ -542,7 +547,32 @@ def _render_dp_ep(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRende
 # ---------------------------------------------------------------- what the plan asks
 
 DISPLAY_NAME = "vLLM"
-LAYOUTS: tuple[str, ...] = ("tp", "tp_pp", "dp_ep")
+RELEASE = EngineRelease(
+    engine="vllm", version="0.33.0", image="vllm/vllm-openai:v0.33.0", min_driver="580.65"
+)
+# The first release each model's vLLM recipe names (its min_vllm_version, or the release
+# the recipe was written for).
+SUPPORT: dict[str, EngineSupport] = {
+    **dict.fromkeys(
+        catalog.FP8_FAMILY,
+        EngineSupport(min_version="0.12.0", source=f"{catalog.RECIPES}/Kimi-K2-Instruct.yaml"),
+    ),
+    "moonshotai/Kimi-K2-Thinking": EngineSupport(
+        min_version="0.12.0", source=f"{catalog.RECIPES}/Kimi-K2-Thinking.yaml"
+    ),
+    **{
+        model: EngineSupport(
+            min_version=version,
+            source=f"{catalog.RECIPES}/{model.removeprefix('moonshotai/')}.yaml min_vllm_version",
+        )
+        for model, version in (
+            ("moonshotai/Kimi-K2.5", "0.19.1"),
+            ("moonshotai/Kimi-K2.6", "0.25.0"),
+            ("moonshotai/Kimi-K2.7-Code", "0.19.1"),
+        )
+    },
+}
+LAYOUTS: tuple[Layout, ...] = (Layout(name="tp"), Layout(name="tp_pp"), Layout(name="dp_ep"))
 SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
 TEXT_ONLY = True  # --language-model-only
@@ -550,13 +580,26 @@ FP8_KV = True  # --kv-cache-dtype fp8
 # Layouts that split attention with tensor parallelism (where DCP applies).
 # Every layout renders fleets: replicas behind sglang-router (regular mode), each instance its
 # own Ray cluster or DP group.
-FLEET_LAYOUTS: tuple[str, ...] = LAYOUTS
+FLEET_LAYOUTS: tuple[str, ...] = layout_names(LAYOUTS)
 DCP_LAYOUTS: tuple[str, ...] = ("tp", "tp_pp")
+DCP_TUNABLE: str | None = "vllm_decode_context_parallel_size"
+SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
 HEALTH_PATH = "/health"
 # vllm 0.33.0's API server always mounts Prometheus' /metrics
 # (entrypoints/serve/instrumentator/metrics.py); nothing to turn on.
 METRICS_PATH: str | None = "/metrics"
 METRICS_PORTS: tuple[str, ...] = ("k2_api_port", "k2_vllm_port", "k2_router_metrics_port")
+# vllm 0.33.0's names, each found in its sources by tests/engine_parsers/test_metric_names.py.
+METRICS: MetricNames | None = MetricNames(
+    prompt_tokens="vllm:prompt_tokens_total",
+    generation_tokens="vllm:generation_tokens_total",
+    running="vllm:num_requests_running",
+    queued="vllm:num_requests_waiting",
+    kv_usage="vllm:kv_cache_usage_perc",
+    ttft="vllm:time_to_first_token_seconds",
+    inter_token="vllm:inter_token_latency_seconds",
+    e2e="vllm:e2e_request_latency_seconds",
+)
 BENCH_CLIENT = BenchClient(
     "vllm",
     "vllm.benchmarks.serve",
@@ -602,7 +645,7 @@ CONTAINER_NEEDS = ContainerNeeds(
     )
 )
 # Tunables only vLLM reads (every layout), each with the layouts that read it.
-OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_vllm_", LAYOUTS)
+OWN_TUNABLES: dict[str, tuple[str, ...]] = own_tunables("k2_vllm_", layout_names(LAYOUTS))
 NO_IPV6: str | None = None
 NO_API_KEY: str | None = None
 NO_TLS: str | None = None

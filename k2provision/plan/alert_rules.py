@@ -1,17 +1,21 @@
 """The fleet's Prometheus alert rules, with the latency targets as parameters.
 
 Pure. Every metric named here is one the pinned engines, the router or the pinned exporters
-export (tests/k2provision/unit/test_monitoring_metrics.py reads them from the sources). Where
-SGLang and vLLM name the same thing differently, one expression joins both with `or`: only the
-engine the plan runs has series.
+export (tests/engine_parsers/test_metric_names.py reads them from the sources). The engines'
+series are named by the engines (each engine module's METRICS); where engines name the same
+thing differently, one expression joins every engine's name with `or`: only the engine the
+plan runs has series.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from k2provision.core.gpu_health import FATAL_XIDS
+from k2provision.engines import metric_dialects
+from k2provision.engines.base import MetricNames
 
 ENDPOINT_DOWN_FOR = "30s"
 
@@ -32,9 +36,19 @@ def quantile(q: float, metric: str) -> str:
     return f"histogram_quantile({q}, sum by (le, instance) (rate({metric}_bucket[5m])))"
 
 
-def either(sglang_expr: str, vllm_expr: str) -> str:
-    """One expression over both engines' names (only the running engine has series)."""
-    return f"({sglang_expr}) or ({vllm_expr})"
+def either(*exprs: str) -> str:
+    """One expression over every engine's names (only the running engine has series); one
+    expression alone as it is."""
+    if len(exprs) == 1:
+        return exprs[0]
+    return " or ".join(f"({expr})" for expr in exprs)
+
+
+def each_engine(expr: Callable[[MetricNames], str | None]) -> str:
+    """`expr` of every registered engine's metric names, joined by `either`; engines for which
+    it is None (a series they do not export) are left out."""
+    found = [text for names in metric_dialects() if (text := expr(names)) is not None]
+    return either(*found)
 
 
 def _rule(name: str, expr: str, for_: str, severity: str, summary: str) -> dict[str, Any]:
@@ -118,22 +132,14 @@ def alert_rules(targets: AlertTargets = AlertTargets()) -> dict[str, Any]:
         ),
         _rule(
             "K2TtftP99High",
-            either(
-                quantile(0.99, "sglang:time_to_first_token_seconds"),
-                quantile(0.99, "vllm:time_to_first_token_seconds"),
-            )
-            + f" > {t.ttft_p99_s:g}",
+            each_engine(lambda m: quantile(0.99, m.ttft)) + f" > {t.ttft_p99_s:g}",
             "5m",
             "warning",
             f"{{{{ $labels.instance }}}}: TTFT p99 {{{{ $value }}}} s over {t.ttft_p99_s:g} s",
         ),
         _rule(
             "K2ItlP99High",
-            either(
-                quantile(0.99, "sglang:inter_token_latency_seconds"),
-                quantile(0.99, "vllm:inter_token_latency_seconds"),
-            )
-            + f" > {t.itl_p99_s:g}",
+            each_engine(lambda m: quantile(0.99, m.inter_token)) + f" > {t.itl_p99_s:g}",
             "5m",
             "warning",
             "{{ $labels.instance }}: inter-token p99 {{ $value }} s over "
@@ -141,19 +147,15 @@ def alert_rules(targets: AlertTargets = AlertTargets()) -> dict[str, Any]:
         ),
         _rule(
             "K2KvCacheFull",
-            f"max by (instance, host) ({either('sglang:token_usage', 'vllm:kv_cache_usage_perc')})"
-            f" > {t.kv_usage:g}",
+            f"max by (instance, host) ({each_engine(lambda m: m.kv_usage)}) > {t.kv_usage:g}",
             "5m",
             "warning",
             "{{ $labels.instance }}: KV cache {{ $value | humanizePercentage }} full",
         ),
         _rule(
             "K2QueueGrowing",
-            either(
-                f"deriv(sglang:num_queue_reqs[5m]) > 0 and sglang:num_queue_reqs > "
-                f"{t.queue_growing_min}",
-                f"deriv(vllm:num_requests_waiting[5m]) > 0 and vllm:num_requests_waiting > "
-                f"{t.queue_growing_min}",
+            each_engine(
+                lambda m: f"deriv({m.queued}[5m]) > 0 and {m.queued} > {t.queue_growing_min}"
             ),
             "10m",
             "warning",

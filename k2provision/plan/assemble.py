@@ -26,7 +26,7 @@ from k2provision.core.records import (
 )
 from k2provision.core.templating import host_values_path, host_values_script, launch_script
 from k2provision.core.variables import INSTANCE_VARS as INSTANCE_VARIABLES
-from k2provision.engines import REGISTRY
+from k2provision.engines import REGISTRY, layout_of
 from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
 from k2provision.errors import InventoryError, PlanError
@@ -47,16 +47,17 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     if spec is None:
         spec = resolve_model(cluster)
     gpu = catalog.gpu(cluster.gpu)
-    release = catalog.RELEASES[cluster.engine]
+    engine = REGISTRY[cluster.engine]
+    release = engine.RELEASE
     context = cluster.context_length or spec.max_position_embeddings
     problems, warnings = model_problems(cluster, spec, gpu, context)
     if problems:
         raise PlanError(problems)
 
-    engine = REGISTRY[cluster.engine]
     if problem := fleet_problem(cluster):
         raise PlanError([problem])
-    names = pool_names(cluster.layout)
+    layout = layout_of(cluster)
+    names = pool_names(layout)
     # Shapes and fits are per instance: every instance of a pool is alike.
     counts: dict[PoolName, int] = {
         p: len(cluster.pool(p)) // cluster.instance_count(p) for p in names
@@ -93,9 +94,9 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     ]
     warnings += edge_warnings(reports)
     warnings += socket_warnings(cluster)
-    routed = cluster.layout == "pd" or cluster.fleet
+    routed = layout.disaggregated or cluster.fleet
     if routed and not cluster.tunables.router_image and not cluster.lab:
-        which = "PD router" if cluster.layout == "pd" else "fleet's router"
+        which = "PD router" if layout.disaggregated else "fleet's router"
         warnings.append(
             f"the {which} runs in {cluster.tunables.image or release.image}, which is not "
             f"known to carry {catalog.ROUTER.package} {catalog.ROUTER.version}: build "
@@ -156,6 +157,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     return Plan(
         engine=cluster.engine,
         engine_version=release.version,
+        engine_min_driver=release.min_driver,
         layout=cluster.layout,
         model=spec.id,
         model_dir=cluster.model_dir,
@@ -233,7 +235,7 @@ def fleet_problem(cluster: Cluster) -> str | None:
         return None
     counts = ", ".join(
         f"{INSTANCE_VARIABLES[p]}={cluster.instance_count(p)}"
-        for p in pool_names(cluster.layout)
+        for p in pool_names(layout_of(cluster))
         if cluster.instance_count(p) > 1
     )
     working = "; ".join(

@@ -2,16 +2,25 @@
 PD transfer and GPU health.
 
 Pure. Every query names only metrics the pinned engines, router and exporters export (the same
-test as the alert rules checks them); SGLang's and vLLM's names are joined with `or`.
+test as the alert rules checks them); the engines' names are their own (each engine module's
+METRICS), every engine's joined with `or`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from k2provision.plan.alert_rules import either, quantile
+from k2provision.engines.base import MetricNames
+from k2provision.plan.alert_rules import each_engine, quantile
 
 DATASOURCE = {"type": "prometheus", "uid": "k2-prometheus"}
+
+
+def _engine_quantile(q: float, series: Callable[[MetricNames], str | None]) -> str:
+    """The q-quantile per instance of an engine histogram, every engine's name joined (engines
+    whose `series` is None export none)."""
+    return each_engine(lambda m: None if (name := series(m)) is None else quantile(q, name))
 
 
 def _panel(
@@ -65,9 +74,8 @@ def _fleet() -> dict[str, Any]:
                 "Output tokens/s per instance",
                 [
                     (
-                        either(
-                            "sum by (instance) (rate(sglang:generation_tokens_total[1m]))",
-                            "sum by (instance) (rate(vllm:generation_tokens_total[1m]))",
+                        each_engine(
+                            lambda m: f"sum by (instance) (rate({m.generation_tokens}[1m]))"
                         ),
                         "{{instance}}",
                     )
@@ -78,17 +86,11 @@ def _fleet() -> dict[str, Any]:
                 "Running and queued requests",
                 [
                     (
-                        either(
-                            "sum by (instance) (sglang:num_running_reqs)",
-                            "sum by (instance) (vllm:num_requests_running)",
-                        ),
+                        each_engine(lambda m: f"sum by (instance) ({m.running})"),
                         "{{instance}} running",
                     ),
                     (
-                        either(
-                            "sum by (instance) (sglang:num_queue_reqs)",
-                            "sum by (instance) (vllm:num_requests_waiting)",
-                        ),
+                        each_engine(lambda m: f"sum by (instance) ({m.queued})"),
                         "{{instance}} queued",
                     ),
                 ],
@@ -98,10 +100,7 @@ def _fleet() -> dict[str, Any]:
                 "KV cache usage",
                 [
                     (
-                        either(
-                            "max by (instance) (sglang:token_usage)",
-                            "max by (instance) (vllm:kv_cache_usage_perc)",
-                        ),
+                        each_engine(lambda m: f"max by (instance) ({m.kv_usage})"),
                         "{{instance}}",
                     )
                 ],
@@ -132,16 +131,12 @@ def _instance() -> dict[str, Any]:
                 "Throughput (tokens/s)",
                 [
                     (
-                        either(
-                            "sum by (instance) (rate(sglang:prompt_tokens_total[1m]))",
-                            "sum by (instance) (rate(vllm:prompt_tokens_total[1m]))",
-                        ),
+                        each_engine(lambda m: f"sum by (instance) (rate({m.prompt_tokens}[1m]))"),
                         "{{instance}} in",
                     ),
                     (
-                        either(
-                            "sum by (instance) (rate(sglang:generation_tokens_total[1m]))",
-                            "sum by (instance) (rate(vllm:generation_tokens_total[1m]))",
+                        each_engine(
+                            lambda m: f"sum by (instance) (rate({m.generation_tokens}[1m]))"
                         ),
                         "{{instance}} out",
                     ),
@@ -152,10 +147,7 @@ def _instance() -> dict[str, Any]:
                 "TTFT p50/p90/p99",
                 [
                     (
-                        either(
-                            quantile(q, "sglang:time_to_first_token_seconds"),
-                            quantile(q, "vllm:time_to_first_token_seconds"),
-                        ),
+                        _engine_quantile(q, lambda m: m.ttft),
                         f"{{{{instance}}}} p{int(q * 100)}",
                     )
                     for q in (0.5, 0.9, 0.99)
@@ -167,10 +159,7 @@ def _instance() -> dict[str, Any]:
                 "Inter-token latency p50/p90/p99",
                 [
                     (
-                        either(
-                            quantile(q, "sglang:inter_token_latency_seconds"),
-                            quantile(q, "vllm:inter_token_latency_seconds"),
-                        ),
+                        _engine_quantile(q, lambda m: m.inter_token),
                         f"{{{{instance}}}} p{int(q * 100)}",
                     )
                     for q in (0.5, 0.9, 0.99)
@@ -182,10 +171,7 @@ def _instance() -> dict[str, Any]:
                 "End-to-end latency p99",
                 [
                     (
-                        either(
-                            quantile(0.99, "sglang:e2e_request_latency_seconds"),
-                            quantile(0.99, "vllm:e2e_request_latency_seconds"),
-                        ),
+                        _engine_quantile(0.99, lambda m: m.e2e),
                         "{{instance}}",
                     )
                 ],
@@ -196,10 +182,7 @@ def _instance() -> dict[str, Any]:
                 "KV cache usage",
                 [
                     (
-                        either(
-                            "max by (instance, host) (sglang:token_usage)",
-                            "max by (instance, host) (vllm:kv_cache_usage_perc)",
-                        ),
+                        each_engine(lambda m: f"max by (instance, host) ({m.kv_usage})"),
                         "{{instance}} {{host}}",
                     )
                 ],
@@ -210,10 +193,7 @@ def _instance() -> dict[str, Any]:
                 "Queue",
                 [
                     (
-                        either(
-                            "sum by (instance) (sglang:num_queue_reqs)",
-                            "sum by (instance) (vllm:num_requests_waiting)",
-                        ),
+                        each_engine(lambda m: f"sum by (instance) ({m.queued})"),
                         "{{instance}}",
                     )
                 ],
@@ -232,7 +212,7 @@ def _pd() -> dict[str, Any]:
                 "KV transfer latency p50/p99",
                 [
                     (
-                        quantile(q, "sglang:kv_transfer_latency_ms"),
+                        _engine_quantile(q, lambda m: m.kv_transfer_latency),
                         f"{{{{instance}}}} p{int(q * 100)}",
                     )
                     for q in (0.5, 0.99)
@@ -242,12 +222,12 @@ def _pd() -> dict[str, Any]:
             _panel(
                 2,
                 "KV transfer speed p50",
-                [(quantile(0.5, "sglang:kv_transfer_speed_gb_s"), "{{instance}}")],
+                [(_engine_quantile(0.5, lambda m: m.kv_transfer_speed), "{{instance}}")],
             ),
             _panel(
                 3,
                 "KV bootstrap p99",
-                [(quantile(0.99, "sglang:kv_transfer_bootstrap_ms"), "{{instance}}")],
+                [(_engine_quantile(0.99, lambda m: m.kv_bootstrap), "{{instance}}")],
                 "ms",
             ),
             _panel(

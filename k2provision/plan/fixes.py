@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from k2provision.core.records import LAYOUTS, Cluster, GpuSpec, ModelSpec, PoolName
-from k2provision.engines import REGISTRY
+from k2provision.core.layouts import Layout
+from k2provision.core.records import Cluster, GpuSpec, ModelSpec, PoolName
+from k2provision.engines import REGISTRY, layout_of
 from k2provision.engines.base import BatchTunable
 from k2provision.plan.shapes import (
     PoolShape,
@@ -27,11 +28,11 @@ def _on(n: int, shape: PoolShape, gpn: int, gpu: GpuSpec) -> str:
     return f"{nodes_text(n)} x {gpn} {gpu.key} ({sizes_text(shape.parallel)}; {shape.gpus} GPUs)"
 
 
-def _counts_by_size(layout: str) -> Iterator[dict[PoolName, int]]:
+def _counts_by_size(layout: Layout) -> Iterator[dict[PoolName, int]]:
     """Node counts for a layout, fewest nodes first."""
-    if layout == "single":
+    if layout.one_host:
         yield {"nodes": 1}
-    elif layout == "pd":
+    elif layout.disaggregated:
         for total in range(2, MAX_SEARCH_NODES // 2 + 1):
             for prefill in range(1, total):
                 yield {"prefill": prefill, "decode": total - prefill}
@@ -40,13 +41,21 @@ def _counts_by_size(layout: str) -> Iterator[dict[PoolName, int]]:
             yield {"nodes": n}
 
 
+def search_limit(layout: Layout) -> int:
+    """The most nodes the search tries for a layout (per pool where it has two)."""
+    if layout.one_host:
+        return 1
+    return MAX_SEARCH_NODES // len(layout.pools)
+
+
 def smallest_for_layout(
-    cluster: Cluster, layout: str, spec: ModelSpec, gpu: GpuSpec, context: int, below: int
+    cluster: Cluster, layout: Layout, spec: ModelSpec, gpu: GpuSpec, context: int, below: int
 ) -> tuple[dict[PoolName, int], int] | None:
     """The fewest nodes (fewer than `below` GPUs) on which `layout` fits: (counts, GPUs)."""
-    trial = cluster.model_copy(update={"layout": layout})
+    trial = cluster.model_copy(update={"layout": layout.name})
+    single_gpu = REGISTRY[cluster.engine].SINGLE_GPU
     for counts in _counts_by_size(layout):
-        gpus = 1 if layout == "single" else sum(counts.values()) * cluster.gpus_per_node
+        gpus = 1 if single_gpu else sum(counts.values()) * cluster.gpus_per_node
         if gpus >= below:
             return None
         if all_pools_fit(trial, counts, spec, gpu, context):
@@ -56,10 +65,10 @@ def smallest_for_layout(
 
 def smallest_fit(
     cluster: Cluster, spec: ModelSpec, gpu: GpuSpec, context: int
-) -> tuple[str, dict[PoolName, int], int] | None:
+) -> tuple[Layout, dict[PoolName, int], int] | None:
     """The layout of the engine with the fewest GPUs that fits: (layout, counts, GPUs)."""
-    best: tuple[str, dict[PoolName, int], int] | None = None
-    for layout in LAYOUTS[cluster.engine]:
+    best: tuple[Layout, dict[PoolName, int], int] | None = None
+    for layout in REGISTRY[cluster.engine].LAYOUTS:
         below = best[2] if best else 10**9
         found = smallest_for_layout(cluster, layout, spec, gpu, context, below)
         if found is not None:
@@ -68,17 +77,17 @@ def smallest_fit(
 
 
 def _describe_layout(
-    cluster: Cluster, layout: str, counts: dict[PoolName, int], spec: ModelSpec, gpu: GpuSpec
+    cluster: Cluster, layout: Layout, counts: dict[PoolName, int], spec: ModelSpec, gpu: GpuSpec
 ) -> str:
-    trial = cluster.model_copy(update={"layout": layout})
+    trial = cluster.model_copy(update={"layout": layout.name})
     shapes = pool_shapes(trial, counts, spec)
     pools = " + ".join(
         nodes_text(s.nodes)
-        + (f" [{s.name}]" if layout == "pd" else "")
+        + (f" [{s.name}]" if len(layout.pools) > 1 else "")
         + f" ({sizes_text(s.parallel)})"
         for s in shapes
     )
-    return f"k2_layout={layout} on {pools} x {cluster.gpus_per_node} {gpu.key}"
+    return f"k2_layout={layout.name} on {pools} x {cluster.gpus_per_node} {gpu.key}"
 
 
 def nearby_counts(
@@ -234,7 +243,7 @@ def _pool_fixes(
     make it fit, each planned again."""
     hints: list[str] = []
     gpn = cluster.gpus_per_node
-    label = "" if cluster.layout != "pd" else f" [{pool}]"
+    label = f" [{pool}]" if len(layout_of(cluster).pools) > 1 else ""
 
     def fits_here(trial: Cluster) -> bool:
         return _pool_fits(trial, pool, counts, spec, gpu, context)
@@ -262,19 +271,19 @@ def _pool_fixes(
                     f"{on(n)} with {_batch_text(knob, value)}" for n, value in sized
                 )
                 hints.append(f"{cluster.engine} {cluster.layout}{label} fits on {options}")
-    # Redundant experts that let the decode pool's expert parallelism divide (with a smaller
-    # batch where the slots divide but memory falls short).
-    if pool == "decode" and any("expert parallel size" in p for p in found):
-        ep = counts["decode"] * gpn
+    # Spare expert slots that let the pool's expert parallelism divide, where the engine takes
+    # them (with a smaller batch where the slots divide but memory falls short).
+    spare_field = REGISTRY[cluster.engine].SPARE_EXPERT_TUNABLES.get(pool)
+    if spare_field and any("expert parallel size" in p for p in found):
+        ep = counts[pool] * gpn
         spare = (-spec.n_routed_experts) % ep
-        on_these = f"on these {nodes_text(counts['decode'])}"
+        on_these = f"on these {nodes_text(counts[pool])}"
         for r in (spare, spare + ep):
-            if r == cluster.tunables.decode_redundant_experts:
+            if r == getattr(cluster.tunables, spare_field):
                 continue
-            trial = _with_value(cluster, "decode_redundant_experts", r)
+            trial = _with_value(cluster, spare_field, r)
             experts = (
-                f"k2_decode_redundant_experts={r} ({spec.n_routed_experts} + {r} expert "
-                f"slots over ep {ep})"
+                f"k2_{spare_field}={r} ({spec.n_routed_experts} + {r} expert slots over ep {ep})"
             )
             if fits_here(trial):
                 hints.append(f"{experts} {on_these}")
@@ -323,13 +332,14 @@ def fixes(
                 break
     # Every other layout of the engine: on these hosts, or on the fewest that fit (for PD
     # pools only when no change to the pools themselves works).
-    if cluster.layout != "pd" or not any(out.values()):
-        for layout in LAYOUTS[cluster.engine]:
-            if layout == cluster.layout:
+    current_layout = layout_of(cluster)
+    if not current_layout.disaggregated or not any(out.values()):
+        for layout in REGISTRY[cluster.engine].LAYOUTS:
+            if layout.name == cluster.layout:
                 continue
-            trial = cluster.model_copy(update={"layout": layout})
+            trial = cluster.model_copy(update={"layout": layout.name})
             same: dict[PoolName, int] = {"nodes": sum(counts.values())}
-            if layout != "pd" and cluster.layout != "pd" and works(trial):
+            if layout.pools == current_layout.pools == ("nodes",) and works(trial):
                 shared.append(_describe_layout(cluster, layout, same, spec, gpu) + " fits")
                 continue
             alt = smallest_for_layout(cluster, layout, spec, gpu, context, 10**9)
@@ -341,20 +351,17 @@ def fixes(
                 )
     # Decode context parallelism that divides the TP group (more tokens per replica).
     engine = REGISTRY[cluster.engine]
-    if cluster.layout in engine.DCP_LAYOUTS:
+    if cluster.layout in engine.DCP_LAYOUTS and engine.DCP_TUNABLE:
         current = engine.pool_shape(cluster, "nodes", 1, spec).dcp
         for size in (gpn, 4, 2, 1):
             if size == current:
                 continue
             trial = cluster.model_copy(
-                update={
-                    "tunables": t.model_copy(update={"vllm_decode_context_parallel_size": size})
-                }
+                update={"tunables": t.model_copy(update={engine.DCP_TUNABLE: size})}
             )
             if works(trial):
                 shared.append(
-                    f"k2_vllm_decode_context_parallel_size={size} (each token's KV on one "
-                    f"GPU of {size})"
+                    f"k2_{engine.DCP_TUNABLE}={size} (each token's KV on one GPU of {size})"
                 )
                 break
     # An FP8 KV cache, where the engine renders one for MLA.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k2provision.core.layouts import Layout
 from k2provision.core.records import (
     Cluster,
     FitReport,
@@ -41,9 +42,9 @@ class Choices:
     language_model_only: bool
 
 
-def pool_names(layout: str) -> list[PoolName]:
+def pool_names(layout: Layout) -> list[PoolName]:
     """The pools a layout has."""
-    return ["prefill", "decode"] if layout == "pd" else ["nodes"]
+    return list(layout.pools)
 
 
 def pool_shapes(cluster: Cluster, counts: dict[PoolName, int], spec: ModelSpec) -> list[PoolShape]:

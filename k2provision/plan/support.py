@@ -13,6 +13,9 @@ from k2provision.core.records import Cluster, EngineName, EngineRelease, GpuSpec
 from k2provision.core.variables import TUNABLE_VARS, shorten_hosts, show
 from k2provision.core.versions import version_at_least
 from k2provision.engines import REGISTRY
+from k2provision.engines import release as release_of
+from k2provision.engines import support as engine_support
+from k2provision.engines.base import layout_names
 from k2provision.engines.common import unguarded_endpoint_problems
 
 
@@ -28,13 +31,14 @@ def support_problems(
     spec: ModelSpec, engine: EngineName, release: EngineRelease, image: str | None
 ) -> tuple[list[str], list[str]]:
     """(problems, warnings) about whether the pinned engine release serves the model."""
-    support = spec.support.get(engine)
+    support = engine_support(engine, spec.id)
     others = [
         e
-        for e, s in spec.support.items()
+        for e in REGISTRY
         if e != engine
+        and (s := engine_support(e, spec.id)) is not None
         and s.min_version is not None
-        and (version_at_least(catalog.RELEASES[e].version, s.min_version))
+        and version_at_least(release_of(e).version, s.min_version)
     ]
     alternatives = f"k2_engine={' or '.join(others)}" if others else "another model"
     if support is None or support.min_version is None:
@@ -68,7 +72,7 @@ def model_problems(
     cluster: Cluster, spec: ModelSpec, gpu: GpuSpec, context: int
 ) -> tuple[list[str], list[str]]:
     """(problems, warnings) that no layout can fix: release, hardware formats, context."""
-    release = catalog.RELEASES[cluster.engine]
+    release = release_of(cluster.engine)
     problems, warnings = support_problems(spec, cluster.engine, release, cluster.tunables.image)
     schemes = spec.quantization.schemes()
     if schemes & {"fp8_block", "fp8_channel"} and not gpu.fp8:
@@ -135,7 +139,9 @@ def foreign_tunables(cluster: Cluster) -> list[str]:
         if not readers or cluster.layout in readers.get(cluster.engine, ()):
             continue
         owner = " or ".join(
-            e if layouts == REGISTRY[e].LAYOUTS else f"{e} layout {', '.join(layouts)}"
+            e
+            if layouts == layout_names(REGISTRY[e].LAYOUTS)
+            else f"{e} layout {', '.join(layouts)}"
             for e, layouts in readers.items()
         )
         problems.append(

@@ -15,10 +15,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Cluster, Plan, PoolPlan, Process
 from k2provision.core.templating import with_host_values
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 from .runner import ParseResult, check
 

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from k2provision.core import catalog, model_config
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Cluster, Plan, Process
+from k2provision.engines import REGISTRY
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 from .runner import ParseResult, check
 
@@ -114,7 +115,7 @@ FLASHMLA_PAGES = "FlashMLA only supports a page_size of 64"
 def test_accepted_by_the_pinned_release_with_the_models_config(name: str) -> None:
     r = verdicts()[name]
     assert r.ok, f"{name}: {r.stage}: {r.error}"
-    assert r.version == catalog.RELEASES[engine_of(name)].version  # type: ignore[index]
+    assert r.version == REGISTRY[engine_of(name)].RELEASE.version
     # FlashMLA (rendered with an FP8 KV cache) always logs that it pages by 64 tokens.
     assert [w for w in r.warnings if FLASHMLA_PAGES not in w] == []
     assert any("the given config.json" in n for n in r.notes)

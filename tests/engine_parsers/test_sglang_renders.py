@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from k2provision.core import catalog
-from k2provision.core.inventory import load_cluster
 from k2provision.core.templating import with_host_values
+from k2provision.engines import REGISTRY
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 from . import goldens
 from .goldens import Launch
@@ -90,7 +91,7 @@ def test_cases_cover_both_layouts_and_every_host() -> None:
 def test_server_argv_is_accepted_without_stale_flag_warnings(launch: Launch) -> None:
     result = goldens.verdict(launch)
     assert result.ok, f"{launch}: {result.stage}: {result.error}"
-    assert result.version == catalog.RELEASES["sglang"].version
+    assert result.version == REGISTRY["sglang"].RELEASE.version
     assert stale_warnings(result) == []
     assert not any("deprecated" in w.lower() for w in result.warnings)
 

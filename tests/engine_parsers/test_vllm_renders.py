@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from k2provision.core import catalog
+from k2provision.engines import REGISTRY
 
 from . import goldens
 from .goldens import Launch
@@ -38,7 +38,7 @@ def test_every_layout_has_a_golden_case() -> None:
 def test_rendered_serve_is_accepted(launch: Launch) -> None:
     result = goldens.verdict(launch)
     assert result.ok, f"{launch}: {result.stage}: {result.error}"
-    assert result.version == catalog.RELEASES["vllm"].version
+    assert result.version == REGISTRY["vllm"].RELEASE.version
     assert [w for w in result.warnings if not any(i in w for i in INFORMATIONAL)] == []
 
 

@@ -14,8 +14,8 @@ import pytest
 from k2lab import demo
 from k2lab.config import MAX_HOSTS, LabConfig
 from k2lab.errors import LabError
-from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 BOUND = 16
 """Host counts tested: a 2-core machine runs a lab of at most about this many hosts."""

@@ -270,8 +270,8 @@ def test_a_rendered_plan_passes_and_fails_without_its_parser_flags(
     without the reasoning parser, fails it."""
     from dataclasses import replace
 
-    from k2provision.core.inventory import load_cluster
     from k2provision.plan.assemble import build_plan
+    from k2provision.plan.inventory import load_cluster
 
     inventory = tmp_path / f"{example}.ini"
     source = (REPO / "inventory" / "examples" / f"{example}.ini").read_text()

@@ -26,6 +26,7 @@ import pytest
 
 from k2lab.errors import LabError
 from k2lab.standin import content_hash, standin_dir
+from k2provision.engines import REGISTRY
 from k2provision.ops import smoke
 from k2provision.plan.assemble import LAB_IMAGE
 
@@ -1095,7 +1096,7 @@ def test_images_carry_the_catalogs_pins(containerfile: str, arg: str, pinned: st
 
     text = (REPO / containerfile / "Containerfile").read_text()
     (line,) = [x for x in text.splitlines() if x.startswith(f"ARG {arg}=")]
-    release = catalog.RELEASES["ktransformers"]
+    release = REGISTRY["ktransformers"].RELEASE
     want = catalog.ROUTER.version if pinned == "router" else release.version
     assert line == f"ARG {arg}={want}"
 

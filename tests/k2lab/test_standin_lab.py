@@ -31,8 +31,8 @@ import k2lab as labapi
 from k2lab.proc import quiet_log
 from k2lab.standin import STANDIN_IMAGE, build_standin, image_key
 from k2provision.core import catalog
-from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import LAB_IMAGE, build_plan
+from k2provision.plan.inventory import load_cluster
 from tests.lab_support import ansible_env, require_lab
 
 pytestmark = pytest.mark.lab

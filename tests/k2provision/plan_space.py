@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 from k2provision.core import catalog
 from k2provision.core.records import (
-    ENGINES,
-    LAYOUTS,
     Cluster,
     EngineName,
     HostSpec,
@@ -37,6 +35,8 @@ from k2provision.core.records import (
     PoolName,
     Tunables,
 )
+from k2provision.engines import REGISTRY, layout_named
+from k2provision.engines.base import layout_names
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.shapes import evaluate, pool_names
 from k2provision.plan.support import model_problems
@@ -119,7 +119,7 @@ def _pool_counts(
     """Per pool, the node counts (1-32) whose pool passes the plan's gates on its own."""
     if layout == "single":
         return {"nodes": [1]}
-    names = pool_names(layout)
+    names = pool_names(layout_named(engine, layout))
     probe = cluster(engine, layout, model, gpu, {}, context)
     out: dict[PoolName, list[int]] = {}
     for name in names:
@@ -160,8 +160,8 @@ def candidate_counts(
 
 def combinations() -> Iterator[tuple[EngineName, str, str, str, int | None]]:
     """Every (engine, layout, model, GPU type, context) the enumeration covers."""
-    for engine in ENGINES:
-        for layout in LAYOUTS[engine]:
+    for engine, declared in REGISTRY.items():
+        for layout in layout_names(declared.LAYOUTS):
             for model in catalog.MODELS:
                 for gpu in catalog.GPUS:
                     for context in CONTEXTS:

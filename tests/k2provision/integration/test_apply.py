@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import k2lab as lab_api
-from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from tests.pd_lab import (
     k2,
     remove_engine_containers,

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.ops.bench import LAB_NOTICE, SCHEMA_VERSION
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from k2provision.weights import kernel
 from tests.pd_lab import (
     LAB_HF_TOKEN,

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.engines import sglang, vllm
 from k2provision.errors import K2Error
@@ -44,6 +43,7 @@ from k2provision.ops.bench import (
     workload,
 )
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from tests.runners import ROOT, k2
 
 FIXTURES = ROOT / "tests" / "fixtures" / "bench"

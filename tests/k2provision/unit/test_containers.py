@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
+from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH
@@ -35,6 +34,7 @@ from k2provision.plan.converge import (
     skipped_phases,
     smoke_host,
 )
+from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 MESH_KEY = "ssh-ed25519 AAAAmeshkey k2provision-mesh-prod"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "engines.md"

@@ -167,8 +167,8 @@ GOLDEN = Path(__file__).resolve().parents[2] / "golden"
     ],
 )
 def test_a_thinking_model_gets_its_reasoning_parser(case: str, program: str, flag: str) -> None:
-    from k2provision.core.inventory import load_cluster
     from k2provision.plan.assemble import build_plan
+    from k2provision.plan.inventory import load_cluster
 
     cl = load_cluster(GOLDEN / case / "inventory.ini")
     spec = catalog.model(cl.model)
@@ -184,8 +184,8 @@ def test_a_thinking_model_gets_its_reasoning_parser(case: str, program: str, fla
 
 @pytest.mark.parametrize("case", sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()))
 def test_every_container_option_comes_with_its_reason(case: str) -> None:
-    from k2provision.core.inventory import load_cluster
     from k2provision.plan.assemble import build_plan
+    from k2provision.plan.inventory import load_cluster
 
     options = build_plan(load_cluster(GOLDEN / case / "inventory.ini")).container
     rendered = [f"--network {options.network}", f"--ipc {options.ipc}"]

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Cluster, HostSpec, Plan, PoolName, Process, Tunables
 from k2provision.engines import sglang
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 IB = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")

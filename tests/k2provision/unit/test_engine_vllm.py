@@ -11,7 +11,7 @@ import pytest
 
 from k2provision.core import catalog
 from k2provision.core.records import Cluster, HealthGate, HostSpec, Plan, Process, Tunables
-from k2provision.engines import vllm
+from k2provision.engines import REGISTRY, vllm
 from k2provision.engines.base import Deployment
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
@@ -313,7 +313,7 @@ def test_unknown_layout_is_refused() -> None:
     deployment = Deployment(
         cluster=cluster("tp").model_copy(update={"layout": "single"}),
         model=catalog.model("moonshotai/Kimi-K2-Instruct"),
-        release=catalog.RELEASES["vllm"],
+        release=REGISTRY["vllm"].RELEASE,
         pools=(),
         context_length=4096,
         image="img",

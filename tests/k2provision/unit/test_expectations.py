@@ -19,9 +19,9 @@ from k2provision.core.expectations import (
     image_id_mismatches,
     planned_ports,
 )
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 HW = ROOT / "tests" / "fixtures" / "hardware"

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from k2provision.core import catalog
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import EngineRelease, Plan
+from k2provision.engines import REGISTRY
 from k2provision.errors import K2Error, PlanError
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from k2provision.plan.support import support_problems
 
 THINKING = "moonshotai/Kimi-K2-Thinking"
@@ -118,7 +119,7 @@ def test_an_older_release_is_refused_naming_what_it_needs_and_k2_image() -> None
     problems, warnings = support_problems(spec, "vllm", old, "registry/vllm:custom")
     assert problems == []
     assert "k2_image=registry/vllm:custom" in warnings[0]
-    pinned = catalog.RELEASES["vllm"]
+    pinned = REGISTRY["vllm"].RELEASE
     assert support_problems(spec, "vllm", pinned, None) == ([], [])
 
 

@@ -9,13 +9,13 @@ import pytest
 
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Parallel, Tunables
 from k2provision.engines import vllm
 from k2provision.engines.memory import PoolFit, deepep_low_latency_gib
 from k2provision.engines.vllm import CALIBRATION, CalibrationPoint
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.fit import fit_pool, weights_per_gpu
+from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 FIT_DOC = ROOT / "docs" / "fit.md"

@@ -11,12 +11,12 @@ import pytest
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
     launch_registrations,
 )
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan, Process
 from k2provision.errors import InventoryError, PlanError
 from k2provision.ops.restart import restart_set
 from k2provision.plan.assemble import build_plan, plan_digest
 from k2provision.plan.containers import spec_hash
+from k2provision.plan.inventory import load_cluster
 from k2provision.plan.monitoring import scrape_targets
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "inventory" / "examples"

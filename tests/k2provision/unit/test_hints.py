@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Tunables
 from k2provision.engines import sglang
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.ops import launch_gate as lg
 from k2provision.ops.host_probe import MARK, exec_liveness, parse_liveness, url_probe
 from k2provision.ops.status_probe import host_status, probe_script
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -33,12 +33,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Cluster, Plan, Tunables
 from k2provision.core.variables import CLUSTER_VARS, HOST_VARS
 from k2provision.errors import K2Error
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import exec_argv
+from k2provision.plan.inventory import load_cluster
 from tests.golden_cases import CASES, GOLDEN
 
 CANARY = "k2pwn"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.errors import InventoryError
+from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 

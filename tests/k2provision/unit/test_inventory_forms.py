@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from k2provision.core.inventory import load_cluster, read_inventory
+from k2provision.core.inventory import read_inventory
 from k2provision.plan.assemble import build_plan, plan_digest
+from k2provision.plan.inventory import load_cluster
 from tests.k2provision.unit.contract_support import HostTrap
 
 ROOT = Path(__file__).resolve().parents[3]

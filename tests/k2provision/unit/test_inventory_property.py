@@ -19,12 +19,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k2provision.core.records import LAYOUTS, Tunables
+from k2provision.core.records import Tunables
+from k2provision.engines import REGISTRY
+from k2provision.engines.base import layout_names
 from tests.k2provision.unit.contract_support import HostTrap
 
 # Valid ports come from here, ten apart: clear of every default port and of each other
 # (SGLang's rendezvous takes seven consecutive ports).
 PORT_BASE = 40000
+# Each registered engine's layouts by name.
+LAYOUTS = {name: layout_names(engine.LAYOUTS) for name, engine in REGISTRY.items()}
 WORDS = ("fp8", "kimi", "bond0", "img:1", "auto")
 _examples = count()
 

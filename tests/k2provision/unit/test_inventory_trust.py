@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.errors import InventoryError
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 
 HOSTS = "[nodes]\nn1 ansible_host=10.0.0.1\nn2 ansible_host=10.0.0.2\n"
 BASE = "[all:vars]\nk2_engine=sglang\nk2_layout=tp\n"

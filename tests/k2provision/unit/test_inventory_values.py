@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from k2provision.core import role_specs
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import NUMERIC_ANNOTATIONS, Cluster, Tunables
 from k2provision.core.variables import bounds, value_range
 from k2provision.engines.common import host_port, http_url
 from k2provision.errors import InventoryError
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from tests.k2provision.unit.contract_support import HostTrap
 
 ROOT = Path(__file__).resolve().parents[3]

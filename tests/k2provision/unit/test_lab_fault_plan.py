@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import run_argv, spec_hash
+from k2provision.plan.inventory import load_cluster
 
 PD = (
     "[prefill]\np1 ansible_host=10.0.0.11\np2 ansible_host=10.0.0.12\n"

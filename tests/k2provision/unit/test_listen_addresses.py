@@ -8,9 +8,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Cluster, Plan
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from tests.golden_cases import CASES, GOLDEN
 
 WILDCARDS = ("0.0.0.0", "::")

@@ -12,13 +12,13 @@ import pytest
 from rich.console import Console
 
 from k2provision.core import catalog
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Parallel, Plan
 from k2provision.engines import sglang
 from k2provision.engines.calibration import calibration_errors_gib, fit_error_gib
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_COMPILE_CACHE, LABEL_HASH, run_argv
 from k2provision.plan.fit import kv_headroom_gib
+from k2provision.plan.inventory import load_cluster
 from k2provision.run.display import reserve_table
 from tests.k2provision import plan_rules_memory as rules
 

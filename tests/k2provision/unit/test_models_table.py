@@ -10,6 +10,7 @@ import pytest
 from k2provision.commands.models_table import UNSERVED, markdown, rows
 from k2provision.core import catalog
 from k2provision.core.records import Cluster, HostSpec, PoolName, Tunables
+from k2provision.engines import layout_named
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.shapes import pool_names
@@ -78,7 +79,7 @@ def cluster(model: str, engine: str, layout: str, counts: dict[PoolName, int]) -
 
 
 def fits(model: str, engine: str, layout: str, nodes: int) -> bool:
-    names = pool_names(layout)
+    names = pool_names(layout_named(engine, layout))
     counts = {names[0]: nodes} if len(names) == 1 else {}
     try:
         build_plan(cluster(model, engine, layout, counts))

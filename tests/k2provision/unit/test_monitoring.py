@@ -14,12 +14,12 @@ import yaml
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.monitoring import (  # noqa: E501
     monitoring_setup,
 )
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.plan.alert_rules import alert_rules
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.dashboards import dashboards, panel_queries
 from k2provision.plan.dcgm_counters import DCGM_COUNTERS, DCGM_COUNTERS_PATH, dcgm_counters_csv
+from k2provision.plan.inventory import load_cluster
 from k2provision.plan.monitoring import (
     exporters_of,
     prometheus_config,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from k2provision.core import catalog
-from k2provision.core.inventory import load_cluster
 from k2provision.errors import K2Error, PlanError
 from k2provision.plan.assemble import build_plan, plan_digest
+from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 

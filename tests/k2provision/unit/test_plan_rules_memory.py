@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from k2provision.core import catalog
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.engines import REGISTRY
+from k2provision.engines.base import layout_names
 from k2provision.errors import InventoryError, PlanError
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from tests.k2provision import plan_space
 from tests.k2provision.plan_rules_memory import problems
 
@@ -53,7 +54,7 @@ def admitted_plans(tmp: Path) -> list[tuple[str, Plan]]:
     found = []
     combos = itertools.product(catalog.MODELS, REGISTRY, NODE_COUNTS, GPUS, KV_DTYPES, CONTEXTS)
     for model, engine, nodes, gpu, kv, context in combos:
-        for layout in REGISTRY[engine].LAYOUTS:
+        for layout in layout_names(REGISTRY[engine].LAYOUTS):
             name = f"{engine}-{layout}-{model.split('/')[-1]}-{nodes}n-{gpu}-{kv}-{context}"
             path = tmp / f"{name}.ini"
             path.write_text(_inventory(engine, layout, model, nodes, gpu, kv, context))

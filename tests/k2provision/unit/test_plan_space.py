@@ -30,7 +30,8 @@ import yaml
 
 from k2provision.commands.models_table import UNSERVED, rows
 from k2provision.core import catalog
-from k2provision.core.records import LAYOUTS, GpuSpec, ModelSpec, Plan, WeightFormat
+from k2provision.core.records import GpuSpec, ModelSpec, Plan, WeightFormat
+from k2provision.engines import REGISTRY
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
 from tests.k2provision import plan_space
@@ -163,7 +164,9 @@ def faults_of(engine: str, r: Rendered, spec: ModelSpec, gpu: GpuSpec) -> list[s
 def test_the_plan_space_is_covered() -> None:
     built = plan_space.built()
     engines = {(a.engine, a.layout) for a, _ in built}
-    assert engines == {(e, layout) for e, layouts in LAYOUTS.items() for layout in layouts}
+    assert engines == {
+        (e, layout.name) for e, known in REGISTRY.items() for layout in known.LAYOUTS
+    }
     formats = {(a.engine, a.layout, plan_space.weight_formats(a.model)) for a, _ in built}
     assert len(formats) >= 10, formats
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k2provision.core.records import LAYOUTS
+from k2provision.engines import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,9 +26,8 @@ def test_readme_tables_match_the_planner_and_the_tunables() -> None:
 def test_the_pool_size_table_has_a_row_per_pool_of_every_layout() -> None:
     reference = (ROOT / "docs" / "inventory.md").read_text()
     table = reference.split("readme-tables: pool-sizes -->")[1].split("<!-- end")[0]
-    for engine, layouts in LAYOUTS.items():
-        for layout in layouts:
-            pools = ("prefill", "decode") if layout == "pd" else ("nodes",)
-            for pool in pools:
-                assert f"| {engine} | `{layout}` | `[{pool}]` |" in table
+    for engine, declared in REGISTRY.items():
+        for layout in declared.LAYOUTS:
+            for pool in layout.pools:
+                assert f"| {engine} | `{layout.name}` | `[{pool}]` |" in table
     assert "| ktransformers | `single` | `[nodes]` | 1 | 1 |" in table  # one host, always

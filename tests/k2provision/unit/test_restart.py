@@ -13,11 +13,11 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filt
     restart_set as restart_filter,
 )
 from k2provision.commands.restart import set_document
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.errors import K2Error
 from k2provision.ops.restart import NAMED, restart_set
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from k2provision.plan.shapes import sizes_text
 from tests.runners import k2
 

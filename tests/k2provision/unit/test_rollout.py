@@ -13,12 +13,12 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filt
     rollout_order,
 )
 from k2provision.commands.restart import rolling_lines
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import Plan
 from k2provision.errors import InventoryError
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.converge import differences, expected_state
+from k2provision.plan.inventory import load_cluster
 from k2provision.plan.rollout import (
     changed_instances,
     restarted_instances,

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from k2provision.commands.status import watch_args
-from k2provision.core.inventory import load_cluster
 from k2provision.core.records import HostPlan, Plan
 from k2provision.errors import K2Error
 from k2provision.ops.connect import (
@@ -37,6 +36,7 @@ from k2provision.ops.status_probe import (
 )
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH, spec_hash
+from k2provision.plan.inventory import load_cluster
 from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from k2provision.core import catalog
+from k2provision.engines import REGISTRY
 from k2provision.engines import trtllm_schema as schema
 from k2provision.engines.trtllm_schema import (
     RENAMED,
@@ -45,7 +45,7 @@ def problems(data: Any) -> tuple[str, ...]:
 
 
 def test_mirrors_the_pinned_release() -> None:
-    assert catalog.RELEASES["trtllm"].version == TRTLLM_VERSION
+    assert REGISTRY["trtllm"].RELEASE.version == TRTLLM_VERSION
 
 
 def test_seed_yaml_fails_naming_the_old_and_the_new_key() -> None:

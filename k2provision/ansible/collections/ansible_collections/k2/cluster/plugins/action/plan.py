@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from k2provision.ansible.actions import ReadOnlyAction
-from k2provision.core.inventory import INVENTORY_KEYS, cluster_from_groups, plain_value
+from k2provision.core.inventory import INVENTORY_KEYS, plain_value
 from k2provision.errors import K2Error
 from k2provision.plan.assemble import build_plan, plan_digest
+from k2provision.plan.inventory import cluster_from_groups
 
 
 class ActionModule(ReadOnlyAction):
