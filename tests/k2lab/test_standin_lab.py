@@ -35,7 +35,7 @@ from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import LAB_IMAGE, build_plan
 from tests.lab_support import ansible_env, require_lab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_other]
 
 HOST = "lab1"
 INSTANCE = "k2sti"
