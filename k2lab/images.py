@@ -20,6 +20,7 @@ a new tag, or remove only when the hosts are down.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -95,7 +96,20 @@ def _import_tar_stream(
 
 
 def ensure_base_image(cfg: LabConfig, log: Log = quiet_log) -> bool:
-    """Import the lab rootfs as localhost/k2host:test unless it is there and current."""
+    """Import the lab rootfs as localhost/k2host:test unless it is there and current.
+
+    Callers hold different locks (the lab's for `up`, the stand-in builds' own), so the check
+    and the import take one of their own: processes sharing the lab dir import it once."""
+    cfg.lab_dir.mkdir(parents=True, exist_ok=True)
+    with (cfg.lab_dir / "base-image.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _ensure_base_image_locked(cfg, log)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _ensure_base_image_locked(cfg: LabConfig, log: Log) -> bool:
     want = recipe_hash()
     if _image_label(cfg, BASE_IMAGE, RECIPE_LABEL) == want:
         return False

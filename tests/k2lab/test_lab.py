@@ -22,7 +22,7 @@ from k2lab.proc import is_alive, quiet_log
 from tests.lab_support import ROOT, ansible_env, side_instance
 from tests.runners import on_host as sh
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_other]
 
 
 def test_hosts_have_their_own_names_and_addresses(lab: labapi.LabState) -> None:

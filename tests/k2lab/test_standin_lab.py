@@ -35,7 +35,7 @@ from k2provision.plan.assemble import LAB_IMAGE, build_plan
 from k2provision.plan.inventory import load_cluster
 from tests.lab_support import ansible_env, require_lab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_other]
 
 HOST = "lab1"
 INSTANCE = "k2sti"

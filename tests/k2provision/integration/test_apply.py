@@ -24,7 +24,7 @@ from tests.pd_lab import (
 )
 from tests.runners import BIN, ROOT, on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_pd]
 
 
 def last_summary(runs: Path) -> dict[str, Any]:

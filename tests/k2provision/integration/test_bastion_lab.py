@@ -37,7 +37,7 @@ from tests.lab_support import side_instance
 from tests.pd_lab import k2
 from tests.runners import on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet]
 
 API_KEY = "k2lab-" + secrets.token_hex(16)
 # One prefill and one decode host: the FP8 model fits one node of 8 x B200 per pool (DeepEP,

@@ -18,7 +18,7 @@ import pytest
 import k2lab as lab_api
 from tests.runners import controller_leftovers, k2, newest_record, on_host, start
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_pd]
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL_DIR = "/models/k2-cancel-test"

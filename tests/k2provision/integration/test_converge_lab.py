@@ -25,7 +25,7 @@ import pytest
 from tests.pd_lab import MODEL_DIR, k2
 from tests.runners import BIN, ROOT, newest_record, on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_other]
 
 SCRIPT = "/etc/k2provision/launch/sglang-router.sh"
 ROUTER = "k2-router"

@@ -31,7 +31,7 @@ from tests.pd_lab import (
 )
 from tests.runners import BIN, ROOT, on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_pd]
 
 TOOL_CALL = 'get_weather({"city": "Paris"}) [id functions.get_weather:0]'
 CLIENT_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"

@@ -37,7 +37,7 @@ from tests.pd_lab import (
     router_health,
 )
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet]
 
 ROUTER, REPLICAS = "lab1", ("lab2", "lab3")
 VARS: dict[str, lab_api.VarValue] = {

@@ -29,7 +29,7 @@ from tests.pd_lab import (
     router_listing,
 )
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet]
 
 ROUTER = "lab1"
 PREFILL, DECODE = ("lab2", "lab3"), ("lab4", "lab5")

@@ -38,7 +38,7 @@ from tests.pd_lab import (
 )
 from tests.runners import on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet]
 
 ROUTER, REPLICAS = "lab1", ("lab2", "lab3")
 VLLM_PORT = 8100  # k2_vllm_port's default

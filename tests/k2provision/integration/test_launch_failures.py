@@ -31,7 +31,7 @@ from tests.pd_lab import (
 )
 from tests.runners import controller_leftovers, newest_record, on_host, start
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_pd]
 
 GATE_CAP_S = 20
 

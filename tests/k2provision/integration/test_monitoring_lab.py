@@ -40,7 +40,7 @@ from k2provision.plan.monitoring import (
 from tests.pd_lab import k2, remove_engine_containers
 from tests.runners import on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_pd]
 
 INTERVAL_S = 2
 

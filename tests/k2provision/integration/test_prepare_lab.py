@@ -27,7 +27,7 @@ from k2lab.standin import build_standin
 from tests.lab_support import require_lab
 from tests.runners import on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_other]
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent

@@ -21,7 +21,7 @@ import pytest
 import k2lab as lab_api
 from tests.runners import k2, on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_other]
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
