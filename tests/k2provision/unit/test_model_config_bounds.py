@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from k2provision.core import catalog, model_config
+from k2provision.core.inventory import load_cluster
 from k2provision.core.model_config import (
     ARCH_FIELDS,
     MAX_DEPTH,
@@ -24,6 +25,9 @@ from k2provision.core.model_config import (
     pattern_problem,
     spec_from_config,
 )
+from k2provision.errors import K2Error
+from k2provision.plan.assemble import build_plan
+from k2provision.run.render_files import write_render
 
 BASE = catalog.model("moonshotai/Kimi-K2-Instruct")
 K2 = model_config.config_json(BASE)
@@ -266,3 +270,39 @@ def test_any_text_is_read_or_refused_never_crashed_on(text: str) -> None:
     else:
         problems = ["read"]
     assert problems
+
+
+# Numbers at and near the ends of their ranges, and a few in between.
+EDGE_NUMBERS = st.sampled_from([0, 1, 2, 3, 7, 8, 61, 64, 384, 4096, 1 << 17, 1 << 24, 1 << 40])
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    changes=st.dictionaries(
+        st.sampled_from((*ARCH_FIELDS, "n_group", "topk_group")), EDGE_NUMBERS, max_size=4
+    )
+)
+def test_plan_and_render_never_crash_on_a_judged_config_json(
+    tmp_path_factory: pytest.TempPathFactory, changes: dict[str, int]
+) -> None:
+    tmp = tmp_path_factory.mktemp("config")
+    config = tmp / "config.json"
+    config.write_text(json.dumps({**K2, **changes}))
+    inv = tmp / "inv.ini"
+    inv.write_text(
+        "[nodes]\nn1 ansible_host=10.9.0.1\nn2 ansible_host=10.9.0.2\n[all:vars]\n"
+        f"k2_engine=sglang\nk2_layout=tp\nk2_model_config_json={config}\n"
+    )
+    try:
+        plan = build_plan(load_cluster(inv))
+    except K2Error as refused:
+        problems = refused.problems
+    else:
+        problems = ()
+        assert write_render(plan, tmp / "out") > 0
+        assert all(h.files for h in plan.hosts)
+    assert all("fix:" in line for line in problems), problems
