@@ -18,13 +18,14 @@ Pure: values as Ansible resolved them per host; templated values are left for th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from functools import cache
+from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from k2provision.core import role_specs
-from k2provision.core.records import AbsolutePath, Tunables
-from k2provision.core.variables import CLUSTER_VARS, TUNABLE_VARS, shorten_hosts, show
+from k2provision.core.records import Tunables
+from k2provision.core.variables import CLUSTER_VARS, TUNABLE_VARS, field_of, shorten_hosts, show
 
 # The operating system's own directories: re-owning or re-moding one breaks the host.
 SYSTEM_DIRECTORIES = frozenset(
@@ -101,7 +102,6 @@ SYSTEM_TREES = (
 )
 # Directories a role hands to another user, and that user.
 CHOWNED: dict[str, str] = {"k2_monitoring_data_dir": "uid 65534, as Prometheus runs"}
-_ABSOLUTE_PATH: TypeAdapter[str] = TypeAdapter(AbsolutePath)
 # Where a variable with no default of its own lands by default (for the examples in fixes).
 _DEFAULTS: dict[str, str] = {"k2_model_dir": "/models/<model name>"}
 
@@ -159,12 +159,25 @@ def _example(variable: str) -> str:
     return ""
 
 
+@cache
+def _field_check(variable: str) -> TypeAdapter[Any] | None:
+    """The check of the Cluster or Tunables field behind a variable (None for others)."""
+    field = field_of(variable)
+    if field is None:
+        return None
+    annotation: Any = field.annotation
+    if field.metadata:  # the field's own constraints (AbsolutePath's check among them)
+        annotation = Annotated[(annotation, *field.metadata)]
+    return TypeAdapter(annotation)
+
+
 def _field_refuses(variable: str, value: Any) -> bool:
     """Whether the cluster's own field check refuses the value (then it says so itself)."""
-    if variable not in (*CLUSTER_VARS, *TUNABLE_VARS):
+    check = _field_check(variable)
+    if check is None:
         return False
     try:
-        _ABSOLUTE_PATH.validate_python(value)
+        check.validate_python(value)
     except ValidationError:
         return True
     return False
