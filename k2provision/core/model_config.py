@@ -265,14 +265,19 @@ def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
 def consistency_problems(
     numbers: Mapping[str, int], groups: Mapping[str, int | None], prefix: str
 ) -> list[str]:
-    """Fields that contradict each other, as the engines would meet them: the first
-    first_k_dense_replace layers are dense and the rest MoE (transformers' DeepseekV3Config;
-    SGLang and vLLM's deepseek_v2.py take a layer as MoE when its index is >= it), so there
-    must be fewer dense layers than layers; each token picks num_experts_per_tok of the
-    n_routed_experts (SGLang's fused gate needs 0 < top_k <= num_experts); grouped routing
-    splits the experts evenly into n_group groups (vLLM's grouped_topk_router.py needs
-    num_experts % num_expert_group == 0) and keeps topk_group of them (SGLang's topk.py:
-    topk_group <= num_expert_group), from which the top-k experts must still be found."""
+    """Fields that contradict each other, as the engines meet them (SGLang 0.5.23, vLLM 0.33.0,
+    transformers' DeepseekV3Config):
+
+    - a layer is MoE when its index is >= first_k_dense_replace (deepseek_v2.py of both
+      engines), so fewer dense layers than num_hidden_layers, or the model has no MoE layer;
+    - each token takes the top num_experts_per_tok of n_routed_experts (torch.topk past the
+      experts fails; SGLang's fused gate, layers/moe/mega_gate.py, takes 0 < top_k <= experts);
+    - grouped routing views the experts as n_group equal groups and keeps topk_group of them
+      (vLLM's grouped_topk_router.py falls back to ungrouped routing, a different model, when
+      n_group does not divide the experts; SGLang's layers/moe/topk.py takes its fused
+      grouped path only with topk_group <= num_expert_group), and the top-k experts are
+      chosen among the kept groups' experts, so these must number at least top-k.
+    """
     problems = []
     layers = numbers["num_hidden_layers"]
     dense = numbers["first_k_dense_replace"]
