@@ -117,6 +117,45 @@ def same_host_twice(cluster: Cluster) -> list[str]:
     return problems
 
 
+def _role(cluster: Cluster, name: str) -> str:
+    return f"the router {name}" if name == cluster.router else name
+
+
+def local_ip_clashes(cluster: Cluster) -> list[str]:
+    """A host's k2_local_ip that is another host's address or k2_local_ip (any spelling):
+    the engine would bind and advertise an address another host (the router's included)
+    answers on. A pair of hosts is named once; a repeated ansible_host is inventory.py's."""
+    problems = []
+    named: set[frozenset[str]] = set()
+    for host in cluster.hosts:
+        if host.local_ip == host.address:
+            continue  # k2_local_ip unset: the rules of repeated addresses judge ansible_host
+        own = _normal_name(host.local_ip)
+        for other in cluster.hosts:
+            pair = frozenset((host.name, other.name))
+            if other is host or pair in named:
+                continue
+            for variable, value in (
+                ("ansible_host", other.address),
+                ("k2_local_ip", other.local_ip),
+            ):
+                if _normal_name(value) != own or (
+                    variable == "k2_local_ip" and other.local_ip == other.address
+                ):
+                    continue
+                named.add(pair)
+                whose = "address" if variable == "ansible_host" else "k2_local_ip"
+                problems.append(
+                    f"{host.name}: k2_local_ip={host.local_ip} is {_role(cluster, other.name)}'s "
+                    f"{whose} ({variable}={value}); expected an address of {host.name}'s own, "
+                    "since the engine binds and advertises it and the other hosts connect to "
+                    f"it there; fix: set {host.name}'s k2_local_ip to its own address (e.g. "
+                    f"its RDMA network's), or correct {other.name}'s {variable}"
+                )
+                break
+    return problems
+
+
 def weights_problems(cluster: Cluster, values: Mapping[str, Any]) -> list[str]:
     """Weights settings the k2_weights role would refuse only on the hosts."""
     source = str(values.get("k2_weights_source", "") or "")
@@ -168,6 +207,7 @@ def cluster_rule_problems(
         *ssh_port_clashes(cluster, ssh_ports),
         *unreachable_addresses(cluster),
         *same_host_twice(cluster),
+        *local_ip_clashes(cluster),
         *weights_problems(cluster, values),
         *image_problems(cluster),
     ]

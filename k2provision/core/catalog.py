@@ -8,13 +8,12 @@ config declares, never assumed to be FP8.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from k2provision.core import bounded_read
-from k2provision.core.model_config import ConfigProblems, spec_from_config
+from k2provision.core.model_config import ConfigProblems, load_config_json, spec_from_config
 from k2provision.core.records import (
     GpuSpec,
     ModelSpec,
@@ -305,7 +304,7 @@ def model_from_config(base: ModelSpec, config_json: Path) -> ModelSpec:
     """`base` with the numbers and weight formats of a local config.json."""
     where = f"k2_model_config_json={config_json}"
     try:
-        raw = json.loads(bounded_read.read_text(config_json, bounded_read.CONFIG_FILE_LIMIT))
+        raw = load_config_json(bounded_read.read_text(config_json, bounded_read.CONFIG_FILE_LIMIT))
     except (OSError, ValueError) as exc:
         raise InventoryError(
             [

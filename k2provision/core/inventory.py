@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from k2provision.core import address_rules, bounded_read, network, role_specs, vault
+from k2provision.core.directory_rules import directory_problems
 from k2provision.core.inventory_checks import (
     address_problem,
     cluster_values,
@@ -363,6 +364,7 @@ def cluster_from_groups(
     hv = {name: dict(host_vars.get(name, {})) for name in members}
 
     problems.extend(_variable_name_problems(hv))
+    problems.extend(directory_problems(hv))
     values, disagreements = cluster_values(members, hv, (*CLUSTER_VARS, *TUNABLE_VARS))
     problems.extend(disagreements)
 

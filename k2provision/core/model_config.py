@@ -12,6 +12,7 @@ language model, and its quantization_config, sit under ``text_config`` (K2.5 and
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -24,25 +25,39 @@ K2_MODEL_TYPES = ("kimi_k2", "deepseek_v3", "kimi_k25")
 # Keys only other architectures carry (Kimi Linear / K3: hybrid linear attention).
 FOREIGN_KEYS = ("linear_attn_config", "kda_layers", "full_attn_layers", "attn_res_config")
 
-# Language-model numbers and the least value each may take.
-ARCH_FIELDS: dict[str, int] = {
-    "hidden_size": 1,
-    "num_hidden_layers": 1,
-    "first_k_dense_replace": 0,
-    "num_attention_heads": 1,
-    "q_lora_rank": 1,
-    "kv_lora_rank": 1,
-    "qk_nope_head_dim": 1,
-    "qk_rope_head_dim": 1,
-    "v_head_dim": 1,
-    "n_routed_experts": 1,
-    "num_experts_per_tok": 1,
-    "n_shared_experts": 0,
-    "moe_intermediate_size": 1,
-    "intermediate_size": 1,
-    "vocab_size": 1,
-    "max_position_embeddings": 1,
+# Language-model numbers and the (least, greatest) value each may take. The upper ends are
+# far above any checkpoint of the family (K2: hidden 7168, 61 layers, 384 experts, vocabulary
+# 163840, 262144 positions) and keep every size the planner computes a finite number.
+ARCH_FIELDS: dict[str, tuple[int, int]] = {
+    "hidden_size": (1, 1 << 17),
+    "num_hidden_layers": (1, 4096),
+    "first_k_dense_replace": (0, 4096),
+    "num_attention_heads": (1, 4096),
+    "q_lora_rank": (1, 1 << 17),
+    "kv_lora_rank": (1, 1 << 17),
+    "qk_nope_head_dim": (1, 8192),
+    "qk_rope_head_dim": (1, 8192),
+    "v_head_dim": (1, 8192),
+    "n_routed_experts": (1, 1 << 16),
+    "num_experts_per_tok": (1, 4096),
+    "n_shared_experts": (0, 4096),
+    "moe_intermediate_size": (1, 1 << 20),
+    "intermediate_size": (1, 1 << 20),
+    "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 24),
 }
+# Expert grouping (DeepSeek-V3's grouped top-k routing); read only to be checked.
+EXPERT_GROUP_FIELDS: dict[str, tuple[int, int]] = {
+    "n_group": (1, 1 << 16),
+    "topk_group": (1, 1 << 16),
+}
+# Vision tower numbers and quantization group and block sizes: the same kind of bound.
+VISION_MAX = 1 << 17
+GROUP_MAX = 1 << 20
+# How deeply a config.json may nest (the family's nest three or four levels) and how many
+# values it may hold in all; past either it is refused before it is read any further.
+MAX_DEPTH = 32
+MAX_VALUES = 200_000
 # Vision tower numbers: the checkpoint's spelling first, then transformers' newer one.
 VISION_FIELDS: dict[str, tuple[str, ...]] = {
     "hidden_size": ("vt_hidden_size", "hidden_size"),
@@ -98,16 +113,71 @@ def _describe(value: Any) -> str:
 
 
 def _int_field(
-    raw: Mapping[str, Any], key: str, least: int, where: str, out: list[str]
+    raw: Mapping[str, Any], key: str, least: int, where: str, out: list[str], most: int
 ) -> int | None:
     value = raw[key]
+    expected = f"expected an integer from {least} to {most}"
     if isinstance(value, bool) or not isinstance(value, int):
-        out.append(f"{where}{key}={_describe(value)}: expected an integer >= {least}")
+        out.append(f"{where}{key}={_describe(value)}: {expected}")
         return None
-    if value < least:
-        out.append(f"{where}{key}={value}: expected an integer >= {least}")
+    if not least <= value <= most:
+        out.append(f"{where}{key}={_short_number(value)}: {expected}")
         return None
     return value
+
+
+def _short_number(value: int) -> str:
+    """An integer as a message shows it: a huge one by its digit count, not its digits."""
+    if value.bit_length() <= 64:
+        return str(value)
+    digits = int(value.bit_length() * 0.30103) + 1
+    return f"{'-' if value < 0 else ''}(an integer of about {digits} digits)"
+
+
+def _size(value: Any, where: str, default: int) -> int:
+    """A group or block size of a quantization scheme (`default` when absent)."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= GROUP_MAX:
+        shown = _short_number(value) if isinstance(value, int) else _describe(value)
+        raise ConfigProblems([f"{where}={shown}: expected an integer from 1 to {GROUP_MAX}"])
+    return value
+
+
+def shape_problem(raw: Any) -> str | None:
+    """Why a parsed config.json is too deep or too big to be judged (None when it is not)."""
+    pending: list[tuple[Any, int]] = [(raw, 1)]
+    count = 0
+    while pending:
+        value, depth = pending.pop()
+        count += 1
+        if count > MAX_VALUES:
+            return f"holds more than {MAX_VALUES} values; expected a model's config.json"
+        if isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                return (
+                    f"nests deeper than {MAX_DEPTH} levels; expected a model's config.json "
+                    "(a few levels)"
+                )
+            items = value.values() if isinstance(value, dict) else value
+            pending.extend((item, depth + 1) for item in items)
+    return None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"holds {name}, which is not JSON; expected finite numbers")
+
+
+def load_config_json(text: str) -> Any:
+    """The value of a config.json's text; ValueError saying why it is not to be judged (not
+    JSON, NaN or Infinity, nested or sized past the bounds above)."""
+    try:
+        raw = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(f"nests deeper than {MAX_DEPTH} levels") from None
+    if why := shape_problem(raw):
+        raise ValueError(why)
+    return raw
 
 
 def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
@@ -122,6 +192,8 @@ def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
         raise ConfigProblems(
             [f"the file holds {_describe(raw)}; expected a JSON object (a model's config.json)"]
         )
+    if why := shape_problem(raw):
+        raise ConfigProblems([f"the file {why}"])
     problems: list[str] = []
     architectures = raw.get("architectures", list(base.architectures))
     model_type = raw.get("model_type", base.model_type)
@@ -133,7 +205,9 @@ def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
         )
     if not isinstance(model_type, str):
         raise ConfigProblems([f"model_type={_describe(model_type)}: expected a string"])
-    foreign = [k for k in FOREIGN_KEYS if k in raw or k in (raw.get("text_config") or {})]
+    nested = raw.get("text_config")
+    nested = nested if isinstance(nested, dict) else {}
+    foreign = [k for k in FOREIGN_KEYS if k in raw or k in nested]
     if (
         not any(a in K2_ARCHITECTURES for a in architectures)
         or foreign
@@ -161,11 +235,18 @@ def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
         prefix = "text_config."
 
     update: dict[str, Any] = {"architectures": tuple(architectures), "model_type": model_type}
-    for key, least in ARCH_FIELDS.items():
+    for key, (least, most) in ARCH_FIELDS.items():
         if key in text:
-            value = _int_field(text, key, least, prefix, problems)
+            value = _int_field(text, key, least, prefix, problems, most)
             if value is not None:
                 update[key] = value
+    groups = {
+        key: _int_field(text, key, least, prefix, problems, most)
+        for key, (least, most) in EXPERT_GROUP_FIELDS.items()
+        if key in text
+    }
+    numbers = {k: update.get(k, getattr(base, k)) for k in ARCH_FIELDS}
+    problems.extend(consistency_problems(numbers, groups, prefix))
     if _declares_formats(raw, text) or "architectures" in raw:
         quantization = _quantization(raw, text, prefix, problems)
     else:
@@ -179,6 +260,59 @@ def spec_from_config(base: ModelSpec, raw: Any) -> ModelSpec:
     update["vision"] = vision
     merged = {**base.model_dump(), **update}
     return ModelSpec.model_validate({**merged, "quantization": quantization, "vision": vision})
+
+
+def consistency_problems(
+    numbers: Mapping[str, int], groups: Mapping[str, int | None], prefix: str
+) -> list[str]:
+    """Fields that contradict each other, as the engines meet them (SGLang 0.5.23, vLLM 0.33.0,
+    transformers' DeepseekV3Config):
+
+    - a layer is MoE when its index is >= first_k_dense_replace (deepseek_v2.py of both
+      engines), so fewer dense layers than num_hidden_layers, or the model has no MoE layer;
+    - each token takes the top num_experts_per_tok of n_routed_experts (torch.topk past the
+      experts fails; SGLang's fused gate, layers/moe/mega_gate.py, takes 0 < top_k <= experts);
+    - grouped routing views the experts as n_group equal groups and keeps topk_group of them
+      (vLLM's grouped_topk_router.py falls back to ungrouped routing, a different model, when
+      n_group does not divide the experts; SGLang's layers/moe/topk.py takes its fused
+      grouped path only with topk_group <= num_expert_group), and the top-k experts are
+      chosen among the kept groups' experts, so these must number at least top-k.
+    """
+    problems = []
+    layers = numbers["num_hidden_layers"]
+    dense = numbers["first_k_dense_replace"]
+    if dense >= layers:
+        problems.append(
+            f"{prefix}first_k_dense_replace={dense} with {prefix}num_hidden_layers={layers}: "
+            "expected fewer dense layers than layers (a Kimi-K2 model has MoE layers after "
+            "its first_k_dense_replace dense ones)"
+        )
+    experts = numbers["n_routed_experts"]
+    top_k = numbers["num_experts_per_tok"]
+    if top_k > experts:
+        problems.append(
+            f"{prefix}num_experts_per_tok={top_k} with {prefix}n_routed_experts={experts}: "
+            "expected at most as many experts per token as routed experts"
+        )
+    n_group, topk_group = groups.get("n_group"), groups.get("topk_group")
+    if n_group is not None and experts % n_group:
+        problems.append(
+            f"{prefix}n_group={n_group} with {prefix}n_routed_experts={experts}: expected a "
+            "number of expert groups that divides the routed experts"
+        )
+    elif n_group is not None and topk_group is not None:
+        if topk_group > n_group:
+            problems.append(
+                f"{prefix}topk_group={topk_group} with {prefix}n_group={n_group}: expected "
+                "at most as many chosen groups as groups"
+            )
+        elif top_k <= experts and top_k > topk_group * (experts // n_group):
+            problems.append(
+                f"{prefix}num_experts_per_tok={top_k} with {prefix}topk_group={topk_group} of "
+                f"{prefix}n_group={n_group} groups of {experts // n_group} experts: expected "
+                "at most as many experts per token as the chosen groups hold"
+            )
+    return problems
 
 
 def _declares_formats(raw: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
@@ -201,17 +335,20 @@ def _vision(raw: Mapping[str, Any], problems: list[str]) -> VisionSpec | None:
                 continue
             problems.append(f"vision_config.{keys[0]}: missing; expected an integer >= 1")
             continue
-        value = _int_field(config, key, 1, "vision_config.", problems)
+        value = _int_field(config, key, 1, "vision_config.", problems, VISION_MAX)
         if value is not None:
             values[name] = value
     kernel = config.get("merge_kernel_size", [2, 2])
     if (
         not isinstance(kernel, list | tuple)
         or len(kernel) != 2
-        or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in kernel)
+        or not all(
+            isinstance(k, int) and not isinstance(k, bool) and 0 < k <= VISION_MAX for k in kernel
+        )
     ):
         problems.append(
-            f"vision_config.merge_kernel_size={_describe(kernel)}: expected two integers >= 1"
+            f"vision_config.merge_kernel_size={_describe(kernel)}: expected two integers from 1 "
+            f"to {VISION_MAX}"
         )
     else:
         values["merge_kernel"] = (kernel[0], kernel[1])
@@ -300,7 +437,7 @@ def _parse_quantization(
         "modelopt_fp4": _modelopt,
         "quark": _quark,
     }
-    if method not in parsers:
+    if not isinstance(method, str) or method not in parsers:
         raise ConfigProblems(
             [
                 f"{field}.quant_method={_describe(method)}: cannot size these weights; "
@@ -331,7 +468,61 @@ def _string_list(qc: Mapping[str, Any], key: str, field: str) -> list[str]:
     value = qc.get(key) or []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigProblems([f"{field}.{key}={_describe(value)}: expected a list of strings"])
+    for pattern in value:
+        if why := pattern_problem(pattern):
+            raise ConfigProblems([f"{field}.{key}: {pattern[:80]!r} {why}"])
     return value
+
+
+PATTERN_MAX = 512
+
+
+def _nested_repeat(regex: str) -> bool:
+    """Whether a group that repeats (``(...)*``, ``+``, ``{n,m}``) holds a repetition or an
+    alternation: the form whose matching time can grow exponentially with the name matched."""
+    stack = [False]  # per open group: does its body repeat or alternate?
+    i = 0
+    while i < len(regex):
+        char = regex[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "[":  # a character class: skip to its end
+            i += 2 if regex[i + 1 : i + 2] == "]" else 1
+            while i < len(regex) and regex[i] != "]":
+                i += 2 if regex[i] == "\\" else 1
+        elif char == "(":
+            stack.append(False)
+        elif char == ")" and len(stack) > 1:
+            inner = stack.pop()
+            repeated = regex[i + 1 : i + 2] in ("*", "+", "{")
+            if inner and repeated:
+                return True
+            stack[-1] = stack[-1] or inner or repeated
+        elif char in "*+{|" or (char == "?" and regex[i - 1] != "("):
+            stack[-1] = True
+        i += 1
+    return False
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why a module pattern (a name, a glob, or ``re:`` and a regular expression) cannot be
+    matched safely (None when it can): too long, not a regular expression, or one whose
+    matching could take exponential time."""
+    if len(pattern) > PATTERN_MAX:
+        return f"is {len(pattern)} characters long; expected at most {PATTERN_MAX}"
+    if not pattern.startswith("re:"):
+        return None
+    try:
+        re.compile(pattern[3:])
+    except re.error as exc:
+        return f"is not a regular expression ({exc}); expected one Python's re module reads"
+    if _nested_repeat(pattern[3:]):
+        return (
+            "repeats a group that itself repeats or alternates, which can take exponential "
+            "time to match; expected a simpler pattern (e.g. re:.*self_attn.*)"
+        )
+    return None
 
 
 def _fp8(qc: Mapping[str, Any], field: str, unquantized: WeightFormat) -> dict[str, WeightFormat]:
@@ -341,7 +532,9 @@ def _fp8(qc: Mapping[str, Any], field: str, unquantized: WeightFormat) -> dict[s
     elif (
         isinstance(block, list)
         and len(block) == 2
-        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+        and all(
+            isinstance(b, int) and not isinstance(b, bool) and 0 < b <= GROUP_MAX for b in block
+        )
     ):
         # One float32 scale per block (DeepSeek-V3's weight_scale_inv).
         fmt = WeightFormat(
@@ -349,7 +542,10 @@ def _fp8(qc: Mapping[str, Any], field: str, unquantized: WeightFormat) -> dict[s
         )
     else:
         raise ConfigProblems(
-            [f"{field}.weight_block_size={_describe(block)}: expected two integers >= 1"]
+            [
+                f"{field}.weight_block_size={_describe(block)}: expected two integers from 1 "
+                f"to {GROUP_MAX}"
+            ]
         )
     skip = _string_list(qc, "modules_to_not_convert", field) + _string_list(
         qc, "ignored_layers", field
@@ -373,10 +569,11 @@ def _ct_format(weights: Any, fmt: str, where: str) -> WeightFormat:
     if isinstance(bits, bool) or not isinstance(bits, int) or bits <= 0:
         raise ConfigProblems([f"{where}.weights.num_bits={_describe(bits)}: expected 4 or 8"])
     if kind == "int" and bits == 4 and strategy == "group":
-        if isinstance(group, bool) or not isinstance(group, int) or group <= 0:
+        if group is None:
             raise ConfigProblems(
-                [f"{where}.weights.group_size={_describe(group)}: expected an integer >= 1"]
+                [f"{where}.weights.group_size=null: expected an integer from 1 to {GROUP_MAX}"]
             )
+        group = _size(group, f"{where}.weights.group_size", 0)
         # Packed int32 of eight values; one BF16 scale per group (plus a packed zero point
         # per group when asymmetric).
         zero_point = 0.0 if weights.get("symmetric", True) else 0.5
@@ -386,12 +583,15 @@ def _ct_format(weights: Any, fmt: str, where: str) -> WeightFormat:
     if kind == "float" and bits == 4:
         if fmt.startswith("mxfp4") or group == 32:
             return WeightFormat(scheme="mxfp4", bits=4, group_size=32, scale_bytes=1)
-        return WeightFormat(scheme="nvfp4", bits=4, group_size=int(group or 16), scale_bytes=1)
+        size = _size(group, f"{where}.weights.group_size", 16)
+        return WeightFormat(scheme="nvfp4", bits=4, group_size=size, scale_bytes=1)
     if kind == "float" and bits == 8:
         block = weights.get("block_structure")
         if strategy == "block" and isinstance(block, list) and len(block) == 2:
+            rows = _size(block[0], f"{where}.weights.block_structure[0]", 1)
+            columns = _size(block[1], f"{where}.weights.block_structure[1]", 1)
             return WeightFormat(
-                scheme="fp8_block", bits=8, group_size=int(block[0]) * int(block[1]), scale_bytes=4
+                scheme="fp8_block", bits=8, group_size=rows * columns, scale_bytes=4
             )
         return WeightFormat(scheme="fp8_channel", bits=8)
     raise ConfigProblems(
@@ -426,6 +626,7 @@ def _compressed_tensors(
         targets = group.get("targets", ["Linear"])
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             raise ConfigProblems([f"{where}.targets={_describe(targets)}: expected a list"])
+        _string_list(group, "targets", where)
         schemes.append((targets, _ct_format(group.get("weights"), fmt, where)))
     out: dict[str, WeightFormat] = {}
     for name in CLASS_MODULES:
@@ -455,7 +656,8 @@ def _modelopt(
 
     def fmt_of(algo: Any, group: Any, where: str) -> WeightFormat:
         if algo in ("NVFP4", "W4A16_NVFP4"):
-            return WeightFormat(scheme="nvfp4", bits=4, group_size=int(group or 16), scale_bytes=1)
+            size = _size(group, f"{where}.group_size", 16)
+            return WeightFormat(scheme="nvfp4", bits=4, group_size=size, scale_bytes=1)
         if algo in ("MXFP4", "W4A16_MXFP4"):
             return WeightFormat(scheme="mxfp4", bits=4, group_size=32, scale_bytes=1)
         if algo in ("FP8", "FP8_PER_CHANNEL_PER_TOKEN"):
@@ -510,7 +712,12 @@ def _quark(qc: Mapping[str, Any], field: str, unquantized: WeightFormat) -> dict
     dtype = weight.get("dtype")
     if dtype == "fp4" and weight.get("qscheme") == "per_group":
         fmt = WeightFormat(
-            scheme="mxfp4", bits=4, group_size=int(weight.get("group_size") or 32), scale_bytes=1
+            scheme="mxfp4",
+            bits=4,
+            group_size=_size(
+                weight.get("group_size"), f"{field}.global_quant_config.weight.group_size", 32
+            ),
+            scale_bytes=1,
         )
     elif dtype == "fp8_e4m3":
         fmt = WeightFormat(scheme="fp8_channel", bits=8)
@@ -518,7 +725,9 @@ def _quark(qc: Mapping[str, Any], field: str, unquantized: WeightFormat) -> dict
         fmt = WeightFormat(
             scheme="int4_group",
             bits=4,
-            group_size=int(weight.get("group_size") or 32),
+            group_size=_size(
+                weight.get("group_size"), f"{field}.global_quant_config.weight.group_size", 32
+            ),
             scale_bytes=2,
         )
     else:

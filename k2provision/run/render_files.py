@@ -15,6 +15,7 @@ import os
 import re
 from pathlib import Path
 
+from k2provision.core import bounded_read
 from k2provision.core.records import Plan
 from k2provision.errors import K2Error
 from k2provision.plan.monitoring import monitoring_files
@@ -22,6 +23,10 @@ from k2provision.plan.monitoring import monitoring_files
 PLAN_FILE = "plan.json"
 MONITORING_DIR = "monitoring"
 MANIFEST = ".k2provision-render.json"
+# A file is written under this prefix beside its name, then renamed over it.
+TEMPORARY_PREFIX = ".k2provision-new-"
+# The most a render's manifest may hold (a list of relative paths).
+MANIFEST_LIMIT = 16 * 1024 * 1024
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@+-]*$")
 
 
@@ -61,8 +66,8 @@ def _previous_render(out: Path) -> list[str] | None:
     if (out / MANIFEST).is_symlink():
         return None
     try:
-        written = json.loads((out / MANIFEST).read_text())
-    except (OSError, ValueError):
+        written = json.loads(bounded_read.read_text(out / MANIFEST, MANIFEST_LIMIT))
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(written, list) or not all(isinstance(p, str) for p in written):
         return None
@@ -130,9 +135,10 @@ def write_render(plan: Plan, out: Path, *, force: bool = False) -> int:
 
 
 def _write_no_follow(out: Path, path: Path, content: str, mode: int) -> None:
-    """Write `path` under `out` without following a symbolic link: a link an earlier render's
-    directory or file was replaced by (which could point anywhere) is removed first, so the
-    render writes a real file inside `out` and nothing outside it."""
+    """Write `path` under `out` without following a link: a symbolic link an earlier render's
+    directory was replaced by (which could point anywhere) is removed first, and each file is
+    written new and renamed into place, so a symbolic or hard link left at its name is
+    replaced, never written through; the render writes inside `out` and nothing outside it."""
     where = out
     for part in path.relative_to(out).parts[:-1]:
         where = where / part
@@ -145,12 +151,20 @@ def _write_no_follow(out: Path, path: Path, content: str, mode: int) -> None:
                 [f"--out {out}: {where} is not a directory, and {path} goes under it; fix: "
                  "remove it, or choose another --out"]
             )  # fmt: skip
-    if path.is_symlink():
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        os.fchmod(f.fileno(), mode)
-        f.write(content)
+    # A new file renamed over the old name: a symbolic link or a hard link left there (whose
+    # other name may lie anywhere) loses this name and is never written through.
+    fresh = path.with_name(f"{TEMPORARY_PREFIX}{path.name}")
+    if fresh.is_symlink() or fresh.exists():
+        fresh.unlink()
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(content)
+        os.replace(fresh, path)
+    except OSError:
+        fresh.unlink(missing_ok=True)
+        raise
 
 
 def _remove_stale(out: Path, relative: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -150,3 +151,54 @@ def test_links_in_an_earlier_render_are_replaced_not_followed(
     assert host_dir.is_dir()
     assert not (out / "plan.json").is_symlink()
     assert (out / "plan.json").is_file()
+
+
+def _rendered_files(out: Path) -> dict[str, Path]:
+    """One file of each kind a render writes: plan, manifest, a host's file, monitoring's."""
+    host_file = next(p for p in sorted((out / "p1").rglob("*")) if p.is_file())
+    monitoring = next(p for p in sorted((out / "monitoring").rglob("*")) if p.is_file())
+    return {
+        "plan": out / "plan.json",
+        "manifest": out / ".k2provision-render.json",
+        "host file": host_file,
+        "monitoring file": monitoring,
+    }
+
+
+@pytest.mark.parametrize("kind", ["plan", "manifest", "host file", "monitoring file"])
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+def test_files_left_as_links_are_replaced_never_written_through(
+    tmp_path: Path, host_trap: HostTrap, kind: str, link: str
+) -> None:
+    inv, out, outside = inventory(tmp_path), tmp_path / "out", tmp_path / "outside.txt"
+    code, _, err, _ = host_trap.run("render", str(inv), "--out", str(out))
+    assert code == 0, err
+    target = _rendered_files(out)[kind]
+    rendered = target.read_text()
+    # The manifest must still read as one (the same list, written another way) to be trusted.
+    own = json.dumps(json.loads(rendered)) if kind == "manifest" else "operator's own file"
+    outside.write_text(own + "\n")
+    target.unlink()
+    if link == "hard":
+        os.link(outside, target)
+    else:
+        target.symlink_to(outside)
+    code, _, err, _ = host_trap.run("render", str(inv), "--out", str(out))
+    assert outside.read_text() == own + "\n"
+    if kind == "manifest" and link == "symbolic":
+        assert code == 2  # a manifest that is a link is not trusted: no earlier render
+        assert "holds no earlier render" in err
+        return
+    assert code == 0, err
+    assert not target.is_symlink()
+    assert target.stat().st_nlink == 1
+    assert target.read_text() == rendered
+    assert not list(out.rglob(".k2provision-new-*"))
+
+
+def test_a_manifest_that_is_a_fifo_is_not_read(tmp_path: Path, host_trap: HostTrap) -> None:
+    inv, out = inventory(tmp_path), tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / ".k2provision-render.json")
+    line = refused(host_trap, str(inv), "--out", str(out))
+    assert "holds no earlier render" in line
