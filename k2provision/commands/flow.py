@@ -57,8 +57,6 @@ class LoadedPlan:
     notices: tuple[str, ...] = ()
     tunables: Tunables = field(default_factory=Tunables)
     """The inventory's k2_ settings (the endpoint's key and CA files, for status)."""
-    max_unavailable: int = 1
-    """A fleet's instances replaced at once (k2_max_unavailable), for restart's rolling order."""
 
 
 def notices_from(output: str) -> tuple[str, ...]:
@@ -94,7 +92,6 @@ def load_plan(inventory: Path) -> LoadedPlan:
         build_plan(cluster),
         notices_from(said.getvalue()),
         cluster.tunables,
-        cluster.max_unavailable,
     )
 
 
