@@ -20,14 +20,14 @@ import re
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from rich.text import Text
 
 from k2provision.core.inventory import load_cluster
-from k2provision.core.records import Plan, Tunables
+from k2provision.core.records import Plan
 from k2provision.plan.assemble import build_plan, plan_digest
 from k2provision.run.cancel import CURRENT, Interrupted, Started, cleaning, exit_code, stopping
 from k2provision.run.display import (
@@ -55,8 +55,6 @@ class LoadedPlan:
 
     plan: Plan
     notices: tuple[str, ...] = ()
-    tunables: Tunables = field(default_factory=Tunables)
-    """The inventory's k2_ settings (the endpoint's key and CA files, for status)."""
 
 
 def notices_from(output: str) -> tuple[str, ...]:
@@ -88,11 +86,7 @@ def load_plan(inventory: Path) -> LoadedPlan:
     """Inventory -> Plan (K2Error, exit 2, on bad input), with Ansible's loader notices."""
     with ansible_output_captured() as said:
         cluster = load_cluster(inventory)
-    return LoadedPlan(
-        build_plan(cluster),
-        notices_from(said.getvalue()),
-        cluster.tunables,
-    )
+    return LoadedPlan(build_plan(cluster), notices_from(said.getvalue()))
 
 
 class LiveView(Protocol):
