@@ -422,8 +422,9 @@ def bench(
             ]
         )
     python = client_python or sys.executable
-    key = read_secret(loaded.tunables.api_key_file) if loaded.tunables.api_key_file else None
-    ca = ca_text(loaded.tunables)
+    access = plan.access
+    key = read_secret(access.api_key_file) if access.api_key_file else None
+    ca = ca_text(access)
     where: InCluster | None = None
     if in_cluster:
         tok = tokenizer or str(plan.model_dir)
@@ -431,7 +432,7 @@ def bench(
     else:
         tok = resolve_tokenizer(plan, tokenizer)
         _KEY_ENV.update({"OPENAI_API_KEY": key} if key else {})
-        _KEY_ENV.update(ca_env(str(loaded.tunables.tls_ca_file)) if ca else {})
+        _KEY_ENV.update(ca_env(str(access.tls_ca_file)) if ca else {})
         check_client(python, client)
 
     record = new_record_dir("bench")

@@ -20,13 +20,13 @@ import re
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from rich.text import Text
 
-from k2provision.core.records import Plan, Tunables
+from k2provision.core.records import Plan
 from k2provision.plan.assemble import build_plan, plan_digest
 from k2provision.plan.inventory import load_cluster
 from k2provision.run.cancel import CURRENT, Interrupted, Started, cleaning, exit_code, stopping
@@ -54,10 +54,6 @@ class LoadedPlan:
 
     plan: Plan
     notices: tuple[str, ...] = ()
-    tunables: Tunables = field(default_factory=Tunables)
-    """The inventory's k2_ settings (the endpoint's key and CA files, for status)."""
-    max_unavailable: int = 1
-    """A fleet's instances replaced at once (k2_max_unavailable), for restart's rolling order."""
 
 
 def notices_from(output: str) -> tuple[str, ...]:
@@ -89,12 +85,7 @@ def load_plan(inventory: Path) -> LoadedPlan:
     """Inventory -> Plan (K2Error, exit 2, on bad input), with Ansible's loader notices."""
     with ansible_output_captured() as said:
         cluster = load_cluster(inventory)
-    return LoadedPlan(
-        build_plan(cluster),
-        notices_from(said.getvalue()),
-        cluster.tunables,
-        cluster.max_unavailable,
-    )
+    return LoadedPlan(build_plan(cluster), notices_from(said.getvalue()))
 
 
 class LiveView(Protocol):

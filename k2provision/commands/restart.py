@@ -89,12 +89,12 @@ def summary_line(chosen: RestartSet) -> Text:
     return text
 
 
-def rolling_lines(plan: Plan, chosen: RestartSet, max_unavailable: int) -> list[str]:
-    """In a fleet, the order the restarted instances roll in behind the router
-    (as playbooks/restart.yml rolls them); empty otherwise."""
+def rolling_lines(plan: Plan, chosen: RestartSet) -> list[str]:
+    """In a fleet, the order the restarted instances roll in behind the router, the plan's
+    fleet.max_unavailable at a time (as playbooks/restart.yml rolls them); empty otherwise."""
     containers = {host: chosen.containers(host) for host in chosen.hosts}
     instances = restarted_instances(plan, containers)
-    return rollout_lines(rollout_waves(plan, instances, max_unavailable))
+    return rollout_lines(rollout_waves(plan, instances, plan.fleet.max_unavailable))
 
 
 def confirmed(yes: bool, count: int) -> bool:
@@ -140,7 +140,7 @@ def restart(
     chosen = restart_set(loaded.plan, names)
     console.print(set_table(chosen))
     console.print(summary_line(chosen))
-    for line in rolling_lines(loaded.plan, chosen, loaded.max_unavailable):
+    for line in rolling_lines(loaded.plan, chosen):
         console.print(f"rolling, the endpoint serving: {line}")
     if not confirmed(yes, len(chosen.steps)):
         console.print("restart: nothing restarted")

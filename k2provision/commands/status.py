@@ -355,7 +355,7 @@ def status(
         )
     loaded = load_plan(inventory)
     _, targets = ssh_inventory(inventory)
-    access = endpoint_access(loaded.tunables)
+    access = endpoint_access(loaded.plan.access)
     print_warnings(loaded.notices)
     record = new_record_dir("status")
     as_json = output_format is OutputFormat.json

@@ -54,6 +54,16 @@ from k2provision.errors import InventoryError
 INVENTORY_KEYS = ("ansible_host", "ansible_port")
 DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
 POOL_GROUPS: tuple[PoolName, ...] = ("nodes", "prefill", "decode")
+# Cluster fields read as the inventory sets them, their defaults those of `Cluster` alone.
+DEFAULTED_CLUSTER_FIELDS = (
+    "context_length",
+    "instances",
+    "prefill_instances",
+    "decode_instances",
+    "max_unavailable",
+    "drain_timeout",
+    "lab",
+)
 # The weights relay listens on every host during the weights phase (role k2_weights).
 RELAY_PORT_VAR = "k2_weights_port"
 # Ansible's file-based inventory plugins, in the order Ansible tries them.
@@ -404,16 +414,15 @@ def cluster_from_groups(
         "model_dir": values.get("k2_model_dir", f"/models/{model_id.rsplit('/', maxsplit=1)[-1]}"),
         "gpu": str(values.get("k2_gpu", "h200")).lower(),
         "gpus_per_node": values.get("k2_gpus_per_node", 8),
-        "context_length": values.get("k2_context_length"),
-        "instances": values.get("k2_instances", 1),
-        "prefill_instances": values.get("k2_prefill_instances", 1),
-        "decode_instances": values.get("k2_decode_instances", 1),
-        "max_unavailable": values.get("k2_max_unavailable", 1),
-        "drain_timeout": values.get("k2_drain_timeout", 300),
         "hosts": tuple(hosts),
         "router": router,
-        "lab": values.get("k2_lab", False),
         "tunables": tunables,
+        # The rest as the inventory sets them; each unset one takes Cluster's default.
+        **{
+            name: values[f"k2_{name}"]
+            for name in DEFAULTED_CLUSTER_FIELDS
+            if f"k2_{name}" in values
+        },
     }
     try:
         cluster = Cluster(**fields)

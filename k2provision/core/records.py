@@ -835,6 +835,30 @@ class HostPlan(Record):
         return data
 
 
+class FleetSettings(Record):
+    """How a fleet's rolling change proceeds (k2_max_unavailable, k2_drain_timeout): the
+    inventory's values, their defaults those of `Cluster`."""
+
+    max_unavailable: int
+    """Instances of a pool replaced at once."""
+    drain_timeout: int
+    """Seconds a stopping instance may take to answer its in-flight requests."""
+
+
+class AccessFiles(Record):
+    """The endpoint's API key and TLS files as the roles use them: each inventory file on the
+    controller (k2_api_key_file, k2_tls_cert_file, k2_tls_key_file, k2_tls_ca_file; None where
+    unset), and the CA as the launch phase places it on the endpoint's host for the checks
+    asked from there. Paths only: no file's content enters the plan."""
+
+    api_key_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    tls_ca_file: str | None
+    host_ca_file: str | None
+    """The CA on the endpoint's host (under config_dir), None without k2_tls_ca_file."""
+
+
 class Plan(Record):
     """The whole decision: an exact description of what runs where."""
 
@@ -852,7 +876,13 @@ class Plan(Record):
     config_dir: str
     ssh_port: int
     """The port of the mpirun ssh mesh (``k2_ssh_port``): its sshd listens there on every host."""
+    mesh_served: bool
+    """The engine's containers serve the ssh mesh: a rendered process binds ``k2_ssh_port``
+    (the engine declares the listener). Role k2_ssh_mesh then checks every pair from inside
+    them."""
     lab: bool
+    fleet: FleetSettings
+    access: AccessFiles
     container: ContainerOptions
     pools: tuple[PoolPlan, ...]
     fit: tuple[FitReport, ...]

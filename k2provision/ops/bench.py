@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k2provision.core.records import Plan, Tunables
+from k2provision.core.records import AccessFiles, Plan
 from k2provision.engines import REGISTRY
 from k2provision.engines.base import BenchClient, PublishedFigure, ResultFormat
 from k2provision.errors import ArgumentError, K2Error
@@ -337,17 +337,17 @@ def split_output(text: str) -> ClusterOutput:
     return ClusterOutput(head.rstrip("\n") + "\n", rc, rest)
 
 
-def ca_text(tunables: Tunables) -> str | None:
+def ca_text(access: AccessFiles) -> str | None:
     """The endpoint's CA certificate as the client must trust it (None: the default store).
     Reads the controller's file."""
-    if not tunables.tls_ca_file:
+    if not access.tls_ca_file:
         return None
     try:
-        return Path(tunables.tls_ca_file).read_text()
+        return Path(access.tls_ca_file).read_text()
     except OSError as error:
         raise K2Error(
             [
-                f"k2_tls_ca_file {tunables.tls_ca_file}: {error.strerror}; fix: point "
+                f"k2_tls_ca_file {access.tls_ca_file}: {error.strerror}; fix: point "
                 "it at the CA certificate that signed k2_tls_cert_file"
             ]
         ) from None

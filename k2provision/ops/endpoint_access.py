@@ -1,5 +1,6 @@
 """How the controller speaks to a guarded endpoint: the API key as a request header and the
-CA to check its certificate against, both from the inventory (k2_api_key_file, k2_tls_ca_file).
+CA to check its certificate against, both as the plan's access names them (the inventory's
+k2_api_key_file, k2_tls_ca_file).
 The key file may be ansible-vault encrypted; it is decrypted in memory with the command's vault
 secrets, never written or printed."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 
-from k2provision.core.records import Tunables
+from k2provision.core.records import AccessFiles
 from k2provision.errors import K2Error
 from k2provision.ops.forward import Dial
 
@@ -46,14 +47,12 @@ def read_secret(path: str) -> str:
     return text
 
 
-def endpoint_access(tunables: Tunables) -> EndpointAccess:
-    """What requests to the endpoint carry, as the inventory sets it."""
+def endpoint_access(access: AccessFiles) -> EndpointAccess:
+    """What requests to the endpoint carry, as the plan's access files say."""
     headers = (
-        {"Authorization": f"Bearer {read_secret(tunables.api_key_file)}"}
-        if tunables.api_key_file
+        {"Authorization": f"Bearer {read_secret(access.api_key_file)}"}
+        if access.api_key_file
         else {}
     )
-    context = (
-        ssl.create_default_context(cafile=tunables.tls_ca_file) if tunables.tls_ca_file else None
-    )
+    context = ssl.create_default_context(cafile=access.tls_ca_file) if access.tls_ca_file else None
     return EndpointAccess(headers, context)

@@ -14,9 +14,12 @@ import hashlib
 from urllib.parse import urlsplit
 
 from k2provision.core import catalog
+from k2provision.core.endpoint_guard import TLS_CA, guard_path
 from k2provision.core.records import (
+    AccessFiles,
     Cluster,
     ContainerOptions,
+    FleetSettings,
     HostPlan,
     ModelSpec,
     Plan,
@@ -38,6 +41,8 @@ from k2provision.plan.shapes import PoolShape, choices, evaluate, nodes_text, po
 from k2provision.plan.support import engine_setting_problems, model_problems, resolve_model
 
 LAB_IMAGE = "localhost/k2-standin:lab"
+# The port setting of the ssh mesh: an engine whose render binds it serves the mesh.
+MESH_PORT_SETTING = "k2_ssh_port"
 
 
 def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
@@ -170,7 +175,14 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         served_model_name=engine.served_name(cluster),
         config_dir=cluster.tunables.config_dir,
         ssh_port=cluster.tunables.ssh_port,
+        mesh_served=any(
+            binding.setting == MESH_PORT_SETTING for h in host_plans for binding in h.ports
+        ),
         lab=cluster.lab,
+        fleet=FleetSettings(
+            max_unavailable=cluster.max_unavailable, drain_timeout=cluster.drain_timeout
+        ),
+        access=access_files(cluster),
         container=container_options(cluster, deployment),
         pools=pools,
         fit=tuple(reports),
@@ -181,6 +193,19 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         ),
         warnings=tuple(warnings),
         hosts=tuple(host_plans),
+    )
+
+
+def access_files(cluster: Cluster) -> AccessFiles:
+    """The endpoint's key and TLS files, where the inventory names them and where the CA
+    lands on the endpoint's host."""
+    t = cluster.tunables
+    return AccessFiles(
+        api_key_file=t.api_key_file,
+        tls_cert_file=t.tls_cert_file,
+        tls_key_file=t.tls_key_file,
+        tls_ca_file=t.tls_ca_file,
+        host_ca_file=guard_path(t.config_dir, TLS_CA) if t.tls_ca_file else None,
     )
 
 

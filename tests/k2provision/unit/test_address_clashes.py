@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k2provision.core.inventory import cluster_from_groups
 from k2provision.errors import InventoryError
+from k2provision.plan.inventory import cluster_from_groups
 
 VLLM = {"k2_engine": "vllm", "k2_layout": "tp"}
 PD = {"k2_engine": "sglang", "k2_layout": "pd"}

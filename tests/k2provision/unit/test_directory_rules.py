@@ -17,9 +17,9 @@ from k2provision.core.directory_rules import (
     directory_problem,
     directory_variables,
 )
-from k2provision.core.inventory import cluster_from_groups
 from k2provision.core.variables import known_names
 from k2provision.errors import InventoryError
+from k2provision.plan.inventory import cluster_from_groups
 
 BASE = {"k2_engine": "vllm", "k2_layout": "tp"}
 ADDRESSES = {"a": "10.0.0.1", "b": "10.0.0.2"}

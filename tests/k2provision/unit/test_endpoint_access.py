@@ -9,20 +9,23 @@ import pytest
 from ansible.parsing.vault import VaultLib, VaultSecret
 
 from k2provision.core import vault
-from k2provision.core.records import Tunables
+from k2provision.core.records import AccessFiles
 from k2provision.errors import K2Error
 from k2provision.ops.endpoint_access import endpoint_access, read_secret
 
 KEY = "sk-lab-0123456789abcdef"
+NONE = AccessFiles(
+    api_key_file=None, tls_cert_file=None, tls_key_file=None, tls_ca_file=None, host_ca_file=None
+)
 
 
 def test_a_plain_key_file_becomes_the_bearer_header(tmp_path: Path) -> None:
     (tmp_path / "key").write_text(KEY + "\n")
-    access = endpoint_access(Tunables(api_key_file=str(tmp_path / "key")))
+    access = endpoint_access(NONE.model_copy(update={"api_key_file": str(tmp_path / "key")}))
     assert access.headers == {"Authorization": f"Bearer {KEY}"}
     assert access.context is None
     assert KEY not in repr(access)
-    assert endpoint_access(Tunables()).headers == {}
+    assert endpoint_access(NONE).headers == {}
 
 
 def test_a_vaulted_key_file_is_opened_with_the_commands_password(tmp_path: Path) -> None:

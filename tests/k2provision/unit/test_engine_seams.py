@@ -76,16 +76,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "roles/k2_nccl_check/tasks/preflight.yml",
         "(containers/trtllm), and run it on a plan of two hosts or more",
     ): "a fix hint naming the containers/trtllm recipe as an image with all_reduce_perf",
-    (
-        "roles/k2_ssh_mesh/defaults/main.yml",
-        'k2_ssh_mesh_verify: "{{ (k2_ssh_mesh_plan.lab | default(false)) or '
-        "(k2_ssh_mesh_plan.engine | default('')) == 'trtllm' }}\"",
-    ): "moved to the plan",
-    (
-        "roles/k2_ssh_mesh/meta/argument_specs.yml",
-        'default: "{{ (k2_ssh_mesh_plan.lab | default(false)) or '
-        "(k2_ssh_mesh_plan.engine | default('')) == 'trtllm' }}\"",
-    ): "moved to the plan",
 }
 
 

@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from k2provision.core import catalog, model_config
-from k2provision.core.inventory import load_cluster
 from k2provision.core.model_config import (
     ARCH_FIELDS,
     MAX_DEPTH,
@@ -27,6 +26,7 @@ from k2provision.core.model_config import (
 )
 from k2provision.errors import K2Error
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.inventory import load_cluster
 from k2provision.run.render_files import write_render
 
 BASE = catalog.model("moonshotai/Kimi-K2-Instruct")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from k2provision.core import catalog
+from k2provision.core.records import AccessFiles, Cluster, FleetSettings
 from k2provision.errors import K2Error, PlanError
 from k2provision.plan.assemble import build_plan, plan_digest
 from k2provision.plan.inventory import load_cluster
@@ -196,3 +197,48 @@ def test_a_local_config_json_overrides_the_catalog(tmp_path: Path) -> None:
     missing = nodes_inventory(tmp_path, 2, "vllm", "tp", "k2_model_config_json=/nope/config.json\n")
     with pytest.raises(K2Error, match=r"k2_model_config_json=/nope/config\.json"):
         build_plan(load_cluster(missing))
+
+
+def test_the_plan_carries_the_fleet_settings_defaulted_by_the_cluster(tmp_path: Path) -> None:
+    plain = build_plan(load_cluster(nodes_inventory(tmp_path, 2, "sglang", "tp")))
+    defaults = Cluster.model_fields
+    assert plain.fleet == FleetSettings(
+        max_unavailable=defaults["max_unavailable"].default,
+        drain_timeout=defaults["drain_timeout"].default,
+    )
+    extra = "k2_instances=2\nk2_max_unavailable=2\nk2_drain_timeout=45\n"
+    set_ = build_plan(load_cluster(nodes_inventory(tmp_path, 4, "sglang", "tp", extra)))
+    assert set_.fleet == FleetSettings(max_unavailable=2, drain_timeout=45)
+
+
+def test_the_plan_names_the_endpoints_access_files_never_their_contents(tmp_path: Path) -> None:
+    secrets = {
+        name: f"content-of-{name}-{i}" for i, name in enumerate(("key", "cert", "pem", "ca"))
+    }
+    for name, text in secrets.items():
+        (tmp_path / name).write_text(text)
+    extra = (
+        f"k2_api_key_file={tmp_path}/key\nk2_tls_cert_file={tmp_path}/cert\n"
+        f"k2_tls_key_file={tmp_path}/pem\nk2_tls_ca_file={tmp_path}/ca\n"
+    )
+    plan = build_plan(load_cluster(nodes_inventory(tmp_path, 2, "sglang", "tp", extra)))
+    assert plan.access == AccessFiles(
+        api_key_file=f"{tmp_path}/key",
+        tls_cert_file=f"{tmp_path}/cert",
+        tls_key_file=f"{tmp_path}/pem",
+        tls_ca_file=f"{tmp_path}/ca",
+        host_ca_file="/etc/k2provision/tls/ca.pem",
+    )
+    assert not [text for text in secrets.values() if text in plan.model_dump_json()]
+    bare = build_plan(load_cluster(nodes_inventory(tmp_path, 2, "sglang", "tp")))
+    assert set(bare.access.model_dump().values()) == {None}
+
+
+def test_the_mesh_is_served_where_an_engine_binds_the_mesh_port() -> None:
+    """The ssh_mesh role checks all pairs where the plan says the containers serve the mesh:
+    the engine that renders a listener on k2_ssh_port (TensorRT-LLM's sshd) and no other."""
+    for case, served in (("trtllm-tp16-ep8", True), ("sglang-tp", False), ("vllm-tp16", False)):
+        plan = build_plan(load_cluster(ROOT / "tests" / "golden" / case / "inventory.ini"))
+        assert plan.mesh_served is served, case
+        bound = {b.setting for h in plan.hosts for b in h.ports}
+        assert ("k2_ssh_port" in bound) is served, case

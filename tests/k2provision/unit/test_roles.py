@@ -1,7 +1,7 @@
 """The roles read alike: argument specs in step with defaults, the plan required and never
 defaulted, one naming convention for registered variables, the host-in-plan check in one
-plugin, the plan (not the inventory) as the source of what it carries, and the platforms the
-scenarios test."""
+plugin, and the platforms the scenarios test. That they read the plan, never the inventory:
+test_inventory_reads.py."""
 
 from __future__ import annotations
 
@@ -93,17 +93,3 @@ def test_the_host_in_plan_check_is_the_shared_plugin(role: str) -> None:
     assert "k2.cluster.host_in_plan:" in texts
     assert "is in no pool of the plan" not in texts
     assert not re.search(r"inventory_hostname in \(?\w+_plan\.hosts", texts)
-
-
-JINJA = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
-FROM_THE_PLAN = ("k2_ib_devices", "k2_local_ip", "k2_ssh_port", "k2_lab")
-
-
-@pytest.mark.parametrize("role", ROLES)
-def test_roles_take_from_the_plan_what_it_carries(role: str) -> None:
-    """Addresses, RDMA devices, the mesh port and the lab profile are the plan's: no role reads
-    the inventory variables behind them."""
-    for path in role_files(role):
-        for expression in JINJA.findall(path.read_text()):
-            words = set(re.findall(r"\b\w+\b", expression))
-            assert not words & set(FROM_THE_PLAN), (path, expression)

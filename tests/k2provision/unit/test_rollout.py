@@ -160,10 +160,10 @@ def test_a_fleet_restart_rolls_the_named_instances_and_recreates_the_router_in_p
 def test_the_restart_command_shows_the_same_rolling_order() -> None:
     plan = _plan(TP_FLEET)
     chosen = plan_restart_set(plan, ["replica-3", "node-01"])
-    assert rolling_lines(plan, chosen, 1) == rollout_lines(
+    assert rolling_lines(plan, chosen) == rollout_lines(
         rollout_waves(plan, ("replica-1", "replica-3"))
     )
-    assert rolling_lines(plan, chosen, 1)[1].startswith("2. replica-3 on node-05, node-06")
+    assert rolling_lines(plan, chosen)[1].startswith("2. replica-3 on node-05, node-06")
 
 
 def test_single_instances_restart_in_place() -> None:

@@ -143,31 +143,41 @@ def _rollout_document(waves: tuple[RolloutWave, ...]) -> dict[str, Any]:
     }
 
 
+def _wave_width(plan: Plan, max_unavailable: Any) -> int:
+    """The instances a wave replaces at once: the plan's, unless the caller names a number."""
+    return plan.fleet.max_unavailable if max_unavailable is None else int(max_unavailable)
+
+
 def rollout_order(
-    plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = 1
+    plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = None
 ) -> dict[str, Any]:
     """A fleet's rolling change (k2provision/plan/rollout.py): {waves: [{instances, urls,
     hosts}, ...], lines: [...]}. `looked` is each host's k2_converge (the look's answer);
-    no waves for a single instance or when no instance differs."""
+    no waves for a single instance or when no instance differs. Waves are as wide as the
+    plan's fleet.max_unavailable unless `max_unavailable` says otherwise."""
     parsed = Plan.model_validate(plan)
     launch = {
         host: list(((found or {}).get("phases") or {}).get("launch") or ())
         for host, found in looked.items()
     }
-    waves = rollout_waves(parsed, changed_instances(parsed, launch), int(max_unavailable))
+    waves = rollout_waves(
+        parsed, changed_instances(parsed, launch), _wave_width(parsed, max_unavailable)
+    )
     return _rollout_document(waves)
 
 
 def restart_rollout(
-    plan: dict[str, Any], restarting: dict[str, Any], max_unavailable: Any = 1
+    plan: dict[str, Any], restarting: dict[str, Any], max_unavailable: Any = None
 ) -> dict[str, Any]:
     """A fleet's restart as a rolling change: the instances `restarting` (restart_set's
     answer) recreates roll wave by wave behind the router ({waves, lines}, as rollout_order),
     and `recreate` ({host: [container, ...]}) is what the launch recreates in place: the rest
-    (the router; every container when the plan does not roll)."""
+    (the router; every container when the plan does not roll). Waves as in rollout_order."""
     parsed = Plan.model_validate(plan)
     containers = {h: list(c) for h, c in (restarting.get("containers") or {}).items()}
-    waves = rollout_waves(parsed, restarted_instances(parsed, containers), int(max_unavailable))
+    waves = rollout_waves(
+        parsed, restarted_instances(parsed, containers), _wave_width(parsed, max_unavailable)
+    )
     rolled = {(h, c) for w in waves for h, names in w.containers.items() for c in names}
     recreate = {
         host: [c for c in names if (host, c) not in rolled] for host, names in containers.items()
