@@ -84,7 +84,7 @@ MAX_NUM_PROMPTS = 1_000_000
 MAX_GPU_HOUR_USD = 10_000.0
 
 
-def check_client(python: str, client: Client) -> None:
+def check_client(python: str, client: Client, env: dict[str, str]) -> None:
     """The client's module imports under `python`, or K2Error (exit 2) with the fix."""
     if not Path(python).exists():
         raise K2Error(
@@ -99,7 +99,7 @@ def check_client(python: str, client: Client) -> None:
             capture_output=True,
             text=True,
             timeout=IMPORT_TIMEOUT_S,
-            env=_env(),
+            env=env,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -116,13 +116,17 @@ def check_client(python: str, client: Client) -> None:
         )
 
 
-_KEY_ENV: dict[str, str] = {}
-"""The endpoint's key and CA for a controller-side client (OPENAI_API_KEY; the CA as
-ops/bench.py `ca_env` names it), which both pinned clients read from the environment."""
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, **client_env(), **_KEY_ENV}
+def client_process_env(key: str | None = None, ca_file: str | None = None) -> dict[str, str]:
+    """The environment a client process runs in: this one's, the clients' own settings, and
+    for a controller-side client the endpoint's key (OPENAI_API_KEY) and CA (as ops/bench.py
+    `ca_env` names it), which both pinned clients read from the environment. Built per run and
+    handed down, never kept in module state."""
+    return {
+        **os.environ,
+        **client_env(),
+        **({"OPENAI_API_KEY": key} if key else {}),
+        **(ca_env(ca_file) if ca_file else {}),
+    }
 
 
 def resolve_tokenizer(plan: Plan, tokenizer: str | None) -> str:
@@ -148,7 +152,13 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
 
 
 def run_client(
-    argv: list[str], log: Path, label: str, stdin: bytes | None = None, *, says: str = "client"
+    argv: list[str],
+    log: Path,
+    label: str,
+    env: dict[str, str],
+    stdin: bytes | None = None,
+    *,
+    says: str = "client",
 ) -> int:
     """The client, its output to `log`, a spinner meanwhile; its exit status. A stop signal
     ends the client and what it started (its own process group), then stops the command.
@@ -162,7 +172,7 @@ def run_client(
                 argv,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
-                env=_env(),
+                env=env,
                 start_new_session=True,
                 stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             )
@@ -217,6 +227,7 @@ def run_in_cluster(
         argv,
         raw,
         label,
+        client_process_env(),
         stdin=(key + "\n").encode() if key else b"",
         says=f"ssh to {where.run.host}",
     )
@@ -426,14 +437,14 @@ def bench(
     key = read_secret(access.api_key_file) if access.api_key_file else None
     ca = ca_text(access)
     where: InCluster | None = None
+    local_env = client_process_env()
     if in_cluster:
         tok = tokenizer or str(plan.model_dir)
         where = in_cluster_target(inventory, plan)
     else:
         tok = resolve_tokenizer(plan, tokenizer)
-        _KEY_ENV.update({"OPENAI_API_KEY": key} if key else {})
-        _KEY_ENV.update(ca_env(str(access.tls_ca_file)) if ca else {})
-        check_client(python, client)
+        local_env = client_process_env(key, str(access.tls_ca_file) if ca else None)
+        check_client(python, client, local_env)
 
     record = new_record_dir("bench")
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -466,7 +477,7 @@ def bench(
             if where is not None:
                 rc = run_in_cluster(where, client, spec, key, ca, out_dir, label)
             else:
-                rc = run_client(argv, log, label)
+                rc = run_client(argv, log, label, local_env)
         except Interrupted as stop:
             summary = {
                 "status": "cancelled",
