@@ -225,3 +225,27 @@ def test_restarting_a_host_widens_to_its_instance_only() -> None:
     assert set(restart_set(plan, ["gpu-d14"]).hosts) == decode_2
     assert set(restart_set(plan, ["decode-2"]).hosts) == decode_2
     assert set(restart_set(plan, ["decode"]).hosts) == {f"gpu-d{n:02d}" for n in range(1, 25)}
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "policies"),
+    [
+        (1, 2, ("round_robin", "power_of_two")),
+        (2, 1, ("power_of_two", "round_robin")),
+        (2, 2, ("power_of_two", "power_of_two")),
+    ],
+)
+def test_each_pd_pools_routing_policy_follows_its_instance_count(
+    tmp_path: Path, prefill: int, decode: int, policies: tuple[str, str]
+) -> None:
+    """sglang-router 0.3.2 refuses power_of_two for a pool of one worker; the prefill servers
+    run without a radix cache, so no pool is routed cache-aware."""
+    text = PD_FLEET.read_text()
+    text = text.replace("k2_prefill_instances=2", f"k2_prefill_instances={prefill}")
+    text = text.replace("k2_decode_instances=2", f"k2_decode_instances={decode}")
+    path = tmp_path / "inventory.ini"
+    path.write_text(text)
+    (router,) = _routers(_plan(path))
+    assert _flag_values(router.argv, "--policy", 1) == [policies[:1]]
+    assert _flag_values(router.argv, "--decode-policy", 1) == [policies[1:]]
+    assert "cache_aware" not in router.argv
