@@ -1,8 +1,9 @@
 """The fleet's Grafana dashboards, as provisioned JSON: fleet overview, per-instance serving,
 PD transfer and GPU health.
 
-Pure. Every query names only metrics the pinned engines, router and exporters export (the same
-test as the alert rules checks them); the engines' names are their own (each engine module's
+Pure. Every query names only metrics the pinned engines, router and exporters export, the
+router's only those it records in the HTTP mode it is rendered in (the same test as the alert
+rules checks them); the engines' names are their own (each engine module's
 METRICS), every engine's joined with `or`.
 """
 
@@ -230,13 +231,17 @@ def _pd() -> dict[str, Any]:
                 [(_engine_quantile(0.99, lambda m: m.kv_bootstrap), "{{instance}}")],
                 "ms",
             ),
+            # Not the router's TTFT: sglang-router 0.3.2 records smg_router_ttft_seconds in gRPC
+            # mode only (its help text: "(gRPC only)"), and the rendered router routes HTTP
+            # workers. Its own request duration is recorded in HTTP mode; the engines' TTFT
+            # panels (K2 per instance) show the time to first token.
             _panel(
                 4,
-                "Router TTFT p99",
+                "Router request duration p99",
                 [
                     (
                         "histogram_quantile(0.99, sum by (le) "
-                        "(rate(smg_router_ttft_seconds_bucket[5m])))",
+                        "(rate(smg_router_request_duration_seconds_bucket[5m])))",
                         "router",
                     )
                 ],
