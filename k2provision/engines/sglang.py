@@ -110,6 +110,21 @@ SERVER_HEALTH_PATH = "/health"
 # router sees healthy prefill and decode workers.
 ROUTER_HEALTH_PATH = "/readiness"
 ROUTER_LIVENESS_PATH = "/health"
+# What sglang-router 0.3.2 answers without its --api-key: its public routes (sgl-model-gateway
+# server.rs `public_routes`; the binary holds the same paths), seen answering without the key
+# by tests/engine_parsers/test_router_routes.py. /health_generate sends a generation to a
+# worker. Everything else (/generate, /v1/*completions, /workers, /get_loads, /flush_cache,
+# ...) answers 401 without the key.
+ROUTER_OPEN_ROUTES = (
+    "/liveness",
+    "/readiness",
+    "/health",
+    "/health_generate",
+    "/engine_metrics",
+    "/v1/models",
+    "/get_model_info",
+    "/get_server_info",
+)
 # A fleet's router: sglang-router 0.3.2's flags (sglang_router/router_args.py; the line of
 # each flag's RouterArgs default is given), set only where the router fronts several
 # instances so that a single instance's render stays as it was.
