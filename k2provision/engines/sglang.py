@@ -67,7 +67,6 @@ from k2provision.engines.common import (
     http_url,
     inventory_served_name,
     kv_cache_dtype,
-    no_warnings,
     parser_args,
     socket_env,
     socket_ifname,
@@ -938,7 +937,22 @@ BATCH_TUNABLES: tuple[BatchTunable, ...] = (
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name
-plan_warnings = no_warnings
+
+
+def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
+    """What a PD fleet's router balances on (MANY_INSTANCES_POLICY): its own in-flight counts,
+    since the servers do not serve the load route it asks for."""
+    if cluster.layout != "pd":
+        return []
+    pools = [p for p in ("prefill", "decode") if cluster.instance_count(p) > 1]
+    if not pools:
+        return []
+    return [
+        f"the PD router picks among the {' and among the '.join(pools)} instances by "
+        f"{MANY_INSTANCES_POLICY} on its own count of requests in flight on each, not on the "
+        f"servers' load: {catalog.ROUTER.package} {catalog.ROUTER.version} asks each worker "
+        f"for /get_load, which sglang {release.version} does not serve (docs/engines.md)"
+    ]
 
 
 def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:

@@ -249,3 +249,18 @@ def test_each_pd_pools_routing_policy_follows_its_instance_count(
     assert _flag_values(router.argv, "--policy", 1) == [policies[:1]]
     assert _flag_values(router.argv, "--decode-policy", 1) == [policies[1:]]
     assert "cache_aware" not in router.argv
+
+
+def test_the_plan_says_what_the_pd_routers_power_of_two_compares(tmp_path: Path) -> None:
+    """sglang 0.5.23 serves no /get_load, so power_of_two weighs the router's own in-flight
+    counts; the plan says so for the pools it balances, and not for single instances."""
+    (warning,) = [w for w in _plan(PD_FLEET).warnings if "power_of_two" in w]
+    assert "prefill and among the decode instances" in warning
+    assert "own count of requests in flight" in warning
+    assert "/get_load" in warning
+    path = _edited(tmp_path, PD_FLEET, "k2_prefill_instances=2", "k2_prefill_instances=1")
+    (warning,) = [w for w in _plan(path).warnings if "power_of_two" in w]
+    assert "among the decode instances" in warning
+    assert "prefill" not in warning
+    single = _edited(tmp_path, path, "k2_decode_instances=2", "k2_decode_instances=1")
+    assert not [w for w in _plan(single).warnings if "power_of_two" in w]
