@@ -16,6 +16,8 @@ from k2provision.engines.base import MetricNames
 from k2provision.plan.alert_rules import each_engine, quantile
 
 DATASOURCE = {"type": "prometheus", "uid": "k2-prometheus"}
+# The router's routes that run a generation (its `path` label on smg_http_* series).
+ROUTER_GENERATION_PATHS = "/v1/chat/completions|/v1/completions|/generate"
 
 
 def _engine_quantile(q: float, series: Callable[[MetricNames], str | None]) -> str:
@@ -233,15 +235,17 @@ def _pd() -> dict[str, Any]:
             ),
             # Not the router's TTFT: sglang-router 0.3.2 records smg_router_ttft_seconds in gRPC
             # mode only (its help text: "(gRPC only)"), and the rendered router routes HTTP
-            # workers. Its own request duration is recorded in HTTP mode; the engines' TTFT
-            # panels (K2 per instance) show the time to first token.
+            # workers. Its HTTP layer times every request by method and path (seen on the
+            # pinned router's /metrics, failed requests included); the engines' TTFT panels
+            # (K2 per instance) show the time to first token.
             _panel(
                 4,
-                "Router request duration p99",
+                "Router request duration p99 (generation routes)",
                 [
                     (
                         "histogram_quantile(0.99, sum by (le) "
-                        "(rate(smg_router_request_duration_seconds_bucket[5m])))",
+                        "(rate(smg_http_request_duration_seconds_bucket"
+                        f'{{path=~"{ROUTER_GENERATION_PATHS}"}}[5m])))',
                         "router",
                     )
                 ],

@@ -42,7 +42,7 @@ def test_the_routers_grpc_only_metrics_are_not_taken_for_http_ones() -> None:
     binary = _router_binary()
     help_texts = binary_metric_help(binary, "smg_")
     assert GRPC_ONLY in help_texts["smg_router_ttft_seconds"]
-    assert GRPC_ONLY not in help_texts["smg_router_request_duration_seconds"]
+    assert GRPC_ONLY not in help_texts["smg_http_request_duration_seconds"]
     assert "smg_router_ttft_seconds" in binary_names(binary, "smg_")
     http = router_http_names(binary)
     assert "smg_router_ttft_seconds" not in http
