@@ -81,6 +81,33 @@ def binary_names(path: Path, prefix: str) -> set[str]:
     return {m.decode() for m in re.findall(pattern, data)}
 
 
+def binary_metric_help(path: Path, prefix: str) -> dict[str, str]:
+    """`prefix…` metric names of a Rust binary with the help text its `describe_*!` call stored
+    right after the name (the names and help texts are adjacent string literals)."""
+    data = path.read_bytes()
+    pattern = (
+        re.escape(prefix.encode())
+        + rb"([a-z0-9_]+)([A-Z][ -~]*?)(?="
+        + re.escape(prefix.encode())
+        + rb"|[^ -~]|$)"
+    )
+    found: dict[str, str] = {}
+    for m in re.finditer(pattern, data):
+        found.setdefault(prefix + m.group(1).decode(), m.group(2).decode())
+    return found
+
+
+# What sglang-router's help text says of a metric that its HTTP routers never record.
+GRPC_ONLY = "(gRPC only)"
+
+
+def router_http_names(path: Path) -> set[str]:
+    """The router binary's `smg_` names less those its help marks gRPC-only: what a router of
+    HTTP workers (every rendered router) can record."""
+    grpc_only = {n for n, text in binary_metric_help(path, "smg_").items() if GRPC_ONLY in text}
+    return binary_names(path, "smg_") - grpc_only
+
+
 def exporter_metrics() -> dict[str, str]:
     """The pinned exporters' names and types: the node exporter's list, the DCGM exporter's
     counters file."""

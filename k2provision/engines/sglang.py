@@ -67,7 +67,6 @@ from k2provision.engines.common import (
     http_url,
     inventory_served_name,
     kv_cache_dtype,
-    no_warnings,
     parser_args,
     socket_env,
     socket_ifname,
@@ -110,6 +109,21 @@ SERVER_HEALTH_PATH = "/health"
 # router sees healthy prefill and decode workers.
 ROUTER_HEALTH_PATH = "/readiness"
 ROUTER_LIVENESS_PATH = "/health"
+# What sglang-router 0.3.2 answers without its --api-key: its public routes (sgl-model-gateway
+# server.rs `public_routes`; the binary holds the same paths), seen answering without the key
+# by tests/engine_parsers/test_router_routes.py. /health_generate sends a generation to a
+# worker. Everything else (/generate, /v1/*completions, /workers, /get_loads, /flush_cache,
+# ...) answers 401 without the key.
+ROUTER_OPEN_ROUTES = (
+    "/liveness",
+    "/readiness",
+    "/health",
+    "/health_generate",
+    "/engine_metrics",
+    "/v1/models",
+    "/get_model_info",
+    "/get_server_info",
+)
 # A fleet's router: sglang-router 0.3.2's flags (sglang_router/router_args.py; the line of
 # each flag's RouterArgs default is given), set only where the router fronts several
 # instances so that a single instance's render stays as it was.
@@ -147,28 +161,51 @@ FLEET_ROUTER_ARGS: tuple[str, ...] = (
     "--request-timeout-secs",
     str(ROUTER_REQUEST_TIMEOUT_S),
 )
-PD_FLEET_POLICIES: tuple[str, ...] = (
-    # No --dp-aware (:42, default off), though both pools run DP attention: the router splits
-    # a worker into `dp_size` ranks read from its /server_info (the binary's
-    # core/steps/worker/local/create_worker.rs asks for `dp_size` and nothing else), and
-    # sglang 0.5.23 reports the attention-DP width as `attn_dp_size` while `dp_size` counts
-    # replicas (srt/arg_groups/parallel_hook.py handle_deprecated_dp_attention: "dp_size
-    # counts replicas again"), so it is 1 with --attn-dp-size. The router would route every
-    # request of an instance to DP rank 0 (srt/managers/data_parallel_controller.py
-    # maybe_external_dp_rank_routing honours the routed rank); without it each server's own
-    # DP controller spreads requests over its attention-DP ranks.
-    # Prefill: --policy (:28), which PD mode applies to prefill when --prefill-policy is not
-    # given (naming both per-pool policies draws a warning that --policy is ignored, :943).
-    # cache_aware balances by queue length once the instances' loads differ past the balance
-    # thresholds and otherwise keeps a shared prefix on the instance that saw it (the
-    # production PD router's prefill policy).
-    "--policy",
-    "cache_aware",
-    # Decode (:30 decode_policy): power_of_two sends each request to the less loaded of two
-    # decode instances; a prefix tree buys decode nothing (its KV arrives from prefill).
-    "--decode-policy",
-    "power_of_two",
-)
+# PD fleet routing: one policy per pool, chosen from how many instances the pool has.
+# No --dp-aware (:42, default off), though both pools run DP attention: the router splits
+# a worker into `dp_size` ranks read from its /server_info (the binary's
+# core/steps/worker/local/create_worker.rs asks for `dp_size` and nothing else), and
+# sglang 0.5.23 reports the attention-DP width as `attn_dp_size` while `dp_size` counts
+# replicas (srt/arg_groups/parallel_hook.py handle_deprecated_dp_attention: "dp_size
+# counts replicas again"), so it is 1 with --attn-dp-size. The router would route every
+# request of an instance to DP rank 0 (srt/managers/data_parallel_controller.py
+# maybe_external_dp_rank_routing honours the routed rank); without it each server's own
+# DP controller spreads requests over its attention-DP ranks.
+# Several instances: power_of_two, the less loaded of two instances picked at random. What
+# it compares is the router's own count of requests in flight on each worker, not the
+# servers' load: the router's load monitor ("Started LoadMonitor for PowerOfTwo policies"
+# in the binary) asks each worker for `/get_load`, which sglang 0.5.23 does not serve (it
+# has `/v1/loads`, srt/entrypoints/v1_loads.py:96; the router gets 404 and logs "No loads
+# fetched from workers"), so the policy falls back to `worker.load()`, the in-flight counter
+# the router raises on the prefill and the decode worker of a request while it holds it
+# (sgl-model-gateway routers/http/pd_router.rs, WorkerLoadGuard::new_multi). Every request
+# goes through the one router, so the count is each instance's share of the live requests,
+# blind to their lengths.
+# Not cache_aware on prefill: the PD servers run --disable-radix-cache, so there is no
+# prefix cache for its prefix tree to follow (the single-instance router's argument).
+# One instance: round_robin, nothing to choose; sglang-router 0.3.2 refuses power_of_two
+# for a pool of one ("Power-of-two policy for prefill requires at least 2 prefill
+# workers", the same for decode: config/validation.rs, checked when the router starts).
+MANY_INSTANCES_POLICY = "power_of_two"
+ONE_INSTANCE_POLICY = "round_robin"
+
+
+def pd_policies(prefill_instances: int, decode_instances: int) -> tuple[str, ...]:
+    """The PD router's policies: --policy (:28) is prefill's when --prefill-policy is not
+    given (naming both per-pool policies draws a warning that --policy is ignored, :943),
+    --decode-policy (:30) decode's; each from its pool's instance count."""
+
+    def policy(instances: int) -> str:
+        return MANY_INSTANCES_POLICY if instances > 1 else ONE_INSTANCE_POLICY
+
+    return (
+        "--policy",
+        policy(prefill_instances),
+        "--decode-policy",
+        policy(decode_instances),
+    )
+
+
 # Prometheus metrics: sglang 0.5.23 serves /metrics on each HTTP server once --enable-metrics
 # is given (srt/arg_groups/fields/observability.py enable_metrics, default off); the router
 # (sglang-router 0.3.2) serves its own on --prometheus-port (router_args.py, default 29000).
@@ -592,7 +629,12 @@ def _workers(deployment: Deployment) -> tuple[str, ...]:
         # nothing to balance, and cache_aware's prefix tree buys nothing with the radix
         # cache disabled on the servers.
         return (*argv, "--policy", "round_robin")
-    return (*argv, *PD_FLEET_POLICIES)
+    return (
+        *argv,
+        *pd_policies(
+            len(deployment.pool("prefill").members()), len(deployment.pool("decode").members())
+        ),
+    )
 
 
 def _registered_later(instance: PoolPlan) -> bool:
@@ -895,7 +937,22 @@ BATCH_TUNABLES: tuple[BatchTunable, ...] = (
 kv_dtype = kv_cache_dtype
 kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name
-plan_warnings = no_warnings
+
+
+def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
+    """What a PD fleet's router balances on (MANY_INSTANCES_POLICY): its own in-flight counts,
+    since the servers do not serve the load route it asks for."""
+    if cluster.layout != "pd":
+        return []
+    pools = [p for p in ("prefill", "decode") if cluster.instance_count(p) > 1]
+    if not pools:
+        return []
+    return [
+        f"the PD router picks among the {' and among the '.join(pools)} instances by "
+        f"{MANY_INSTANCES_POLICY} on its own count of requests in flight on each, not on the "
+        f"servers' load: {catalog.ROUTER.package} {catalog.ROUTER.version} asks each worker "
+        f"for /get_load, which sglang {release.version} does not serve (docs/engines.md)"
+    ]
 
 
 def pool_shape(cluster: Cluster, pool: PoolName, nodes: int, spec: ModelSpec) -> Parallel:

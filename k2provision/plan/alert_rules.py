@@ -4,12 +4,15 @@ Pure. Every metric named here is one the pinned engines, the router or the pinne
 export (tests/engine_parsers/test_metric_names.py reads them from the sources). The engines'
 series are named by the engines (each engine module's METRICS); where engines name the same
 thing differently, one expression joins every engine's name with `or`: only the engine the
-plan runs has series.
+plan runs has series. A comparison applies to the whole join (`above`): PromQL binds `>`
+tighter than `or`, so `(a) or (b) > T` compares only b. Every rule has `promtool test rules`
+cases, silent and firing, for each engine's series (tests/k2provision/unit/test_alert_cases.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +47,35 @@ def either(*exprs: str) -> str:
     return " or ".join(f"({expr})" for expr in exprs)
 
 
+def above(expr: str, threshold: float) -> str:
+    """`expr` > `threshold`, the whole of `expr` compared (it may be an `or` of engines)."""
+    return f"({expr}) > {threshold:g}"
+
+
+def _regex_of(names: Sequence[str]) -> str:
+    """A PromQL label regex matching exactly these names (escaped for the string literal)."""
+    return "|".join(re.escape(n) for n in names).replace("\\", "\\\\")
+
+
+def ib_port_down(ib_devices: Mapping[str, Sequence[str]]) -> str | None:
+    """Ports of the RDMA devices the plan uses (each host's `k2_ib_devices`) that are not
+    ACTIVE; hosts with the same devices share one selector. None when the plan names none:
+    other devices (a management NIC's RoCE port, an unused HCA) are not the cluster's."""
+    by_devices: dict[tuple[str, ...], list[str]] = {}
+    for host, devices in sorted(ib_devices.items()):
+        if devices:
+            by_devices.setdefault(tuple(sorted(devices)), []).append(host)
+    if not by_devices:
+        return None
+    return either(
+        *(
+            f'node_infiniband_state_id{{host=~"{_regex_of(hosts)}", '
+            f'device=~"{_regex_of(devices)}"}} != 4'
+            for devices, hosts in sorted(by_devices.items(), key=lambda kv: kv[1])
+        )
+    )
+
+
 def each_engine(expr: Callable[[MetricNames], str | None]) -> str:
     """`expr` of every registered engine's metric names, joined by `either`; engines for which
     it is None (a series they do not export) are left out."""
@@ -61,9 +93,13 @@ def _rule(name: str, expr: str, for_: str, severity: str, summary: str) -> dict[
     }
 
 
-def alert_rules(targets: AlertTargets = AlertTargets()) -> dict[str, Any]:
-    """The rules file (Prometheus' rule-file YAML as a document)."""
+def alert_rules(
+    targets: AlertTargets = AlertTargets(), ib_devices: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, Any]:
+    """The rules file (Prometheus' rule-file YAML as a document). `ib_devices`: each host's
+    RDMA devices from the plan (`k2_ib_devices`); without any, no IB port rule."""
     t = targets
+    ib = ib_port_down(ib_devices or {})
     rules = [
         _rule(
             "K2EndpointDown",
@@ -124,22 +160,15 @@ def alert_rules(targets: AlertTargets = AlertTargets()) -> dict[str, Any]:
             "NVLink on GPU {{ $labels.gpu }} of {{ $labels.host }} is recovering links",
         ),
         _rule(
-            "K2IbPortDown",
-            "node_infiniband_state_id != 4",
-            "1m",
-            "critical",
-            "IB port {{ $labels.device }}/{{ $labels.port }} on {{ $labels.host }} is not ACTIVE",
-        ),
-        _rule(
             "K2TtftP99High",
-            each_engine(lambda m: quantile(0.99, m.ttft)) + f" > {t.ttft_p99_s:g}",
+            above(each_engine(lambda m: quantile(0.99, m.ttft)), t.ttft_p99_s),
             "5m",
             "warning",
             f"{{{{ $labels.instance }}}}: TTFT p99 {{{{ $value }}}} s over {t.ttft_p99_s:g} s",
         ),
         _rule(
             "K2ItlP99High",
-            each_engine(lambda m: quantile(0.99, m.inter_token)) + f" > {t.itl_p99_s:g}",
+            above(each_engine(lambda m: quantile(0.99, m.inter_token)), t.itl_p99_s),
             "5m",
             "warning",
             "{{ $labels.instance }}: inter-token p99 {{ $value }} s over "
@@ -172,4 +201,15 @@ def alert_rules(targets: AlertTargets = AlertTargets()) -> dict[str, Any]:
             "{{ $value | humanizePercentage }} free",
         ),
     ]
+    if ib is not None:
+        rules.append(
+            _rule(
+                "K2IbPortDown",
+                ib,
+                "1m",
+                "critical",
+                "IB port {{ $labels.device }}/{{ $labels.port }} on {{ $labels.host }} is not "
+                "ACTIVE",
+            )
+        )
     return {"groups": [{"name": "k2provision", "rules": rules}]}

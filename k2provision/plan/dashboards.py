@@ -1,8 +1,9 @@
 """The fleet's Grafana dashboards, as provisioned JSON: fleet overview, per-instance serving,
 PD transfer and GPU health.
 
-Pure. Every query names only metrics the pinned engines, router and exporters export (the same
-test as the alert rules checks them); the engines' names are their own (each engine module's
+Pure. Every query names only metrics the pinned engines, router and exporters export, the
+router's only those it records in the HTTP mode it is rendered in (the same test as the alert
+rules checks them); the engines' names are their own (each engine module's
 METRICS), every engine's joined with `or`.
 """
 
@@ -15,6 +16,8 @@ from k2provision.engines.base import MetricNames
 from k2provision.plan.alert_rules import each_engine, quantile
 
 DATASOURCE = {"type": "prometheus", "uid": "k2-prometheus"}
+# The router's routes that run a generation (its `path` label on smg_http_* series).
+ROUTER_GENERATION_PATHS = "/v1/chat/completions|/v1/completions|/generate"
 
 
 def _engine_quantile(q: float, series: Callable[[MetricNames], str | None]) -> str:
@@ -230,13 +233,19 @@ def _pd() -> dict[str, Any]:
                 [(_engine_quantile(0.99, lambda m: m.kv_bootstrap), "{{instance}}")],
                 "ms",
             ),
+            # Not the router's TTFT: sglang-router 0.3.2 records smg_router_ttft_seconds in gRPC
+            # mode only (its help text: "(gRPC only)"), and the rendered router routes HTTP
+            # workers. Its HTTP layer times every request by method and path (seen on the
+            # pinned router's /metrics, failed requests included); the engines' TTFT panels
+            # (K2 per instance) show the time to first token.
             _panel(
                 4,
-                "Router TTFT p99",
+                "Router request duration p99 (generation routes)",
                 [
                     (
                         "histogram_quantile(0.99, sum by (le) "
-                        "(rate(smg_router_ttft_seconds_bucket[5m])))",
+                        "(rate(smg_http_request_duration_seconds_bucket"
+                        f'{{path=~"{ROUTER_GENERATION_PATHS}"}}[5m])))',
                         "router",
                     )
                 ],

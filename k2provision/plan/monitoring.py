@@ -157,13 +157,18 @@ def prometheus_config(
 RULES_FILE = "alerts.yml"
 
 
+def ib_devices_of(plan: Plan) -> dict[str, tuple[str, ...]]:
+    """Each host's RDMA devices as the plan names them (`k2_ib_devices`), hosts with some."""
+    return {h.name: h.ib_devices for h in plan.hosts if h.ib_devices}
+
+
 def monitoring_files(plan: Plan) -> dict[str, str]:
     """The monitoring host's files, by path relative to its config directory:
     prometheus.yml, the rules, and the Grafana dashboards under dashboards/."""
     config = prometheus_config(plan, rule_files=(RULES_FILE,))
     files = {
         "prometheus.yml": yaml.safe_dump(config, sort_keys=False),
-        RULES_FILE: yaml.safe_dump(alert_rules(), sort_keys=False),
+        RULES_FILE: yaml.safe_dump(alert_rules(ib_devices=ib_devices_of(plan)), sort_keys=False),
     }
     for name, doc in dashboards().items():
         files[f"dashboards/{name}"] = json.dumps(doc, indent=2) + "\n"

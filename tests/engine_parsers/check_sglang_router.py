@@ -6,17 +6,26 @@ sglang_router.launch_router``, ``python -m sglang_router launch`` or
 
 Steps, all offline: ``parse_router_args`` (argparse + ``RouterArgs``, which
 parses ``--prefill URL [BOOTSTRAP_PORT]``), ``RouterArgs._validate_router_args``
-and, unless ``options.build`` is false, ``Router.from_args``: the Rust router
-object is constructed (its own config validation) but never started, so no
-port is bound and no worker is contacted.
+and, unless ``options.build`` is false, ``Router.from_args`` (the Rust router
+object is constructed) and then, unless ``options.validate`` is false,
+``Router.start`` as far as the router's own configuration validation
+(``RouterConfig`` against sgl-model-gateway's config/validation.rs rules, e.g.
+"Power-of-two policy for decode requires at least 2 decode workers"): that is
+the first thing ``start`` does, before it installs the Prometheus exporter. The
+checker points the exporter at a port it holds itself, so a configuration the
+router accepts stops right there ("failed to install Prometheus metrics
+exporter ... Address already in use"): no port of the command line is bound and
+no worker is contacted. Only the exporter's address is changed for that; the
+router does not validate it.
 
-Result: ``ok``, ``error``, ``stage`` (``parse``/``build`` when rejected),
-``parsed`` (selected ``RouterArgs`` fields), ``warnings``.
+Result: ``ok``, ``error``, ``stage`` (``parse``/``build``/``validate`` when
+rejected), ``parsed`` (selected ``RouterArgs`` fields), ``warnings``.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from checker_io import (
@@ -74,14 +83,45 @@ def check(argv: list[str], options: dict[str, Any], result: dict[str, Any]) -> N
         result["parsed"] = pick(router_args, FIELDS)
         router_args._validate_router_args()
         if options.get("build", True):
-            from sglang_router.router import Router
-
-            result["stage"] = "build"
-            try:
-                Router.from_args(router_args)
-            except Exception as exc:
-                raise Rejected(f"{type(exc).__name__}: {clean(str(exc))}") from exc
+            build(router_args, result, validate=options.get("validate", True))
         result["stage"] = None
+
+
+# What Router.start raises once the configuration passed validation and the exporter's port
+# turns out taken: the router accepted the configuration.
+EXPORTER_FAILED = "failed to install Prometheus metrics exporter"
+
+
+def build(router_args: Any, result: dict[str, Any], *, validate: bool) -> None:
+    """Construct the Rust router and, with `validate`, run its own configuration validation
+    (the start of ``Router.start``), stopped before it serves anything by a Prometheus port
+    the checker holds. ``Router.from_args`` converts `router_args` in place, so the
+    exporter's address is set before it."""
+    from sglang_router.router import Router
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        if validate:
+            router_args.prometheus_host = "127.0.0.1"
+            router_args.prometheus_port = held.getsockname()[1]
+        result["stage"] = "build"
+        try:
+            router = Router.from_args(router_args)
+        except Exception as exc:
+            raise Rejected(f"{type(exc).__name__}: {clean(str(exc))}") from exc
+        if not validate:
+            return
+        result["stage"] = "validate"
+        try:
+            router.start()
+        except ValueError as exc:  # the validator's ConfigError
+            raise Rejected(f"{type(exc).__name__}: {clean(str(exc))}") from exc
+        except BaseException as exc:  # pyo3's PanicException derives from BaseException
+            if EXPORTER_FAILED in str(exc):
+                return
+            raise RuntimeError(f"the router stopped unexpectedly: {exc}") from exc
+    raise RuntimeError("the router's start returned although its exporter port was taken")
 
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:

@@ -187,6 +187,31 @@ def test_router_rejects_bad_bootstrap_port() -> None:
     assert "Invalid bootstrap port: x" in result.error
 
 
+def test_router_validation_refuses_power_of_two_for_one_decode_worker() -> None:
+    """The router's own configuration rules, as its start checks them: the command line that
+    parses and builds, but that sglang-router 0.3.2 refuses to start."""
+    argv = [
+        *ROUTER,
+        "--pd-disaggregation",
+        "--prefill", "http://10.0.1.1:30000", "8998",
+        "--prefill", "http://10.0.1.2:30000", "8998",
+        "--decode", "http://10.0.2.1:30000",
+        "--policy", "cache_aware",
+        "--decode-policy", "power_of_two",
+        "--host", "0.0.0.0",
+        "--port", "8000",
+    ]  # fmt: skip
+    result = check("sglang-router", argv)
+    assert not result.ok
+    assert result.stage == "validate"
+    assert "Power-of-two policy for decode requires at least 2 decode workers" in result.error
+    built = check("sglang-router", argv, options={"validate": False})
+    assert built.ok, built.error
+    argv.insert(argv.index("--decode") + 2, "--decode")
+    argv.insert(argv.index("--decode") + 3, "http://10.0.2.2:30000")
+    assert check("sglang-router", argv).ok
+
+
 # ---- vLLM ---------------------------------------------------------------------
 
 

@@ -1,9 +1,12 @@
 """Every metric the alert rules and dashboards read is one the pinned releases export: SGLang
-0.5.23's and vLLM 0.33.0's sources, sglang-router 0.3.2's binary, the pinned exporters' list."""
+0.5.23's and vLLM 0.33.0's sources, sglang-router 0.3.2's binary (only what it records in the
+HTTP mode every rendered router runs in: its help marks the gRPC-only ones), the pinned
+exporters' list."""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -14,15 +17,36 @@ from k2provision.plan.dashboards import panel_queries
 from tests.engine_parsers.runner import REPO_ROOT
 from tests.metric_names import (
     BUILTIN,
+    GRPC_ONLY,
+    binary_metric_help,
     binary_names,
     exporter_metrics,
     exposed,
     promql_metric_names,
+    router_http_names,
     site_packages,
     source_metrics,
 )
 
 pytestmark = pytest.mark.parsers
+
+
+def _router_binary() -> Path:
+    sglang_site = site_packages(REPO_ROOT / ".venv-sglang")
+    return next((sglang_site / "sglang_router").glob("sglang_router_rs*.so"))
+
+
+def test_the_routers_grpc_only_metrics_are_not_taken_for_http_ones() -> None:
+    """sglang-router 0.3.2 defines smg_router_ttft_seconds but records it for gRPC workers only
+    (its help text says so); the rendered router's workers are HTTP."""
+    binary = _router_binary()
+    help_texts = binary_metric_help(binary, "smg_")
+    assert GRPC_ONLY in help_texts["smg_router_ttft_seconds"]
+    assert GRPC_ONLY not in help_texts["smg_http_request_duration_seconds"]
+    assert "smg_router_ttft_seconds" in binary_names(binary, "smg_")
+    http = router_http_names(binary)
+    assert "smg_router_ttft_seconds" not in http
+    assert {"smg_router_requests_total", "smg_worker_health"} <= http
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +55,7 @@ def known() -> set[str]:
     vllm_site = site_packages(REPO_ROOT / ".venv-vllm")
     sglang = source_metrics(sglang_site / "sglang" / "srt", "sglang:")
     vllm = source_metrics(vllm_site / "vllm", "vllm:")
-    router_so = next((sglang_site / "sglang_router").glob("sglang_router_rs*.so"))
-    router = binary_names(router_so, "smg_")
+    router = router_http_names(_router_binary())
     # The sources hold the names the rules lean on, with their types:
     assert sglang["sglang:time_to_first_token_seconds"] == "histogram"
     assert sglang["sglang:token_usage"] == "gauge"

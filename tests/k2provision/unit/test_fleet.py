@@ -225,3 +225,42 @@ def test_restarting_a_host_widens_to_its_instance_only() -> None:
     assert set(restart_set(plan, ["gpu-d14"]).hosts) == decode_2
     assert set(restart_set(plan, ["decode-2"]).hosts) == decode_2
     assert set(restart_set(plan, ["decode"]).hosts) == {f"gpu-d{n:02d}" for n in range(1, 25)}
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "policies"),
+    [
+        (1, 2, ("round_robin", "power_of_two")),
+        (2, 1, ("power_of_two", "round_robin")),
+        (2, 2, ("power_of_two", "power_of_two")),
+    ],
+)
+def test_each_pd_pools_routing_policy_follows_its_instance_count(
+    tmp_path: Path, prefill: int, decode: int, policies: tuple[str, str]
+) -> None:
+    """sglang-router 0.3.2 refuses power_of_two for a pool of one worker; the prefill servers
+    run without a radix cache, so no pool is routed cache-aware."""
+    text = PD_FLEET.read_text()
+    text = text.replace("k2_prefill_instances=2", f"k2_prefill_instances={prefill}")
+    text = text.replace("k2_decode_instances=2", f"k2_decode_instances={decode}")
+    path = tmp_path / "inventory.ini"
+    path.write_text(text)
+    (router,) = _routers(_plan(path))
+    assert _flag_values(router.argv, "--policy", 1) == [policies[:1]]
+    assert _flag_values(router.argv, "--decode-policy", 1) == [policies[1:]]
+    assert "cache_aware" not in router.argv
+
+
+def test_the_plan_says_what_the_pd_routers_power_of_two_compares(tmp_path: Path) -> None:
+    """sglang 0.5.23 serves no /get_load, so power_of_two weighs the router's own in-flight
+    counts; the plan says so for the pools it balances, and not for single instances."""
+    (warning,) = [w for w in _plan(PD_FLEET).warnings if "power_of_two" in w]
+    assert "prefill and among the decode instances" in warning
+    assert "own count of requests in flight" in warning
+    assert "/get_load" in warning
+    path = _edited(tmp_path, PD_FLEET, "k2_prefill_instances=2", "k2_prefill_instances=1")
+    (warning,) = [w for w in _plan(path).warnings if "power_of_two" in w]
+    assert "among the decode instances" in warning
+    assert "prefill" not in warning
+    single = _edited(tmp_path, path, "k2_decode_instances=2", "k2_decode_instances=1")
+    assert not [w for w in _plan(single).warnings if "power_of_two" in w]

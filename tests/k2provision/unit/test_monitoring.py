@@ -22,6 +22,7 @@ from k2provision.plan.dcgm_counters import DCGM_COUNTERS, DCGM_COUNTERS_PATH, dc
 from k2provision.plan.inventory import load_cluster
 from k2provision.plan.monitoring import (
     exporters_of,
+    monitoring_files,
     prometheus_config,
     scrape_targets,
     where_line,
@@ -116,7 +117,8 @@ def test_ipv6_targets_are_bracketed() -> None:
 
 
 def test_config_and_rules_pass_promtool(tmp_path: Path) -> None:
-    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(alert_rules(), sort_keys=False))
+    rules = alert_rules(ib_devices={"n1": ("mlx5_0",)})
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
     config = prometheus_config(plan_of("sglang-pd-4p12d"), rule_files=("alerts.yml",))
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     checked = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
@@ -217,3 +219,18 @@ def test_the_dcgm_exporter_runs_with_exactly_the_fields_the_rules_and_dashboards
     assert rows[0] == "DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered."
     assert [row.split(", ")[0] for row in rows] == [field for field, _, _ in DCGM_COUNTERS]
     assert all(row.split(", ")[1] in ("gauge", "counter") for row in rows)
+
+
+def test_the_ib_port_rule_watches_the_plans_rdma_devices_only() -> None:
+    """Each host's k2_ib_devices, nothing else: a host's management NIC or unused HCA is not
+    the cluster's; a plan that names no devices gets no IB rule."""
+    plan = plan_of("sglang-pd-4p12d")
+    rules = yaml.safe_load(monitoring_files(plan)["alerts.yml"])["groups"][0]["rules"]
+    (ib,) = [r["expr"] for r in rules if r["alert"] == "K2IbPortDown"]
+    hosts = [h for h in plan.hosts if h.ib_devices]
+    assert hosts
+    assert ib.count("node_infiniband_state_id{") == len({h.ib_devices for h in hosts})
+    assert all(d in ib for h in hosts for d in h.ib_devices)
+    assert "node_infiniband_state_id !=" not in ib
+    bare = yaml.safe_load(monitoring_files(plan_of("sglang-tp"))["alerts.yml"])
+    assert "K2IbPortDown" not in {r["alert"] for r in bare["groups"][0]["rules"]}
