@@ -1,7 +1,8 @@
 """Action k2.cluster.launch_gate: wait for one launch stage's health gates on this host.
 
-Every ``delay`` seconds it runs one probe on the host (k2provision.ops.launch_gate.probe_command):
-the state of each of the host's processes in the stage and each of its health gates. It ends
+Every ``delay`` seconds it asks the host one batch of the registry's questions
+(k2provision.ops.launch_gate.probe): the state of each of the host's processes in the stage and
+each of its health gates (an https gate under the registry's one certificate policy). It ends
 
 - passed: every gate of this host answered (a host without gates in the stage waits, watching
   its processes, until every host with gates in the stage has ended);
@@ -103,12 +104,13 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
             if own_gates
             else lg.stage_timeout(plan, stage, hosts, cap) + 30
         )
-        command = lg.probe_command(procs, python)
+        asked = lg.probe(procs, str(plan.get("config_dir") or ""), python)
+        command = asked.script()
         passed: set[int] = set()
         started = time.monotonic()
         while True:
             elapsed = time.monotonic() - started
-            states, gates = lg.parse_probe(self._run(command))
+            states, gates = lg.read_probe(asked, self._run(command))
             bad: tuple[int, str] | None = None
             for i, proc in enumerate(procs):
                 state = states.get(i, lg.ProcState("missing"))
@@ -127,7 +129,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
                 ]
                 if late:
                     missed = own_gates[late[0]]
-                    last = gates.get(late[0]) or "no answer"
+                    answer = gates.get(late[0])
+                    last = answer.text if answer is not None else "no answer"
                     bad = (
                         late[0],
                         f"did not pass its health gate within {lg.gate_timeout(missed, cap)} s "
@@ -144,7 +147,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
                         "none of its own; the stage's gates are on " + (", ".join(waited_on) or "-")
                     )
                 )
-                log = self._run(lg.logs_command(proc)).splitlines()
+                log_batch, log_ticket = lg.logs_probe(proc)
+                log = list(log_batch.read(self._run(log_batch.script()))[log_ticket].lines)
                 _mark(markers, host, "failed")
                 result["k2_failure"] = lg.failure(host, proc, reason, gate_desc, log)
                 return result

@@ -12,7 +12,8 @@ from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
-from k2provision.plan.converge import everywhere, file_mode
+from k2provision.plan.converge import Difference, everywhere, file_mode
+from k2provision.plan.host_questions import hq
 from k2provision.plan.rollout import (
     RolloutWave,
     changed_instances,
@@ -74,18 +75,18 @@ def stale_containers(
     """Processes whose existing container is stopped, was made from another spec, or is named
     in `recreate` (a restart).
 
-    `inspect_results` are loop results of `docker container inspect NAME` that succeeded, on
-    `host` (the inventory host the tasks run for).
+    `inspect_results` are loop results of the registry's container question (its command,
+    ``docker container inspect NAME``) that succeeded, on `host` (the inventory host the tasks
+    run for); its reader reads them.
     """
     stale = []
     for result in inspect_results:
         process = result["item"]
-        info = json.loads(result["stdout"])[0]
-        labels = info.get("Config", {}).get("Labels") or {}
-        running = bool(info.get("State", {}).get("Running"))
+        question = hq.ContainerQuestion(str(process["container"]), LABEL_HASH)
+        state = question.read(hq.Answer(tuple(str(result["stdout"]).splitlines()), (), 0))
         if (
-            not running
-            or labels.get(LABEL_HASH) != docker_spec_hash(process, plan, host)
+            not state.running
+            or state.spec_hash != docker_spec_hash(process, plan, host)
             or process["container"] in (recreate or ())
         ):
             stale.append(process)
@@ -151,7 +152,9 @@ def rollout_order(
     no waves for a single instance or when no instance differs."""
     parsed = Plan.model_validate(plan)
     launch = {
-        host: list(((found or {}).get("phases") or {}).get("launch") or ())
+        host: [
+            Difference.from_json(d) for d in ((found or {}).get("found") or {}).get("launch") or ()
+        ]
         for host, found in looked.items()
     }
     waves = rollout_waves(parsed, changed_instances(parsed, launch), int(max_unavailable))
