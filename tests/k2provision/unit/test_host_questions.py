@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import shlex
 import socket
 import ssl
 import subprocess
@@ -21,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter import (
+    k2 as k2_filters,
+)
 from k2provision.core.inventory import load_cluster
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH
@@ -371,13 +373,51 @@ def test_questions_travel_to_the_look_module_and_records_back_as_json() -> None:
     }  # fmt: skip
 
 
-def test_the_container_question_is_the_launch_roles_inspect() -> None:
-    """The launch role's own inspect (no look: --full) asks the registry's command; the
-    stale_containers filter reads its answer with the registry's reader."""
-    import yaml
-
-    tasks = yaml.safe_load((ROOT / "roles" / "k2_launch" / "tasks" / "stage.yml").read_text())
-    (inspect,) = [t for t in tasks if "Inspect containers" in t["name"]]
-    item = "{{ item.container }}"
-    command = hq.ContainerQuestion(item, LABEL_HASH).command()
-    assert inspect["ansible.builtin.command"]["argv"] == shlex.split(command)
+def test_the_roles_ask_through_the_registry_and_read_its_records() -> None:
+    """The launch role without a look (a restart, --full), k2_stop and the monitoring
+    containers ask k2.cluster.host_ask the registry's questions; the filters read the records."""
+    plan = build_plan(load_cluster(ROOT / "inventory" / "examples" / "trtllm-tp-ep.ini"))
+    host = plan.hosts[0]
+    plain = plan.model_dump(mode="json")
+    procs = [p.model_dump(mode="json") for p in host.processes]
+    containers = [p for p in procs if not p["exec_in"]]
+    execs = [p for p in procs if p["exec_in"]]
+    asked = k2_filters.state_questions(procs)
+    assert set(asked) == {f"state {p['name']}" for p in procs}
+    assert all(hq.question_from_json(q) for q in asked.values())
+    current = {
+        f"state {p['name']}": hq.record_json(
+            hq.ContainerState(
+                True, True, "running", spec_hash=k2_filters.docker_spec_hash(p, plain, host.name)
+            )
+        )
+        for p in containers
+    }
+    assert k2_filters.stale_containers(containers, current, plain, host.name) == []
+    first = containers[0]
+    stopped = {**current, f"state {first['name']}": {**current[f"state {first['name']}"],
+                                                   "running": False}}  # fmt: skip
+    assert k2_filters.stale_containers(containers, stopped, plain, host.name) == [first]
+    assert k2_filters.stale_containers(containers, {}, plain, host.name) == containers
+    restarted = k2_filters.stale_containers(
+        containers, current, plain, host.name, [first["container"]]
+    )
+    assert restarted == [first]
+    running = {f"state {p['name']}": hq.record_json(hq.ExecState("running", 1)) for p in execs}
+    assert execs
+    assert k2_filters.stopped_processes(execs, running) == []
+    assert k2_filters.stopped_processes(execs, {}) == execs
+    found = k2_filters.container_questions(["k2-a", "k2-b"])
+    assert hq.question_from_json(found["container k2-a"]) == hq.ContainerQuestion(
+        "k2-a", LABEL_HASH
+    )
+    answers = {
+        "container k2-a": hq.record_json(hq.ContainerState(True, True, "running", image="img:1")),
+        "container k2-b": hq.record_json(hq.ContainerState(False)),
+    }
+    assert k2_filters.found_containers(answers) == [
+        {"name": "k2-a", "image": "img:1", "running": True}
+    ]
+    for role in ("k2_launch/tasks/stage.yml", "k2_stop/tasks/main.yml",
+                 "k2_monitoring/tasks/container.yml"):  # fmt: skip
+        assert "k2.cluster.host_ask:" in (ROOT / "roles" / role).read_text(), role

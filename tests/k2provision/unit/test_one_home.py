@@ -104,6 +104,21 @@ def test_only_the_registry_builds_a_host_question_or_reads_its_answer(what: str)
     assert found == sorted([str(REGISTRY.relative_to(ROOT)), *ELSEWHERE.get(what, [])])
 
 
+ROLE_ASKERS = {
+    "[docker, container, inspect": [],
+    "container inspect": [],
+    "kill -0": ["roles/k2_weights/tasks/stop.yml"],  # the weights relay's own pid, not a process
+    "--query-gpu": [],
+    "urlopen": [],
+}
+"""What no role or playbook asks a host its own way (they ask k2.cluster.host_ask)."""
+
+
+@pytest.mark.parametrize("text", sorted(ROLE_ASKERS))
+def test_no_role_or_playbook_asks_a_host_question_its_own_way(text: str) -> None:
+    assert holders(text, ansible_sources()) == ROLE_ASKERS[text]
+
+
 def test_the_guard_finds_a_second_implementation(tmp_path: Path) -> None:
     copy = tmp_path / "probe.py"
     copy.write_text(

@@ -84,6 +84,8 @@ class ContainerState:
     restarts: int | None = None
     spec_hash: str = ""
     """The value of the label the question named ("" when the container carries none)."""
+    image: str = ""
+    """The image it was made from, as named when it was made."""
     error: str = ""
     """The runtime's error when it failed for another reason than the container's absence."""
 
@@ -230,6 +232,7 @@ class ContainerQuestion(Question[ContainerState]):
             started_at=str(state.get("StartedAt") or ""),
             restarts=restarts if isinstance(restarts, int) else None,
             spec_hash=str(labels.get(self.label) or ""),
+            image=str((info.get("Config") or {}).get("Image") or ""),
         )
 
 
@@ -563,6 +566,21 @@ def render_answer(key: str, answer: Answer) -> str:
 
 END = f"{MARK} end\n"
 """The last line of a batch's answer."""
+
+
+def ask_json(questions: dict[str, Any], python: str) -> dict[str, Any]:
+    """Questions as :func:`question_json` wrote them, by key, asked here in one batch; each
+    key's record as JSON (what a module on the host answers). An https question is asked with
+    `python` (the module's own interpreter)."""
+    batch = Batch()
+    tickets = []
+    for key, data in sorted(questions.items()):
+        question = question_from_json(dict(data))
+        if isinstance(question, HttpQuestion):
+            question = dataclasses.replace(question, python=python)
+        tickets.append(batch.add(key, question))
+    answers = ask_here(batch)
+    return {t.key: record_json(answers[t]) for t in tickets}
 
 
 def ask_here(batch: Batch, timeout_s: float | None = None) -> Answers:

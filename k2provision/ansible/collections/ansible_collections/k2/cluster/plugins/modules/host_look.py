@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -59,20 +58,6 @@ options:
     default: ""
 author: k2provision
 """
-
-
-def _answers(questions: dict[str, Any]) -> dict[str, Any]:
-    """Every question asked in one script here; each key's record as JSON. An https gate is
-    asked with this module's own python."""
-    batch = hq.Batch()
-    tickets = []
-    for key, data in sorted(questions.items()):
-        question = hq.question_from_json(dict(data))
-        if isinstance(question, hq.HttpQuestion):
-            question = dataclasses.replace(question, python=sys.executable)
-        tickets.append(batch.add(key, question))
-    answers = hq.ask_here(batch)
-    return {t.key: hq.record_json(answers[t]) for t in tickets}
 
 
 def _stamp(path: str) -> dict[str, Any] | None:
@@ -199,7 +184,7 @@ def main() -> None:
         weights=_weights(str(weights.get("manifest") or ""), model_dir),
         mesh=_mesh(params["mesh_dir"]),
         docker=docker,
-        answers=_answers(params["questions"]),
+        answers=hq.ask_json(params["questions"], sys.executable),
         checkpoint=problems,
     )
 
