@@ -50,11 +50,20 @@ def code_strings(source: str) -> list[str]:
         for node in ast.walk(tree)
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
     }
-    return [
+    strings = [
         node.value
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
     ]
+    # An argv written as a list: ["docker", "container", "inspect", name] reads as its words.
+    strings += [
+        " ".join(
+            e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        )
+        for node in ast.walk(tree)
+        if isinstance(node, ast.List | ast.Tuple)
+    ]
+    return strings
 
 
 def builders(pattern: str, files: list[Path]) -> list[str]:
@@ -127,9 +136,12 @@ def test_the_guard_finds_a_second_implementation(tmp_path: Path) -> None:
         'state = run(f"docker container inspect {name}")\n'
         'alive = run(["docker", "exec", c, "sh", "-c", "kill -0 $(cat p)"])\n'
     )
+    argv = tmp_path / "argv.py"
+    argv.write_text('found = run(["docker", "container", "inspect", name])\n')
     assert builders(REGISTRY_ONLY["a container's state"], [copy]) == [str(copy)]
     assert builders(REGISTRY_ONLY["an exec'd process's liveness"], [copy]) == [str(copy)]
     assert builders(REGISTRY_ONLY["GPU memory"], [copy]) == []
+    assert builders(REGISTRY_ONLY["a container's state"], [argv]) == [str(argv)]
 
 
 def test_one_module_asks_the_hub_for_a_manifest() -> None:
