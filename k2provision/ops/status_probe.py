@@ -71,7 +71,11 @@ def status_probe(plan: Plan, host: HostPlan) -> StatusProbe:
     processes = {}
     for p in host.processes:
         gate = (
-            batch.add(f"gate {p.name}", gate_question(p, p.health, plan.config_dir))
+            batch.add(
+                f"gate {p.name}",
+                # Status answers within its probe's time: a gate's command gets a few seconds.
+                gate_question(p, p.health, plan.config_dir, command_timeout_s=hq.ANSWER_TIMEOUT_S),
+            )
             if p.health is not None
             else None
         )

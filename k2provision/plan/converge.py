@@ -1,13 +1,16 @@
 """Converge by difference: what a host should hold for its launch, and what differs. Pure.
 
 A first step of every apply (action ``k2.cluster.look``) asks each host, in one module call,
-about everything the plan places there: the sha256 and mode of each rendered file, each planned
-container (running or not, the spec hash label it carries), whether each exec'd process lives,
-what each health gate answers, and whether the model directory holds what the host's
-processes load. :func:`differences` compares that answer with the plan and names, per phase,
-what differs; a phase whose list is empty is converged on that host and its tasks are skipped
-there. A phase the look does not cover is never called converged (it runs every task, as
-without the look).
+about everything the plan places there, in the registry's questions (plan/host_questions.py,
+the same the launch gate and status ask): the sha256 and mode of each rendered file, each
+planned container (running or not, the spec hash label it carries), whether each exec'd
+process lives, what each health gate answers (an https gate under the one certificate
+policy), and whether the model directory holds what the host's processes load.
+:func:`differences` compares the records with the plan and names, per phase, what differs as
+typed :class:`Difference` records (subject, name, :class:`Drift`); the launch's repairs and a
+fleet's rollout decide on those, never on the words (:attr:`Difference.text`, for people). A
+phase whose list is empty is converged on that host and its tasks are skipped there. A phase
+the look does not cover is never called converged (it runs every task, as without the look).
 
 The same call reads what the other phases left: prepare, ssh_mesh and weights each write, at
 their end, a stamp (``STAMP_DIR/<phase>.json``) with the digest of their inputs (the plan and

@@ -39,13 +39,18 @@ def state_question(process: Process) -> hq.Question[hq.ContainerState | hq.ExecS
 
 
 def gate_question(
-    process: Process, gate: HealthGate, config_dir: str, python: str = "python3"
+    process: Process,
+    gate: HealthGate,
+    config_dir: str,
+    python: str = "python3",
+    command_timeout_s: float | None = None,
 ) -> hq.Question[hq.GateAnswer]:
     """What the process's health gate answers now: a GET of its URL on the host (under the
-    one certificate policy), or its command's exit status in the process's container."""
+    one certificate policy), or its command's exit status in the process's container (within
+    `command_timeout_s` where the asker must answer in time; None: the command bounds itself)."""
     if gate.url is not None:
         return hq.HttpQuestion(gate.url, gate_ca_file(config_dir), python)
-    return hq.CommandQuestion(process.container, tuple(gate.command))
+    return hq.CommandQuestion(process.container, tuple(gate.command), command_timeout_s)
 
 
 def log_question(

@@ -251,6 +251,10 @@ def test_a_command_gate_answers_its_exit_status_within_its_timeout(tmp_path: Pat
     assert passed == hq.GateAnswer(0)
     assert failed == hq.GateAnswer(3)
     assert slow == hq.GateAnswer(124)
+    # A gate's own command bounds itself (vLLM's Ray check takes up to a minute): the launch
+    # gate and the look wait for it; status, which must answer in time, bounds it.
+    assert hq.CommandQuestion("c", ("ray", "status")).command() == "docker exec c ray status"
+    assert hq.CommandQuestion("c", ("true",), 5).command() == "timeout 5 docker exec c true"
 
 
 def test_a_log_keeps_lines_that_look_like_markers_and_its_readers_exit_status(

@@ -290,16 +290,18 @@ class HttpQuestion(Question[GateAnswer]):
 
 @dataclass(frozen=True)
 class CommandQuestion(Question[GateAnswer]):
-    """The exit status of a command run in a container (within `timeout_s`: 124 past it)."""
+    """The exit status of a command run in a container; with `timeout_s`, 124 past it (None:
+    the command bounds itself, as a gate's command does)."""
 
     container: str
     argv: tuple[str, ...]
-    timeout_s: float = ANSWER_TIMEOUT_S
+    timeout_s: float | None = None
     kind: ClassVar[str] = "command"
 
     def command(self) -> str:
         argv = " ".join(q(a) for a in self.argv)
-        return f"timeout {self.timeout_s:g} docker exec {q(self.container)} {argv}"
+        bound = f"timeout {self.timeout_s:g} " if self.timeout_s is not None else ""
+        return f"{bound}docker exec {q(self.container)} {argv}"
 
     def read(self, answer: Answer) -> GateAnswer:
         return GateAnswer(answer.rc, "" if answer.rc is not None else "not asked")
