@@ -100,6 +100,18 @@ def read_probe(asked: Probe, stdout: str) -> tuple[dict[int, ProcState], dict[in
     return states, {i: answers[t] for i, t in asked.gates.items()}
 
 
+def hopeless(gate: HealthGate, answer: hq.GateAnswer | None) -> str:
+    """Why the gate's answer can never pass by waiting (its server answers with a certificate
+    the one certificate policy does not trust), else ""."""
+    if answer is None or not answer.untrusted:
+        return ""
+    return (
+        f"its health gate {gate.url} answers with a certificate that is not trusted "
+        f"({answer.reason}); fix: k2_tls_ca_file names the CA that signed k2_tls_cert_file, "
+        "and the certificate names the address in the URL"
+    )
+
+
 def gate_passed(gate: HealthGate, answer: hq.GateAnswer | None) -> bool:
     if answer is None:
         return False

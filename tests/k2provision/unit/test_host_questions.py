@@ -24,6 +24,8 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filt
     k2 as k2_filters,
 )
 from k2provision.core.inventory import load_cluster
+from k2provision.core.records import HealthGate
+from k2provision.ops import launch_gate
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH
 from k2provision.plan.host_questions import gate_ca_file, gate_question, hq, state_question
@@ -133,7 +135,12 @@ def test_an_https_gate_is_trusted_through_the_plans_private_ca_only(
     for untrusted in (without, absent):
         assert isinstance(untrusted, hq.GateAnswer)
         assert untrusted.code is None
-        assert "certificate" in untrusted.text.lower()
+        assert untrusted.untrusted
+        assert untrusted.text.startswith("certificate not trusted (")
+        gate = HealthGate(url=url)
+        assert "k2_tls_ca_file" in launch_gate.hopeless(gate, untrusted)
+    refused = hq.GateAnswer(None, "refused")
+    assert launch_gate.hopeless(HealthGate(url=url), refused) == ""
 
 
 def test_every_https_gate_of_a_plan_names_the_ca_the_launch_places() -> None:

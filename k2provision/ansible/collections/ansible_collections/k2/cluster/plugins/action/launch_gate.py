@@ -6,7 +6,8 @@ each of its health gates (an https gate under the registry's one certificate pol
 
 - passed: every gate of this host answered (a host without gates in the stage waits, watching
   its processes, until every host with gates in the stage has ended);
-- failed: one of its processes exited (reported at once, with its exit code) or a gate did not
+- failed: one of its processes exited (reported at once, with its exit code), an https gate
+  answered with a certificate the one policy does not trust (at once), or a gate did not
   pass within its timeout (the plan's, or ``timeout_cap`` when smaller): ``k2_failure`` names
   the process, the reason and the gate, with the process's last 50 log lines;
 - aborted: another host of the stage failed first (``k2_aborted_by``).
@@ -119,6 +120,10 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
                     break
                 if state.state == "starting" and proc.exec_in and elapsed > lg.PID_GRACE_S:
                     bad = (i, f"did not start within {lg.PID_GRACE_S:g} s (no pid file)")
+                    break
+                untrusted = lg.hopeless(own_gates[i], gates.get(i)) if i in own_gates else ""
+                if untrusted:
+                    bad = (i, untrusted)
                     break
             passed |= {i for i, g in own_gates.items() if lg.gate_passed(g, gates.get(i))}
             if bad is None:

@@ -51,11 +51,17 @@ HTTP_PROBE = (
     "except u.HTTPError as e:\n"
     "    print(e.code)\n"
     "except Exception as e:\n"
-    "    print('no answer', getattr(e, 'reason', e))\n"
+    "    r = getattr(e, 'reason', e)\n"
+    "    if isinstance(r, ssl.SSLCertVerificationError):\n"
+    "        print('untrusted', r.verify_message or r)\n"
+    "    else:\n"
+    "        print('no answer', r)\n"
 )
 """The one certificate policy of every https question: the certificate must be trusted by
 the host's system store or by the CA file the question names (the plan's private CA where
-the launch placed one), for the URL's host name. A plain http URL is asked as it is."""
+the launch placed one), for the URL's host name. A plain http URL is asked as it is. A
+certificate that fails the check answers `untrusted <why>`: the server answers, but no wait
+makes it pass."""
 
 
 # ---------------------------------------------------------------- answers and records
@@ -111,16 +117,21 @@ class ExecState:
 @dataclass(frozen=True)
 class GateAnswer:
     """What a health gate answered: an HTTP status or a command's exit status (`code`), or
-    no answer and why."""
+    no answer and why; `untrusted`: the server answered with a certificate the policy does not
+    trust (it will not pass by waiting)."""
 
     code: int | None
     reason: str = ""
+    untrusted: bool = False
 
     @property
     def text(self) -> str:
-        """The answer in words: `200`, `1`, or `no answer (<reason>)`."""
+        """The answer in words: `200`, `1`, `no answer (<reason>)` or `certificate not trusted
+        (<reason>)`."""
         if self.code is not None:
             return str(self.code)
+        if self.untrusted:
+            return f"certificate not trusted ({self.reason})"
         return f"no answer ({self.reason})" if self.reason else "no answer"
 
     def passes(self, expected: int) -> bool:
@@ -282,6 +293,8 @@ class HttpQuestion(Question[GateAnswer]):
             return GateAnswer(int(text))
         if answer.rc is None:
             return GateAnswer(None, "not asked")
+        if text.startswith("untrusted"):
+            return GateAnswer(None, text.removeprefix("untrusted").strip(), untrusted=True)
         reason = text.removeprefix("no answer").strip()
         if not text:
             reason = " ".join(answer.err).strip()[:200] or f"the probe exited {answer.rc}"
