@@ -22,7 +22,6 @@ from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, load_plan
 from k2provision.commands.params import InventoryArg
 from k2provision.errors import ArgumentError
 from k2provision.ops.connect import SshTarget
-from k2provision.ops.host_probe import MARK, log_command, log_section, parse_sections
 from k2provision.ops.log_sources import LogSource, select_sources, since_problem
 from k2provision.ops.remote import (
     Stream,
@@ -31,6 +30,7 @@ from k2provision.ops.remote import (
     ssh_inventory,
 )
 from k2provision.ops.status_probe import plain_line
+from k2provision.plan.host_questions import hq, log_question
 from k2provision.run.cancel import Interrupted, exit_code, stopping
 from k2provision.run.display import print_warnings
 
@@ -62,10 +62,16 @@ def emit(label: str, line: str, pattern: re.Pattern[str] | None) -> None:
         sys.stdout.flush()
 
 
-def snapshot_script(sources: list[LogSource], tail: int | None, since: str | None) -> str:
-    """The one script a host runs for `logs` without --follow: a marked section a process."""
-    lines = [log_section(s.process.name, log_command(s.process, tail, since)) for s in sources]
-    return "\n".join([*lines, f"echo '{MARK} end'"]) + "\n"
+def snapshot_probe(
+    sources: list[LogSource], tail: int | None, since: str | None
+) -> tuple[hq.Batch, dict[str, hq.Ticket[hq.LogTail]]]:
+    """What a host is asked for `logs` without --follow: each process's log, in one batch."""
+    batch = hq.Batch()
+    asked = {
+        s.label: batch.add(f"log {s.process.name}", log_question(s.process, tail, since))
+        for s in sources
+    }
+    return batch, asked
 
 
 def snapshot(ask: LogRequest) -> int:
@@ -74,8 +80,9 @@ def snapshot(ask: LogRequest) -> int:
     by_host: dict[str, list[LogSource]] = {}
     for source in sources:
         by_host.setdefault(source.host, []).append(source)
+    probes = {h: snapshot_probe(s, ask.tail, ask.since) for h, s in by_host.items()}
     replies = run_all(
-        {h: (targets[h], snapshot_script(s, ask.tail, ask.since)) for h, s in by_host.items()},
+        {h: (targets[h], batch.script()) for h, (batch, _) in probes.items()},
         timeout=SNAPSHOT_TIMEOUT_S,
     )
     problems: list[str] = []
@@ -84,17 +91,19 @@ def snapshot(ask: LogRequest) -> int:
         if not reply.reached:
             problems.append(f"{host}: unreachable: {reply.unreachable}")
             continue
-        sections = parse_sections(reply.stdout)
+        batch, asked = probes[host]
+        answers = batch.read(reply.stdout)
         for source in host_sources:
-            section = sections.get(("log", source.process.name))
-            if section is None:
+            ticket = asked[source.label]
+            if ticket.key not in answers.raw:
                 problems.append(f"{source.label}: no answer")
                 continue
-            if section.rc not in (0, None):
-                last = section.text[-1] if section.text else ""
-                problems.append(f"{source.label}: reading the log failed ({section.rc}): {last}")
+            log = answers[ticket]
+            if log.rc not in (0, None):
+                last = log.lines[-1] if log.lines else ""
+                problems.append(f"{source.label}: reading the log failed ({log.rc}): {last}")
                 continue
-            for line in section.text:
+            for line in log.lines:
                 emit(source.label, line, pattern)
     print_warnings(problems)
     return EXIT_FAILED if problems else EXIT_OK
@@ -104,7 +113,10 @@ def follow(ask: LogRequest) -> int:
     """Every process streamed at once until Ctrl-C (exit 0) or every stream ends."""
     pattern = ask.pattern
     streams = {
-        s.label: Stream(ask.targets[s.host], log_command(s.process, ask.tail, ask.since, True))
+        s.label: Stream(
+            ask.targets[s.host],
+            log_question(s.process, ask.tail, ask.since).stream_command(follow=True),
+        )
         for s in ask.sources
     }
     # Ctrl-C, SIGTERM or SIGHUP end a follow cleanly: follow_all closes every SSH session on

@@ -1,8 +1,9 @@
 """`k2provision status INVENTORY [--format json] [--watch [SECONDS]]`: what runs where, now.
 
-Every host at once, one SSH round trip each (remote.py, status_probe.py): per planned process
-its container's state and uptime, drift against the plan's spec hash, its health gate now,
-restarts and the last error-looking log line, and per host the GPU memory in use. Then the
+Every host at once, one SSH round trip each (remote.py; status_probe.py asks the registry's
+questions): per planned process its container's state and uptime, drift against the plan's
+spec hash, its health gate now, restarts and the last error-looking log line, and per host the
+GPU memory in use. Then the
 endpoint: /v1/models, and for PD the router's /readiness and workers. Exit 0 only when every
 planned process runs its planned spec and the endpoint answers; 1 otherwise, one line per host
 naming what is wrong; 2 for bad input. Each run writes a record (status.json, summary.json).
@@ -159,7 +160,7 @@ def gather(
     missing = [h.name for h in plan.hosts if h.name not in targets]
     if missing:
         raise K2Error([f"{name}: in the plan but not in the inventory's hosts" for name in missing])
-    commands = {h.name: (targets[h.name], probe_script(h)) for h in plan.hosts}
+    commands = {h.name: (targets[h.name], probe_script(plan, h)) for h in plan.hosts}
     with ThreadPoolExecutor(max_workers=1) as pool:
         endpoint = pool.submit(endpoint_status, plan, access or EndpointAccess())
         replies = run_all(commands, timeout=PROBE_TIMEOUT_S)

@@ -103,9 +103,9 @@ def endpoint_url(tunables: Tunables, address: str, port: int, path: str = "") ->
 
 
 def endpoint_gate(tunables: Tunables, address: str, port: int, path: str) -> HealthGate:
-    """The endpoint's health gate, https where it serves TLS: the probe asks whether it
-    answers, not whether its certificate is trusted (ops/host_probe.py; verify checks that
-    against k2_tls_ca_file)."""
+    """The endpoint's health gate, https where it serves TLS: asked on the host under the
+    registry's one certificate policy (the host's trust store and the CA the launch places
+    there for k2_tls_ca_file; module_utils/host_questions.py)."""
     return HealthGate(
         url=endpoint_url(tunables, address, port, path), timeout_s=tunables.health_timeout_s
     )

@@ -1,9 +1,10 @@
 """Waiting on a launch stage's health gates while watching its processes. Pure.
 
-k2.cluster.launch_gate (an action plugin) runs one probe per poll on a host: the state of each
-of the host's processes in the stage (a container's status and exit code, or whether an exec'd
-process's pid is alive) and, for each of its health gates, the HTTP status of the URL or the
-exit status of the command. This module builds that probe, reads its answer, and words the
+k2.cluster.launch_gate (an action plugin) asks a host once per poll, in one batch of the
+registry's questions (plan/host_questions.py): the state of each of the host's processes in
+the stage (a container's status and exit code, or whether an exec'd process's pid is alive)
+and, for each of its health gates, the HTTP status of the URL or the exit status of the
+command. This module builds that batch, reads its records, and words the
 failure: a process that exited is reported at once, not after the gate's timeout, and a gate
 that times out is named with its URL or command and timeout. Either way the process's last log
 lines come with it.
@@ -13,15 +14,13 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from k2provision.core.records import HealthGate, Process
-from k2provision.ops.host_probe import exec_liveness, log_command, log_source, url_probe
+from k2provision.plan.host_questions import gate_question, hq, log_question, state_question
 
 LOG_LINES = 50
-# Container states that mean "not started yet" rather than "gone".
-STARTING_STATES = frozenset({"created", "configured", "initialized"})
 # An exec'd process whose pid file is still missing after this long never started.
 PID_GRACE_S = 15.0
 
@@ -60,63 +59,69 @@ def gate_timeout(gate: HealthGate, cap_s: int) -> int:
     return min(gate.timeout_s, cap_s) if cap_s > 0 else gate.timeout_s
 
 
-def probe_command(processes: Sequence[Process], python: str = "python3") -> str:
-    """One shell command printing `S<i> <state> [<code>]` per process and `G<i> <result>` per
-    health gate (an HTTP status, `no answer <reason>`, or a command's exit status)."""
-    parts: list[str] = []
+@dataclass(frozen=True)
+class Probe:
+    """One poll's questions: each process's state and each of its health gates, by index."""
+
+    batch: hq.Batch
+    states: tuple[hq.Ticket[hq.ContainerState | hq.ExecState], ...]
+    gates: Mapping[int, hq.Ticket[hq.GateAnswer]] = field(default_factory=dict)
+
+    def script(self) -> str:
+        return self.batch.script()
+
+
+def probe(processes: Sequence[Process], config_dir: str, python: str = "python3") -> Probe:
+    """The batch asking, per process, its state and its health gate's answer."""
+    batch = hq.Batch()
+    states: list[hq.Ticket[hq.ContainerState | hq.ExecState]] = []
+    gates: dict[int, hq.Ticket[hq.GateAnswer]] = {}
     for i, p in enumerate(processes):
-        container = shlex.quote(p.container)
-        if p.exec_in:
-            parts.append(f"echo S{i} $({exec_liveness(p)})")
-        else:
-            parts.append(
-                f"echo S{i} $(docker container inspect -f "
-                f"{shlex.quote('{{.State.Status}} {{.State.ExitCode}}')} {container} "
-                "2>/dev/null || echo missing)"
-            )
-        gate = p.health
-        if gate is None:
-            continue
-        if gate.url is not None:
-            probe = url_probe(gate.url, python)
-            parts.append(f'echo G{i} "$({probe} 2>/dev/null || echo error probe)"')
-        else:
-            parts.append(
-                f"docker exec {container} {shlex.join(gate.command)} >/dev/null 2>&1; echo G{i} $?"
-            )
-    return "; ".join(parts) if parts else "true"
+        states.append(batch.add(f"state {i}", state_question(p)))
+        if p.health is not None:
+            gates[i] = batch.add(f"gate {i}", gate_question(p, p.health, config_dir, python))
+    return Probe(batch, tuple(states), gates)
 
 
-def parse_probe(stdout: str) -> tuple[dict[int, ProcState], dict[int, str]]:
-    """(process index -> state, gate index -> result) from a probe's output."""
-    states: dict[int, ProcState] = {}
-    gates: dict[int, str] = {}
-    for line in stdout.splitlines():
-        words = line.split()
-        if len(words) < 2 or len(words[0]) < 2 or not words[0][1:].isdigit():
-            continue
-        index = int(words[0][1:])
-        if words[0][0] == "S":
-            state = words[1]
-            state = "starting" if state in STARTING_STATES else state
-            code = words[2] if len(words) > 2 and state not in {"running", "starting"} else ""
-            states[index] = ProcState(state, code)
-        elif words[0][0] == "G":
-            gates[index] = " ".join(words[1:])
-    return states, gates
+def proc_state(record: hq.ContainerState | hq.ExecState) -> ProcState:
+    """A process's state record as the gate judges it."""
+    if isinstance(record, hq.ExecState):
+        return ProcState(record.state)
+    phase = record.phase
+    if phase in {"running", "starting", "missing"} or record.exit_code is None:
+        return ProcState(phase)
+    return ProcState(phase, str(record.exit_code))
 
 
-def gate_passed(gate: HealthGate, result: str | None) -> bool:
-    if result is None:
+def read_probe(asked: Probe, stdout: str) -> tuple[dict[int, ProcState], dict[int, hq.GateAnswer]]:
+    """(process index -> state, gate index -> answer) from a poll's output."""
+    answers = asked.batch.read(stdout)
+    states = {i: proc_state(answers[t]) for i, t in enumerate(asked.states)}
+    return states, {i: answers[t] for i, t in asked.gates.items()}
+
+
+def hopeless(gate: HealthGate, answer: hq.GateAnswer | None) -> str:
+    """Why the gate's answer can never pass by waiting (its server answers with a certificate
+    the one certificate policy does not trust), else ""."""
+    if answer is None or not answer.untrusted:
+        return ""
+    return (
+        f"its health gate {gate.url} answers with a certificate that is not trusted "
+        f"({answer.reason}); fix: k2_tls_ca_file names the CA that signed k2_tls_cert_file, "
+        "and the certificate names the address in the URL"
+    )
+
+
+def gate_passed(gate: HealthGate, answer: hq.GateAnswer | None) -> bool:
+    if answer is None:
         return False
-    if gate.url is not None:
-        return result == str(gate.expect_status)
-    return result == "0"
+    return answer.passes(gate.expect_status if gate.url is not None else 0)
 
 
-def logs_command(process: Process, lines: int = LOG_LINES) -> str:
+def logs_probe(process: Process, lines: int = LOG_LINES) -> tuple[hq.Batch, hq.Ticket[hq.LogTail]]:
     """The process's last `lines` log lines: its container's log, or an exec'd process's file."""
-    return f"{log_command(process, lines)} 2>&1"
+    batch = hq.Batch()
+    return batch, batch.add("log", log_question(process, lines))
 
 
 def failure(
@@ -131,11 +136,11 @@ def failure(
     shown = list(log_lines)[-LOG_LINES:]
     details = [
         f"gate: {gate}",
-        f"last {len(shown)} log lines ({log_source(process)}):",
+        f"last {len(shown)} log lines ({log_question(process).source}):",
         *(f"  | {line}" for line in shown),
     ]
     if not shown:
-        details[-1] = f"no log lines ({log_source(process)} is empty or unreadable)"
+        details[-1] = f"no log lines ({log_question(process).source} is empty or unreadable)"
     return {
         "host": host,
         "process": process.name,

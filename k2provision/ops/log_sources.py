@@ -1,6 +1,6 @@
 """Which planned processes `logs TARGET` reads, and which --since it takes. Pure.
 
-The commands that read them are host_probe.log_command's.
+The commands that read them are the registry's log question's (plan/host_questions.py).
 """
 
 from __future__ import annotations

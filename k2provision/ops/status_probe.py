@@ -1,21 +1,18 @@
 """What `status` asks each host, and what the answer means. Pure.
 
-One shell script per host (`probe_script`) gathers everything in one SSH round trip: the host's
-clock, GPU memory (nvidia-smi, when the host has it), and per planned process its container
-(`docker container inspect`), whether an exec'd process is alive, its health gate now, and the
-tail of its log. Each part is a section that starts with a marker line; `parse_sections` splits
-the answer and `host_status` judges it against the plan: state, uptime, drift (the container's
-spec-hash label against the plan's), gate, restarts, the last error-looking log line, and one
-problem line per thing that is wrong.
+One batch of the registry's questions per host (plan/host_questions.py; one SSH round trip):
+the host's clock, GPU memory (nvidia-smi, when the host has it), the GPU health gate's checks,
+and per planned process its state (its container, or whether an exec'd process is alive), its
+health gate now, and the tail of its log. `host_status` judges the records against the plan:
+state, uptime, drift (the container's spec-hash label against the plan's), gate, restarts,
+the last error-looking log line, and one problem line per thing that is wrong.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -23,20 +20,12 @@ from typing import Any
 from k2provision.core.facts import FACTS, FactParseError, parse_ibstat
 from k2provision.core.gpu_health import host_gpu_health
 from k2provision.core.records import HealthGate, HostPlan, Plan, Process
-from k2provision.ops.host_probe import (
-    MARK,
-    Section,
-    exec_liveness,
-    log_command,
-    log_section,
-    parse_liveness,
-    parse_sections,
-    url_probe,
-)
-from k2provision.plan.containers import LABEL_HASH, spec_hash
+from k2provision.plan.containers import spec_hash
+from k2provision.plan.host_questions import gate_question, hq, log_question, state_question
+
+GpuMemory = hq.GpuMemory
 
 LOG_TAIL = 200
-GATE_TIMEOUT_S = 5
 _ERROR_LINE = re.compile(
     r"\b(error|exception|traceback|fatal|panic|failed|refused|killed|oom)\b", re.IGNORECASE
 )
@@ -44,61 +33,63 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
-def _q(word: str) -> str:
-    return shlex.quote(word)
+@dataclass(frozen=True)
+class ProcessTickets:
+    """What `status` asks about one planned process."""
+
+    state: hq.Ticket[hq.ContainerState | hq.ExecState]
+    gate: hq.Ticket[hq.GateAnswer] | None
+    log: hq.Ticket[hq.LogTail]
 
 
-def _gate_command(process: Process, gate: HealthGate) -> str:
-    if gate.url is not None:
-        return f"{url_probe(gate.url, timeout_s=GATE_TIMEOUT_S)} 2>&1; echo '{MARK} rc 0'"
-    argv = " ".join(_q(a) for a in gate.command)
-    return (
-        f"timeout {GATE_TIMEOUT_S} docker exec {_q(process.container)} {argv} >/dev/null 2>&1; "
-        f'echo "{MARK} rc $?"'
+@dataclass(frozen=True)
+class StatusProbe:
+    """The questions `status` asks one host, in one batch."""
+
+    batch: hq.Batch
+    clock: hq.Ticket[hq.Clock]
+    gpus: hq.Ticket[hq.GpuMemories]
+    xids: hq.Ticket[hq.ToolOutput]
+    smi_xml: hq.Ticket[hq.ToolOutput]
+    nvlink: hq.Ticket[hq.ToolOutput]
+    ibstat: hq.Ticket[hq.ToolOutput] | None
+    processes: Mapping[str, ProcessTickets]
+
+
+def status_probe(plan: Plan, host: HostPlan) -> StatusProbe:
+    """Every question `status` asks `host`."""
+    batch = hq.Batch()
+    clock = batch.add("clock", hq.ClockQuestion())
+    gpus = batch.add("gpus", hq.GpuMemoryQuestion())
+    # The GPU health gate's checks, now: fatal XIDs since boot, ECC and row remaps, NVLinks.
+    xids = batch.add("xids", hq.ToolQuestion(FACTS["kernel_xids"].argv))
+    smi_xml = batch.add("smi-xml", hq.ToolQuestion(("nvidia-smi", "-q", "-x")))
+    nvlink = batch.add("nvlink", hq.ToolQuestion(FACTS["nvlink"].argv))
+    ibstat = (  # the preflight gate's RDMA port state, now
+        batch.add("ibstat", hq.ToolQuestion(FACTS["ibstat"].argv)) if host.ib_devices else None
     )
-
-
-def probe_script(host: HostPlan) -> str:
-    """The one script `status` runs on `host`: every section it needs, each after a marker."""
-    lines = [
-        # Where the container runtime's errors go, for the inspect sections' error part.
-        "k2_err=$(mktemp) && trap 'rm -f \"$k2_err\"' EXIT || k2_err=/dev/null",
-        f'echo "{MARK} now $(date +%s)"',
-        "if command -v nvidia-smi >/dev/null 2>&1; then "
-        f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
-        "--format=csv,noheader,nounits 2>&1; "
-        f"else echo '{MARK} no-gpus'; fi",
-        # The GPU health gate's checks, now: fatal XIDs since boot, ECC and row remaps.
-        f"echo '{MARK} xids'; {shlex.join(FACTS['kernel_xids'].argv)} 2>/dev/null",
-        "if command -v nvidia-smi >/dev/null 2>&1; then "
-        f"echo '{MARK} smi-xml'; nvidia-smi -q -x 2>/dev/null; "
-        f"echo '{MARK} nvlink'; {shlex.join(FACTS['nvlink'].argv)} 2>/dev/null; fi",
-    ]
-    if host.ib_devices:  # the preflight gate's RDMA port state, now
-        lines.append(
-            f"if command -v ibstat >/dev/null 2>&1; then echo '{MARK} ibstat'; "
-            f"{shlex.join(FACTS['ibstat'].argv)} 2>/dev/null; fi"
-        )
+    processes = {}
     for p in host.processes:
-        name = _q(p.name)
-        if p.exec_in:
-            lines.append(f"echo '{MARK} alive {name}'; {exec_liveness(p)}; echo \"{MARK} rc 0\"")
-        else:
-            # The JSON goes to the section, the runtime's error to one of its own (podman warns
-            # on stderr even when the inspect succeeds): "no such container" is a missing
-            # container, any other error a failed look, and status says which.
-            inspect = f'docker container inspect {_q(p.container)} 2>"$k2_err"'
-            lines.append(
-                f"k2_out=$({inspect}); k2_rc=$?; "
-                f"echo '{MARK} inspect {name}'; printf '%s\\n' \"$k2_out\"; "
-                f'echo "{MARK} rc $k2_rc"; [ "$k2_rc" = 0 ] || '
-                f"{{ echo '{MARK} inspect-error {name}'; cat \"$k2_err\"; }}"
+        gate = (
+            batch.add(
+                f"gate {p.name}",
+                # Status answers within its probe's time: a gate's command gets a few seconds.
+                gate_question(p, p.health, plan.config_dir, command_timeout_s=hq.ANSWER_TIMEOUT_S),
             )
-        if p.health is not None:
-            lines.append(f"echo '{MARK} gate {name}'; {_gate_command(p, p.health)}")
-        lines.append(log_section(p.name, log_command(p, LOG_TAIL)))
-    lines.append(f"echo '{MARK} end'")
-    return "\n".join(lines) + "\n"
+            if p.health is not None
+            else None
+        )
+        processes[p.name] = ProcessTickets(
+            state=batch.add(f"state {p.name}", state_question(p)),
+            gate=gate,
+            log=batch.add(f"log {p.name}", log_question(p, LOG_TAIL)),
+        )
+    return StatusProbe(batch, clock, gpus, xids, smi_xml, nvlink, ibstat, processes)
+
+
+def probe_script(plan: Plan, host: HostPlan) -> str:
+    """The one script `status` runs on `host`."""
+    return status_probe(plan, host).batch.script()
 
 
 def parse_time(text: str) -> float | None:
@@ -148,15 +139,6 @@ def human_duration(seconds: int | None) -> str:
     if minutes:
         return f"{minutes}m{secs}s"
     return f"{secs}s"
-
-
-@dataclass(frozen=True)
-class GpuMemory:
-    """One GPU's memory, as nvidia-smi reports it (MiB)."""
-
-    index: int
-    used_mib: int
-    total_mib: int
 
 
 @dataclass(frozen=True)
@@ -222,111 +204,67 @@ class HostStatus:
         }
 
 
-def parse_gpus(section: Section | None) -> tuple[GpuMemory, ...] | None:
-    """nvidia-smi's `index, memory.used, memory.total` CSV -> GPUs (None: no nvidia-smi)."""
-    if section is None:
-        return None
-    gpus = []
-    for line in section.text:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and all(p.isdigit() for p in parts):
-            gpus.append(GpuMemory(int(parts[0]), int(parts[1]), int(parts[2])))
-    return tuple(gpus)
-
-
-def _gate_verdict(gate: HealthGate | None, section: Section | None) -> str:
+def _gate_verdict(gate: HealthGate | None, answer: hq.GateAnswer | None) -> str:
     if gate is None:
         return "-"
-    if section is None:
+    if answer is None:
         return "failing: not probed"
     if gate.url is not None:
-        got = " ".join(section.text).strip()
-        if got == str(gate.expect_status):
+        if answer.passes(gate.expect_status):
             return "ok"
-        if got.isdigit():
-            return f"failing: HTTP {got} (expected {gate.expect_status})"
-        reason = got.removeprefix("no answer").strip()
-        return f"failing: no answer ({reason})" if reason else "failing: no answer"
-    if section.rc == 0:
+        if answer.code is not None:
+            return f"failing: HTTP {answer.code} (expected {gate.expect_status})"
+        return f"failing: {answer.text}"
+    if answer.passes(0):
         return "ok"
-    return f"failing: {' '.join(gate.command)} exited {section.rc}"
+    return f"failing: {' '.join(gate.command)} exited {answer.code}"
 
 
 def _container_status(
-    plan: Plan,
-    host: HostPlan,
-    process: Process,
-    sections: dict[tuple[str, str], Section],
-    now: float | None,
-    error: str | None,
+    planned: str, state: hq.ContainerState, now: int | None
 ) -> tuple[str, int | None, str, str, int | None]:
-    """(state, uptime, spec, running hash, restarts) of a process that is a container;
-    `error`: inspect_error's answer for it."""
-    planned = spec_hash(plan.container, process, host.files)
-    section = sections.get(("inspect", process.name))
-    if section is None:
-        return "unknown", None, "-", "", None
-    if section.rc != 0:
-        return ("missing" if error is None else "unknown"), None, "-", "", None
-    try:
-        info = json.loads("\n".join(section.text))[0]
-    except (ValueError, IndexError, KeyError):
-        return "unknown", None, "-", "", None
-    state = info.get("State") or {}
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    running_hash = str(labels.get(LABEL_HASH, ""))
-    started = parse_time(str(state.get("StartedAt", "")))
-    running = bool(state.get("Running"))
-    uptime = round(now - started) if running and now is not None and started is not None else None
-    restarts = info.get("RestartCount")
+    """(state, uptime, spec, running hash, restarts) of a process that is a container."""
+    if not state.found:
+        return ("unknown" if state.error else "missing"), None, "-", "", None
+    started = parse_time(state.started_at)
+    uptime = (
+        round(now - started) if state.running and now is not None and started is not None else None
+    )
     return (
-        "running" if running else str(state.get("Status") or "stopped"),
+        "running" if state.running else state.status or "stopped",
         uptime,
-        "current" if running_hash == planned else "drift",
-        running_hash,
-        int(restarts) if isinstance(restarts, int) else None,
+        "current" if state.spec_hash == planned else "drift",
+        state.spec_hash,
+        state.restarts,
     )
 
 
-def inspect_error(sections: dict[tuple[str, str], Section], process: Process) -> str | None:
-    """The runtime's error when the look at `process`'s container failed for another reason
-    than its absence; None when it did not fail or the container is not there."""
-    section = sections.get(("inspect-error", process.name))
-    if section is None:
-        return None
-    text = " ".join(line.strip() for line in section.text if line.strip())
-    if not text or "no such container" in text.lower() or "no such object" in text.lower():
-        return None
-    return text if len(text) <= 200 else text[:199] + "…"
-
-
 def process_status(
-    plan: Plan, host: HostPlan, process: Process, sections: dict[tuple[str, str], Section]
+    plan: Plan,
+    host: HostPlan,
+    process: Process,
+    answers: hq.Answers,
+    asked: ProcessTickets,
+    now: int | None,
 ) -> ProcessStatus:
-    """Judge one planned process from its host's probe sections."""
-    now_section = sections.get(("now", ""))
-    now = float(now_section.text[0]) if now_section and now_section.text[0].isdigit() else None
+    """Judge one planned process from its host's answers."""
     planned = spec_hash(plan.container, process, host.files)
     problems: list[str] = []
     where = f"{host.name}: {process.name} ({process.container})"
-    if process.exec_in:
-        alive = sections.get(("alive", process.name))
-        liveness, started = parse_liveness(" ".join(alive.text) if alive else "")
-        running = liveness == "running"
+    record = answers[asked.state]
+    if isinstance(record, hq.ExecState):
+        running = record.state == "running"
         state = "running" if running else "not running"
-        uptime = int(now - started) if running and now and started is not None else None
+        uptime = now - record.started if running and now and record.started is not None else None
         spec, running_hash, restarts = "-", "", None
         if not running:
             problems.append(f"{where}: exec'd process is not running")
     else:
-        error = inspect_error(sections, process)
-        state, uptime, spec, running_hash, restarts = _container_status(
-            plan, host, process, sections, now, error
-        )
+        state, uptime, spec, running_hash, restarts = _container_status(planned, record, now)
         if state == "missing":
             problems.append(f"{where}: container is missing")
-        elif error is not None:
-            problems.append(f"{where}: docker container inspect failed: {error}")
+        elif record.error:
+            problems.append(f"{where}: docker container inspect failed: {record.error}")
         elif state != "running":
             problems.append(f"{where}: container is {state}")
         if spec == "drift":
@@ -334,10 +272,10 @@ def process_status(
                 f"{where}: drift: container runs spec {running_hash or '(no label)'}, "
                 f"the plan's is {planned}; fix: k2provision apply"
             )
-    gate = _gate_verdict(process.health, sections.get(("gate", process.name)))
+    gate = _gate_verdict(process.health, answers[asked.gate] if asked.gate else None)
     if gate.startswith("failing") and state == "running":
         problems.append(f"{where}: health gate {gate}")
-    log = sections.get(("log", process.name))
+    log = answers[asked.log]
     return ProcessStatus(
         host=host.name,
         process=process.name,
@@ -350,52 +288,55 @@ def process_status(
         running_hash=running_hash,
         gate=gate,
         restarts=restarts,
-        last_error=last_error_line(log.text) if log and log.rc == 0 else "",
+        last_error=last_error_line(list(log.lines)) if log.rc == 0 else "",
         problems=tuple(problems),
     )
 
 
 def host_status(plan: Plan, host: HostPlan, output: str) -> HostStatus:
-    """A reached host's probe answer, judged against its part of the plan."""
-    sections = parse_sections(output)
-    if ("end", "") not in sections:
+    """A reached host's answer to `status_probe`, judged against its part of the plan."""
+    asked = status_probe(plan, host)
+    answers = asked.batch.read(output)
+    if not answers.complete:
         return HostStatus(host.name, host.role, unreachable="the probe's answer was cut short")
+    now = answers[asked.clock].now
+    gpus = answers[asked.gpus]
     return HostStatus(
         host=host.name,
         role=host.role,
-        gpus=parse_gpus(sections.get(("gpus", ""))),
-        processes=tuple(process_status(plan, host, p, sections) for p in host.processes),
-        gpu_health=gpu_health_now(host.name, sections),
-        ib_ports=ib_ports_now(host, sections),
+        gpus=gpus.gpus if gpus.present else None,
+        processes=tuple(
+            process_status(plan, host, p, answers, asked.processes[p.name], now)
+            for p in host.processes
+        ),
+        gpu_health=gpu_health_now(host.name, answers, asked),
+        ib_ports=ib_ports_now(host, answers[asked.ibstat] if asked.ibstat else None),
     )
 
 
-def gpu_health_now(host: str, sections: dict[tuple[str, str], Section]) -> tuple[str, ...]:
-    """The GPU health gate's verdict from the probe's kernel-log and nvidia-smi sections."""
-    xids = sections.get(("xids", ""))
-    smi = sections.get(("smi-xml", ""))
-    smi_xml = "\n".join(smi.text) if smi is not None and smi.text else None
-    nvlink = sections.get(("nvlink", ""))
+def gpu_health_now(host: str, answers: hq.Answers, asked: StatusProbe) -> tuple[str, ...]:
+    """The GPU health gate's verdict from the kernel log and nvidia-smi's answers."""
+    smi = answers[asked.smi_xml]
+    nvlink = answers[asked.nvlink]
     try:
         verdict = host_gpu_health(
             host,
-            kernel_log="\n".join(xids.text) if xids else "",
-            smi_xml=smi_xml,
-            nvlink_status="\n".join(nvlink.text) if nvlink is not None else None,
+            kernel_log=answers[asked.xids].text,
+            smi_xml=smi.text if smi.present and smi.text else None,
+            nvlink_status=nvlink.text if nvlink.present else None,
         )
     except ET.ParseError as exc:
         return (f"nvidia-smi -q -x is unreadable ({exc}): run it on {host}",)
     return verdict.problems
 
 
-def ib_ports_now(host: HostPlan, sections: dict[tuple[str, str], Section]) -> tuple[str, ...]:
+def ib_ports_now(host: HostPlan, ibstat: hq.ToolOutput | None) -> tuple[str, ...]:
     """The preflight gate's RDMA check, now: each planned device of `host` without an Active
     port (nothing where the host names no device or has no ibstat)."""
-    section = sections.get(("ibstat", ""))
-    if not host.ib_devices or section is None:
+    if not host.ib_devices or ibstat is None or not ibstat.present:
         return ()
     try:
-        ports = parse_ibstat("\n".join(section.text))
+        ports = parse_ibstat(ibstat.text)
     except FactParseError as exc:
         return (f"ibstat is unreadable ({exc}): run it on {host.name}",)
     found = []

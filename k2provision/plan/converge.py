@@ -1,13 +1,16 @@
 """Converge by difference: what a host should hold for its launch, and what differs. Pure.
 
 A first step of every apply (action ``k2.cluster.look``) asks each host, in one module call,
-about everything the plan places there: the sha256 and mode of each rendered file, each planned
-container (running or not, the spec hash label it carries), whether each exec'd process lives,
-what each health gate answers, and whether the model directory holds what the host's
-processes load. :func:`differences` compares that answer with the plan and names, per phase,
-what differs; a phase whose list is empty is converged on that host and its tasks are skipped
-there. A phase the look does not cover is never called converged (it runs every task, as
-without the look).
+about everything the plan places there, in the registry's questions (plan/host_questions.py,
+the same the launch gate and status ask): the sha256 and mode of each rendered file, each
+planned container (running or not, the spec hash label it carries), whether each exec'd
+process lives, what each health gate answers (an https gate under the one certificate
+policy), and whether the model directory holds what the host's processes load.
+:func:`differences` compares the records with the plan and names, per phase, what differs as
+typed :class:`Difference` records (subject, name, :class:`Drift`); the launch's repairs and a
+fleet's rollout decide on those, never on the words (:attr:`Difference.text`, for people). A
+phase whose list is empty is converged on that host and its tasks are skipped there. A phase
+the look does not cover is never called converged (it runs every task, as without the look).
 
 The same call reads what the other phases left: prepare, ssh_mesh and weights each write, at
 their end, a stamp (``STAMP_DIR/<phase>.json``) with the digest of their inputs (the plan and
@@ -41,13 +44,17 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import PurePath
-from typing import Any
+from typing import Any, TypeVar
 
 from k2provision.core.records import HealthGate, HostPlan, Plan
 from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.plan.assemble import plan_digest
-from k2provision.plan.containers import LABEL_HASH, exec_pid_path, spec_hash
+from k2provision.plan.containers import exec_pid_path, spec_hash
+from k2provision.plan.host_questions import gate_question, hq, state_question
+
+RecordT = TypeVar("RecordT")
 
 __all__ = [
     "CHECK_PHASES",
@@ -56,12 +63,16 @@ __all__ = [
     "PHASE_ROLES",
     "PHASE_TAGS",
     "STAMP_DIR",
+    "Difference",
+    "Drift",
     "HostExpectation",
+    "difference_lines",
     "differences",
     "everywhere",
     "expected_state",
     "file_mode",
     "inputs_digest",
+    "look_questions",
     "look_request",
     "repairs",
     "selected",
@@ -122,6 +133,79 @@ def content_hash(content: str) -> str:
     return hashlib.sha256(content.encode()).hexdigest()
 
 
+class Drift(StrEnum):
+    """How a thing on a host differs from the plan: what decisions compare (never a message)."""
+
+    MISSING = "missing"
+    CONTENT = "content"
+    MODE = "mode"
+    STOPPED = "stopped"
+    OTHER_SPEC = "other_spec"
+    NOT_ANSWERING = "not_answering"
+    GATE = "gate"
+    PROBLEM = "problem"
+    STAMP_MISSING = "stamp_missing"
+    STAMP_CHANGED = "stamp_changed"
+    OTHER_ID = "other_id"
+    NOT_INSTALLED = "not_installed"
+    NOT_LOADED = "not_loaded"
+
+
+DRIFT_WORDS = {
+    Drift.MISSING: "missing",
+    Drift.CONTENT: "content differs from the plan",
+    Drift.MODE: "mode differs from the plan",
+    Drift.STOPPED: "not running",
+    Drift.OTHER_SPEC: "made from another spec",
+    Drift.NOT_ANSWERING: "not answering",
+    Drift.GATE: "health gate failing",
+    Drift.PROBLEM: "differs from the plan",
+    Drift.STAMP_MISSING: "missing (the phase has not run to its end here)",
+    Drift.STAMP_CHANGED: "the plan or the phase's variables changed since",
+    Drift.OTHER_ID: "another image ID",
+    Drift.NOT_INSTALLED: "not installed",
+    Drift.NOT_LOADED: "not loaded",
+}
+"""Each drift in words, where a difference brings no words of its own."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One thing on a host that differs from the plan: what (`subject`: file, container,
+    process, docker, model dir, stamp, package, image, kernel module, mesh, weights), which
+    one (`name`), how (`drift`). Decisions (the launch's repairs, a fleet's rollout) compare
+    those; `detail` (the facts in words, rendered from the typed values) and :attr:`text`
+    are for people only."""
+
+    subject: str
+    name: str
+    drift: Drift
+    detail: str = ""
+
+    @property
+    def text(self) -> str:
+        """The difference as the look shows it: ``<subject> <name>: <words>``."""
+        where = f"{self.subject} {self.name}" if self.name else self.subject
+        return f"{where}: {self.detail or DRIFT_WORDS[self.drift]}"
+
+    def as_json(self) -> dict[str, str]:
+        return {
+            "subject": self.subject,
+            "name": self.name,
+            "drift": self.drift.value,
+            "detail": self.detail,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Difference:
+        return cls(
+            str(data["subject"]),
+            str(data["name"]),
+            Drift(str(data["drift"])),
+            str(data.get("detail") or ""),
+        )
+
+
 @dataclass(frozen=True)
 class HostExpectation:
     """What the plan places on one host, in the terms the look answers in."""
@@ -135,8 +219,9 @@ class HostExpectation:
     """exec'd process name -> (its container, its pid file inside it)."""
     gates: Mapping[str, HealthGate]
     """process name -> its health gate (a converged process passes it)."""
-    gate_containers: Mapping[str, str]
-    """process name -> the container a command gate runs in."""
+    questions: Mapping[str, hq.Question[Any]]
+    """What the look asks about the launch's processes, by key (``state NAME``, ``gate
+    NAME``): the registry's questions, as the launch gate and status ask them."""
     model_dir: str
     need: str | None
     """What the model directory must hold: checkpoint, directory, or None (no processes)."""
@@ -197,7 +282,14 @@ def expected_state(
         },
         execs={p.name: (p.container, exec_pid_path(p)) for p in entry.processes if p.exec_in},
         gates={p.name: p.health for p in entry.processes if p.health is not None},
-        gate_containers={p.name: p.container for p in entry.processes if p.health is not None},
+        questions={
+            **{f"state {p.name}": state_question(p) for p in entry.processes},
+            **{
+                f"gate {p.name}": gate_question(p, p.health, plan.config_dir)
+                for p in entry.processes
+                if p.health is not None
+            },
+        },
         model_dir=plan.model_dir,
         need=need,
         stamps={phase: inputs_digest(plan, phase, variables) for phase in PHASE_ROLES},
@@ -211,97 +303,123 @@ def expected_state(
     )
 
 
+def look_questions(expected: HostExpectation) -> dict[str, hq.Question[Any]]:
+    """Every registry question the look asks the host, by key: the launch's processes and
+    gates, each rendered file (``file PATH``) and each mesh file (``mesh NAME``)."""
+    mesh_files = sorted([*MESH_MODES, *(p.rsplit("/", 1)[1] for p in expected.mesh_configs)])
+    return {
+        **{f"file {path}": hq.FileQuestion(path) for path in sorted(expected.files)},
+        **{f"mesh {name}": hq.FileQuestion(f"{expected.mesh_dir}/{name}") for name in mesh_files},
+        **dict(sorted(expected.questions.items())),
+    }
+
+
 def look_request(expected: HostExpectation) -> dict[str, Any]:
     """The arguments of module k2.cluster.host_look for this host."""
     return {
-        "files": sorted(expected.files),
-        "containers": sorted(expected.containers),
-        "execs": [
-            {"name": name, "container": container, "pid_file": pid}
-            for name, (container, pid) in sorted(expected.execs.items())
-        ],
-        "gates": [
-            {
-                "name": name,
-                "url": gate.url or "",
-                "command": list(gate.command),
-                "container": expected.gate_containers[name],
-            }
-            for name, gate in sorted(expected.gates.items())
-        ],
-        "label": LABEL_HASH,
+        "questions": {
+            key: hq.question_json(question) for key, question in look_questions(expected).items()
+        },
         "model_dir": expected.model_dir,
         "need": expected.need or "none",
         "stamp_dir": STAMP_DIR,
         "stamps": sorted(expected.stamps),
         "mesh_dir": expected.mesh_dir,
-        "mesh_files": sorted([*MESH_MODES, *(p.rsplit("/", 1)[1] for p in expected.mesh_configs)]),
     }
 
 
-def _file_differences(expected: HostExpectation, seen: Mapping[str, Any]) -> list[str]:
-    lines = []
+def _record(cls: type[RecordT], answers: Mapping[str, Any], key: str) -> RecordT | None:
+    """The look's answer to one question, as its record (None: not answered)."""
+    return hq.record_from_json(cls, answers.get(key))
+
+
+def _file_differences(expected: HostExpectation, answers: Mapping[str, Any]) -> list[Difference]:
+    found: list[Difference] = []
     for path, (digest, mode) in sorted(expected.files.items()):
-        found = seen.get(path)
-        if not isinstance(found, Mapping):
-            lines.append(f"file {path}: missing")
-        elif found.get("sha256") != digest:
-            lines.append(f"file {path}: content differs from the plan")
-        elif found.get("mode") != mode:
-            lines.append(f"file {path}: mode {found.get('mode')}, planned {mode}")
-    return lines
+        held = _record(hq.FileDigest, answers, f"file {path}")
+        if held is None:
+            found.append(Difference("file", path, Drift.MISSING))
+        elif held.sha256 != digest:
+            found.append(Difference("file", path, Drift.CONTENT))
+        elif held.mode != mode:
+            found.append(Difference("file", path, Drift.MODE, f"mode {held.mode}, planned {mode}"))
+    return found
 
 
-def _container_differences(expected: HostExpectation, seen: Mapping[str, Any]) -> list[str]:
-    lines = []
+def _container_differences(
+    expected: HostExpectation, answers: Mapping[str, Any]
+) -> list[Difference]:
+    found: list[Difference] = []
+    names = {q.container: key for key, q in expected.questions.items()
+             if isinstance(q, hq.ContainerQuestion)}  # fmt: skip
     for name, digest in sorted(expected.containers.items()):
-        found = seen.get(name)
-        if not isinstance(found, Mapping):
-            lines.append(f"container {name}: missing")
-        elif not found.get("running"):
-            lines.append(f"container {name}: not running")
-        elif found.get("hash") != digest:
-            lines.append(f"container {name}: made from another spec ({found.get('hash')})")
-    return lines
+        state = _record(hq.ContainerState, answers, names.get(name, ""))
+        if state is None or not state.found:
+            found.append(Difference("container", name, Drift.MISSING))
+        elif not state.running:
+            found.append(Difference("container", name, Drift.STOPPED))
+        elif state.spec_hash != digest:
+            found.append(
+                Difference(
+                    "container",
+                    name,
+                    Drift.OTHER_SPEC,
+                    f"made from another spec ({state.spec_hash or None})",
+                )
+            )
+    return found
 
 
 def _gate_text(gate: HealthGate) -> str:
     return f"GET {gate.url}" if gate.url is not None else f"`{' '.join(gate.command)}`"
 
 
-def _gate_expects(gate: HealthGate) -> str:
+def _gate_expects(gate: HealthGate) -> int:
     """What a passing gate answers: the HTTP status, or a command's exit status 0."""
-    return str(gate.expect_status) if gate.url is not None else "0"
+    return gate.expect_status if gate.url is not None else 0
 
 
-def differences(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Per looked-at phase, what on the host differs from the plan, one line each (empty:
-    converged). `observed` is what k2.cluster.host_look answered."""
-    launch = _file_differences(expected, observed.get("files") or {})
+def _process_differences(expected: HostExpectation, answers: Mapping[str, Any]) -> list[Difference]:
+    found: list[Difference] = []
+    for name, (container, _) in sorted(expected.execs.items()):
+        alive = _record(hq.ExecState, answers, f"state {name}")
+        if alive is None or alive.state != "running":
+            found.append(Difference("process", name, Drift.STOPPED, f"not running in {container}"))
+    for name, gate in sorted(expected.gates.items()):
+        answer = _record(hq.GateAnswer, answers, f"gate {name}")
+        if answer is None or not answer.passes(_gate_expects(gate)):
+            said = answer.text if answer is not None else "nothing"
+            found.append(
+                Difference(
+                    "process", name, Drift.GATE, f"health gate {_gate_text(gate)} answered {said}"
+                )
+            )
+    return found
+
+
+def differences(
+    expected: HostExpectation, observed: Mapping[str, Any]
+) -> dict[str, list[Difference]]:
+    """Per looked-at phase, what on the host differs from the plan (empty: converged).
+    `observed` is what k2.cluster.host_look answered."""
+    answers = observed.get("answers") or {}
+    launch = _file_differences(expected, answers)
     if (expected.containers or expected.execs) and not observed.get("docker"):
-        launch.append("docker: not answering")
-    launch += _container_differences(expected, observed.get("containers") or {})
-    alive = observed.get("execs") or {}
+        launch.append(Difference("docker", "", Drift.NOT_ANSWERING))
+    launch += _container_differences(expected, answers)
+    launch += _process_differences(expected, answers)
     launch += [
-        f"process {name}: not running in {container}"
-        for name, (container, _) in sorted(expected.execs.items())
-        if not alive.get(name)
+        Difference("model dir", expected.model_dir, Drift.PROBLEM, str(p))
+        for p in observed.get("checkpoint") or ()
     ]
-    answers = observed.get("gates") or {}
-    launch += [
-        f"process {name}: health gate {_gate_text(gate)} answered {answers.get(name, 'nothing')}"
-        for name, gate in sorted(expected.gates.items())
-        if str(answers.get(name)) != _gate_expects(gate)
-    ]
-    launch += [f"model dir {expected.model_dir}: {p}" for p in observed.get("checkpoint") or ()]
     stamps = observed.get("stamps") or {}
     return {
-        "prepare": _stamp_differences(expected, "prepare", stamps)
+        "prepare": _stamp_differences("prepare", expected, stamps)
         + _prepare_differences(stamps.get("prepare"), observed),
-        "ssh_mesh": _stamp_differences(expected, "ssh_mesh", stamps)
-        + _mesh_differences(expected, observed.get("mesh") or {}),
+        "ssh_mesh": _stamp_differences("ssh_mesh", expected, stamps)
+        + _mesh_differences(expected, observed.get("mesh") or {}, answers),
         "weights": (
-            _stamp_differences(expected, "weights", stamps)
+            _stamp_differences("weights", expected, stamps)
             + _weights_differences(expected, observed.get("weights"))
             if expected.weights
             else []
@@ -310,18 +428,24 @@ def differences(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[
     }
 
 
+def difference_lines(found: Mapping[str, Sequence[Difference]]) -> dict[str, list[str]]:
+    """Per phase, its differences in words (for people: the look's output, --check)."""
+    return {phase: [d.text for d in diffs] for phase, diffs in found.items()}
+
+
 def _stamp_differences(
-    expected: HostExpectation, phase: str, stamps: Mapping[str, Any]
-) -> list[str]:
+    phase: str, expected: HostExpectation, stamps: Mapping[str, Any]
+) -> list[Difference]:
     stamp = stamps.get(phase)
+    where = f"{STAMP_DIR}/{phase}.json"
     if not isinstance(stamp, Mapping):
-        return [f"stamp {STAMP_DIR}/{phase}.json: missing (the phase has not run to its end here)"]
+        return [Difference("stamp", where, Drift.STAMP_MISSING)]
     if stamp.get("digest") != expected.stamps[phase]:
-        return [f"stamp {STAMP_DIR}/{phase}.json: the plan or the phase's variables changed since"]
+        return [Difference("stamp", where, Drift.STAMP_CHANGED)]
     return []
 
 
-def _prepare_differences(stamp: Any, observed: Mapping[str, Any]) -> list[str]:
+def _prepare_differences(stamp: Any, observed: Mapping[str, Any]) -> list[Difference]:
     """The packages, images and kernel modules the prepare stamp says the phase holds, as
     found. A package counts by name: the roles install any version (``state: present``), so
     a version the host moved to is not theirs to put back."""
@@ -329,23 +453,25 @@ def _prepare_differences(stamp: Any, observed: Mapping[str, Any]) -> list[str]:
         return []
     packages = observed.get("packages") or {}
     modules = observed.get("modules") or {}
-    lines = []
+    found: list[Difference] = []
     for name in stamp.get("packages") or ():
-        found = packages.get(name)
-        if not isinstance(found, Mapping) or not str(found.get("status", "")).startswith("ii"):
-            lines.append(f"package {name}: not installed")
+        held = packages.get(name)
+        if not isinstance(held, Mapping) or not str(held.get("status", "")).startswith("ii"):
+            found.append(Difference("package", str(name), Drift.NOT_INSTALLED))
     images = observed.get("images") or {}
     for ref, image_id in sorted((stamp.get("images") or {}).items()):
         if ref not in images:
-            lines.append(f"image {ref}: missing")
+            found.append(Difference("image", ref, Drift.MISSING))
         elif images[ref] != image_id:
-            lines.append(f"image {ref}: ID {images[ref]}, held {image_id}")
-    lines += [
-        f"kernel module {name}: not loaded"
+            found.append(
+                Difference("image", ref, Drift.OTHER_ID, f"ID {images[ref]}, held {image_id}")
+            )
+    found += [
+        Difference("kernel module", str(name), Drift.NOT_LOADED)
         for name in stamp.get("modules") or ()
         if not modules.get(name)
     ]
-    return lines
+    return found
 
 
 def _key(text: str) -> str:
@@ -353,42 +479,67 @@ def _key(text: str) -> str:
     return " ".join(text.split()[:2])
 
 
-def _mesh_differences(expected: HostExpectation, mesh: Mapping[str, Any]) -> list[str]:
+def _mesh_differences(
+    expected: HostExpectation, mesh: Mapping[str, Any], answers: Mapping[str, Any]
+) -> list[Difference]:
     """The mesh's keys and configurations on this host, as the role leaves them."""
-    files = mesh.get("files") or {}
-    lines = []
+    found: list[Difference] = []
     for name, mode in sorted(MESH_MODES.items()):
-        found = files.get(name)
+        held = _record(hq.FileDigest, answers, f"mesh {name}")
         path = f"{expected.mesh_dir}/{name}"
-        if not isinstance(found, Mapping):
-            lines.append(f"mesh {path}: missing")
-        elif found.get("mode") != mode:
-            lines.append(f"mesh {path}: mode {found.get('mode')}, planned {mode}")
+        if held is None:
+            found.append(Difference("mesh", path, Drift.MISSING))
+        elif held.mode != mode:
+            found.append(Difference("mesh", path, Drift.MODE, f"mode {held.mode}, planned {mode}"))
     for path, digest in sorted(expected.mesh_configs.items()):
-        found = files.get(path.rsplit("/", 1)[1])
-        if isinstance(found, Mapping) and found.get("sha256") != digest:
-            lines.append(f"mesh {path}: content differs from the plan")
-        elif not isinstance(found, Mapping):
-            lines.append(f"mesh {path}: missing")
-    if lines:
-        return lines
+        held = _record(hq.FileDigest, answers, f"mesh {path.rsplit('/', 1)[1]}")
+        if held is None:
+            found.append(Difference("mesh", path, Drift.MISSING))
+        elif held.sha256 != digest:
+            found.append(Difference("mesh", path, Drift.CONTENT))
+    if found:
+        return found
     key = _key(str(mesh.get("public") or ""))
+    mesh_dir = expected.mesh_dir
     if not key or key != _key(str(mesh.get("private_public") or "")):
-        lines.append(f"mesh {expected.mesh_dir}/id_ed25519: its public half is not id_ed25519.pub")
+        found.append(
+            Difference(
+                "mesh",
+                f"{mesh_dir}/id_ed25519",
+                Drift.PROBLEM,
+                "its public half is not id_ed25519.pub",
+            )
+        )
     if "controller_public" in mesh and _key(str(mesh["controller_public"] or "")) != key:
-        lines.append(
-            f"mesh {expected.mesh_dir}/id_ed25519.pub: not the cluster's key on the controller"
+        found.append(
+            Difference(
+                "mesh",
+                f"{mesh_dir}/id_ed25519.pub",
+                Drift.PROBLEM,
+                "not the cluster's key on the controller",
+            )
         )
     authorized = [_key(line.removeprefix("restrict ")) for line in _lines(mesh, "authorized_keys")]
     if authorized != [key]:
-        lines.append(f"mesh {expected.mesh_dir}/authorized_keys: does not hold the mesh key only")
+        found.append(
+            Difference(
+                "mesh",
+                f"{mesh_dir}/authorized_keys",
+                Drift.PROBLEM,
+                "does not hold the mesh key only",
+            )
+        )
     pinned = [_key(line.split(None, 1)[-1]) for line in _lines(mesh, "known_hosts")]
     if len(pinned) != expected.mesh_hosts or _key(str(mesh.get("host_public") or "")) not in pinned:
-        lines.append(
-            f"mesh {expected.mesh_dir}/known_hosts: pins {len(pinned)} host keys, planned "
-            f"{expected.mesh_hosts} with this host's own"
+        found.append(
+            Difference(
+                "mesh",
+                f"{mesh_dir}/known_hosts",
+                Drift.PROBLEM,
+                f"pins {len(pinned)} host keys, planned {expected.mesh_hosts} with this host's own",
+            )
         )
-    return lines
+    return found
 
 
 def _lines(mesh: Mapping[str, Any], name: str) -> list[str]:
@@ -397,24 +548,38 @@ def _lines(mesh: Mapping[str, Any], name: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def _weights_differences(expected: HostExpectation, weights: Any) -> list[str]:
+def _weights_differences(expected: HostExpectation, weights: Any) -> list[Difference]:
     """What the model directory holds of the manifest the weights phase distributed."""
     if not isinstance(weights, Mapping):
-        return [f"weights: no manifest of an earlier distribution on {expected.host}"]
+        return [
+            Difference(
+                "weights",
+                "",
+                Drift.MISSING,
+                f"no manifest of an earlier distribution on {expected.host}",
+            )
+        ]
+    drifts = {"missing": Drift.MISSING, "wrong": Drift.CONTENT, "unverified": Drift.PROBLEM}
     return [
-        f"weights {expected.model_dir}/{name}: {why}"
-        for why in ("missing", "wrong", "unverified")
+        Difference("weights", f"{expected.model_dir}/{name}", drift, why)
+        for why, drift in drifts.items()
         for name in sorted(weights.get(why) or ())
     ]
 
 
-def repairs(expected: HostExpectation, observed: Mapping[str, Any]) -> dict[str, list[str]]:
-    """What the launch writes and recreates on the host: the files whose content or mode
-    differs or that are missing, and the containers missing, stopped or of another spec."""
-    differing = {line.split(":", 1)[0] for line in differences(expected, observed)["launch"]}
+REPAIRED = {Drift.MISSING, Drift.CONTENT, Drift.MODE, Drift.STOPPED, Drift.OTHER_SPEC}
+"""The drifts the launch repairs by writing a file or recreating a container."""
+
+
+def repairs(launch: Sequence[Difference]) -> dict[str, list[str]]:
+    """What the launch writes and recreates on the host, from its launch differences: the
+    files missing or whose content or mode differs, and the containers missing, stopped or
+    of another spec."""
     return {
-        "files": [p for p in sorted(expected.files) if f"file {p}" in differing],
-        "containers": [c for c in sorted(expected.containers) if f"container {c}" in differing],
+        "files": sorted({d.name for d in launch if d.subject == "file" and d.drift in REPAIRED}),
+        "containers": sorted(
+            {d.name for d in launch if d.subject == "container" and d.drift in REPAIRED}
+        ),
     }
 
 

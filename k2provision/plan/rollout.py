@@ -1,6 +1,7 @@
 """A fleet's rolling change: which instances a new spec replaces, and in what order. Pure.
 
-The look (plan/converge.py) says, per host, which containers differ from the plan. In a
+The look (plan/converge.py) says, per host, which containers differ from the plan, as typed
+differences (a re-specced container is ``Drift.OTHER_SPEC``; no decision reads their words). In a
 fleet (a pool of several instances behind one router) a changed instance is replaced while
 the others serve: :func:`changed_instances` groups the differing containers by the instance
 that runs them, and :func:`rollout_waves` orders those instances into waves of at most
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from k2provision.core.records import Plan, PoolPlan
+from k2provision.plan.converge import Difference, Drift
 
 __all__ = [
     "RolloutWave",
@@ -68,22 +70,20 @@ def _instance_containers(plan: Plan, instance: PoolPlan) -> dict[str, set[str]]:
     }
 
 
-def _respecced_containers(lines: Sequence[str]) -> set[str]:
-    """The containers a host's look lines find running another spec (``container NAME: made
-    from another spec``). A missing or stopped container serves nothing: the launch starts it."""
-    return {
-        line.split(":", 1)[0].removeprefix("container ")
-        for line in lines
-        if line.startswith("container ") and ": made from another spec" in line
-    }
+def _respecced_containers(found: Sequence[Difference]) -> set[str]:
+    """The containers a host's look finds running another spec. A missing or stopped
+    container serves nothing: the launch starts it."""
+    return {d.name for d in found if d.subject == "container" and d.drift is Drift.OTHER_SPEC}
 
 
-def changed_instances(plan: Plan, differences: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+def changed_instances(
+    plan: Plan, differences: Mapping[str, Sequence[Difference]]
+) -> tuple[str, ...]:
     """The fleet's instances a container of which runs another spec than the plan's, in the
     plan's order.
 
-    `differences` is, per host, the look's launch lines (k2_converge.phases.launch); a host
-    the look did not answer for is left out of it.
+    `differences` is, per host, the look's launch differences (k2_converge.found.launch); a
+    host the look did not answer for is left out of it.
     """
     changed = []
     for instance in fleet_instances(plan):
@@ -118,7 +118,7 @@ def restarted_instances(plan: Plan, containers: Mapping[str, Sequence[str]]) -> 
 
 
 def rollout_waves(
-    plan: Plan, changed: Sequence[str], max_unavailable: int = 1
+    plan: Plan, changed: Sequence[str], max_unavailable: int
 ) -> tuple[RolloutWave, ...]:
     """The order `changed` instances are replaced in: waves of at most `max_unavailable`,
     one pool at a time, in the plan's order. A wave takes at most N-1 of a pool's N instances

@@ -6,8 +6,10 @@ endpoint through an SSH port forward, and bench running sglang's real pinned ben
 in the engine image on the router's host (the stand-in image that carries that client,
 `localhost/k2-standin:lab-client`, as the cluster's `k2_image`). The endpoint answers
 401 without the key and 200 with it, over TLS checked against the lab CA; neither the key nor
-the TLS private key is in any run record. A host that cannot be reached is named with the
-setting that failed.
+the TLS private key is in any run record. Applied a second time, the cluster is found
+converged: the look's https health gate trusts the lab CA (the registry's one certificate
+policy), so nothing differs and nothing changes. A host that cannot be reached is named with
+the setting that failed.
 
 Stream `lab-fleet` (scripts/test), which has the time for the client image (about 6 GB: torch's
 CUDA build, which the client imports): its own lab instance (`side_instance`: the stream's name
@@ -35,7 +37,7 @@ import k2lab as lab_api
 from k2lab.standin import CLIENT_IMAGE, build_standin_client
 from tests.lab_support import side_instance
 from tests.pd_lab import k2
-from tests.runners import on_host
+from tests.runners import newest_record, on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet]
 
@@ -157,6 +159,32 @@ def test_the_hosts_refuse_ssh_from_the_controller_and_answer_through_the_bastion
     assert refused.returncode == 255
     assert "Connection refused" in refused.stderr
     assert on_host(state, "lab1", "hostname").strip() == "lab1"
+
+
+def test_a_second_apply_finds_the_tls_cluster_converged(cluster: tuple[Any, Path, Path]) -> None:
+    """The router's health gate is https with a certificate of the lab's private CA: the look
+    asks it under the one certificate policy (the CA the launch placed on the host), so the
+    second apply finds every phase converged and changes nothing."""
+    _, inventory, work = cluster
+    again = cli(work, "apply", str(inventory))
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
+    record = newest_record(work / "runs")
+    looked = {}
+    for path in (record / "artifacts").glob("*/job_events/*.json"):
+        event = json.loads(path.read_text())
+        data = event.get("event_data") or {}
+        result = data.get("res") or {}
+        if event.get("event") == "runner_on_ok" and "skipped_phases" in result:
+            looked[str(data["host"])] = result
+    assert sorted(looked) == ["lab1", "lab2"]
+    for host, result in looked.items():
+        assert result["differences"] == [], (host, result["differences"])
+        assert "launch" in result["skipped_phases"], host
+    summary = json.loads((record / "summary.json").read_text())
+    assert {name: int(h.get("changed", 0)) for name, h in summary["hosts"].items()} == {
+        "lab1": 0,
+        "lab2": 0,
+    }
 
 
 def test_status_logs_restart_and_verify_reach_the_hosts_through_the_bastion(

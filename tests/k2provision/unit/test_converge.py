@@ -15,7 +15,6 @@ import pytest
 
 from k2provision.core.records import Plan
 from k2provision.plan.assemble import build_plan
-from k2provision.plan.containers import LABEL_HASH
 from k2provision.plan.converge import (
     CLUSTER_PHASES,
     LOOKED_PHASES,
@@ -23,17 +22,20 @@ from k2provision.plan.converge import (
     PHASE_ROLES,
     PHASE_TAGS,
     HostExpectation,
+    difference_lines,
     differences,
     everywhere,
     expected_state,
     file_mode,
     inputs_digest,
+    look_questions,
     look_request,
     repairs,
     selected,
     skipped_phases,
     smoke_host,
 )
+from k2provision.plan.host_questions import hq
 from k2provision.plan.inventory import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,17 +50,40 @@ def plan() -> Plan:
     return build_plan(load_cluster(ROOT / "inventory" / "prod.ini"))
 
 
+def lines(expected: HostExpectation, seen: dict[str, Any]) -> dict[str, list[str]]:
+    """The differences in words, per phase."""
+    return difference_lines(differences(expected, seen))
+
+
+def running(spec: str) -> dict[str, Any]:
+    state = hq.ContainerState(True, True, "running", 0, "2026-01-01T00:00:00Z", 0, spec)
+    return dict(hq.record_json(state))
+
+
 def converged(expected: HostExpectation) -> dict[str, Any]:
     """What host_look answers on a host that holds exactly its part of the plan."""
+    answers: dict[str, Any] = {}
+    for key, question in look_questions(expected).items():
+        if isinstance(question, hq.FileQuestion):
+            name = question.path.rsplit("/", 1)[1]
+            if key.startswith("file "):
+                digest, mode = expected.files[question.path]
+            elif name in MESH_MODES:
+                digest, mode = "x", MESH_MODES[name]
+            else:
+                digest, mode = expected.mesh_configs[question.path], "0644"
+            answers[key] = hq.record_json(hq.FileDigest(digest, mode))
+        elif isinstance(question, hq.ContainerQuestion):
+            answers[key] = running(expected.containers[question.container])
+        elif isinstance(question, hq.ExecQuestion):
+            answers[key] = hq.record_json(hq.ExecState("running", 1769860740))
+        elif isinstance(question, hq.HttpQuestion):
+            answers[key] = hq.record_json(hq.GateAnswer(200))
+        else:
+            answers[key] = hq.record_json(hq.GateAnswer(0))
     return {
-        "files": {p: {"sha256": h, "mode": m} for p, (h, m) in expected.files.items()},
+        "answers": answers,
         "docker": True,
-        "containers": {n: {"running": True, "hash": h} for n, h in expected.containers.items()},
-        "execs": dict.fromkeys(expected.execs, True),
-        "gates": {
-            name: str(gate.expect_status) if gate.url else "0"
-            for name, gate in expected.gates.items()
-        },
         "checkpoint": [],
         "stamps": {
             "prepare": {
@@ -75,13 +100,6 @@ def converged(expected: HostExpectation) -> dict[str, Any]:
         "images": {"k2/standin:1": "sha256:aa"},
         "weights": {"missing": [], "wrong": [], "unverified": []},
         "mesh": {
-            "files": {
-                **{name: {"sha256": "x", "mode": mode} for name, mode in MESH_MODES.items()},
-                **{
-                    p.rsplit("/", 1)[1]: {"sha256": h, "mode": "0644"}
-                    for p, h in expected.mesh_configs.items()
-                },
-            },
             "private_public": MESH_KEY.rsplit(" ", 1)[0],
             "controller_public": MESH_KEY + "\n",
             "public": MESH_KEY + "\n",
@@ -102,7 +120,7 @@ def test_a_converged_host_differs_in_nothing_on_every_host(plan: Plan) -> None:
         assert expected.files, host.name
         assert expected.containers, host.name
         assert expected.weights == (host.pool != "router"), host.name
-        assert differences(expected, converged(expected)) == NO_PHASE
+        assert lines(expected, converged(expected)) == NO_PHASE
     assert LOOKED_PHASES == ("prepare", "ssh_mesh", "weights", "launch")
 
 
@@ -149,11 +167,11 @@ def test_each_kind_of_state_drifted_names_its_phase_on_its_host_only(
     elif kind == "host key":
         mesh["known_hosts"] = "\n".join(mesh["known_hosts"].splitlines()[:-1])
     elif kind == "key mode":
-        mesh["files"]["authorized_keys"]["mode"] = "0644"
+        seen["answers"]["mesh authorized_keys"]["mode"] = "0644"
     elif kind == "controller key":
         mesh["controller_public"] = "ssh-ed25519 AAAAnewkey k2provision-mesh-prod\n"
     elif kind == "sshd config":
-        mesh["files"]["sshd_config"]["sha256"] = "0" * 64
+        seen["answers"]["mesh sshd_config"]["sha256"] = "0" * 64
     elif kind == "shard":
         seen["weights"]["missing"] = ["model-00001-of-00004.safetensors"]
     elif kind == "manifest":
@@ -161,11 +179,11 @@ def test_each_kind_of_state_drifted_names_its_phase_on_its_host_only(
     elif kind == "inputs":
         changed = expected_state(plan, drifted, {**WEIGHTS, "k2_weights_revision": "abc"})
         seen["stamps"]["weights"]["digest"] = changed.stamps["weights"]
-    found = differences(expected, seen)
+    found = lines(expected, seen)
     assert [line in text for text in found[phase]] == [True], found
     assert {p: v for p, v in found.items() if p != phase} == {p: [] for p in NO_PHASE if p != phase}
     untouched = expected_state(plan, other, WEIGHTS)
-    assert differences(untouched, converged(untouched)) == NO_PHASE
+    assert lines(untouched, converged(untouched)) == NO_PHASE
 
 
 def test_a_phase_s_inputs_are_the_plan_and_its_roles_variables_only(plan: Plan) -> None:
@@ -197,50 +215,66 @@ def test_no_weights_are_looked_at_where_the_phase_places_none(plan: Plan) -> Non
 def test_the_request_asks_for_every_file_container_and_process_of_the_host(plan: Plan) -> None:
     host = plan.hosts[0]
     request = look_request(expected_state(plan, host.name))
-    assert request["files"] == sorted(host.files)
-    assert set(request["containers"]) == {p.container for p in host.processes if not p.exec_in}
-    assert {e["name"] for e in request["execs"]} == {p.name for p in host.processes if p.exec_in}
-    assert {g["name"] for g in request["gates"]} == {p.name for p in host.processes if p.health}
-    assert request["label"] == LABEL_HASH
+    asked = {key: hq.question_from_json(q) for key, q in request["questions"].items()}
+    files = [q.path for k, q in asked.items() if k.startswith("file ")]  # type: ignore[attr-defined]
+    assert files == sorted(host.files)
+    containers = {q.container for q in asked.values() if isinstance(q, hq.ContainerQuestion)}
+    assert containers == {p.container for p in host.processes if not p.exec_in}
+    execs = {q.pid_file for q in asked.values() if isinstance(q, hq.ExecQuestion)}
+    assert execs == {f"/run/k2-{p.name}.pid" for p in host.processes if p.exec_in}
+    gates = {k.removeprefix("gate ") for k in asked if k.startswith("gate ")}
+    assert gates == {p.name for p in host.processes if p.health}
     assert request["model_dir"] == plan.model_dir
     assert request["need"] == "checkpoint"
     assert request["stamps"] == sorted(CLUSTER_PHASES)
     assert request["mesh_dir"] == f"{plan.config_dir}/ssh"
-    assert set(request["mesh_files"]) == {*MESH_MODES, "sshd_config", "ssh_config"}
+    mesh = {k.removeprefix("mesh ") for k in asked if k.startswith("mesh ")}
+    assert mesh == {*MESH_MODES, "sshd_config", "ssh_config"}
+
+
+def state_key(expected: HostExpectation, container: str) -> str:
+    """The look's key of the question about `container`'s state."""
+    return next(
+        k
+        for k, q in look_questions(expected).items()
+        if isinstance(q, hq.ContainerQuestion) and q.container == container
+    )
 
 
 def _drift(expected: HostExpectation, kind: str) -> tuple[dict[str, Any], str]:
     seen = converged(expected)
+    answers = seen["answers"]
     path = sorted(expected.files)[0]
     name = sorted(expected.containers)[0]
+    state = state_key(expected, name)
     if kind == "file content":
-        seen["files"][path] = {"sha256": "0" * 64, "mode": file_mode(path)}
+        answers[f"file {path}"] = {"sha256": "0" * 64, "mode": file_mode(path)}
         return seen, f"file {path}: content differs from the plan"
     if kind == "file mode":
-        seen["files"][path] = {"sha256": expected.files[path][0], "mode": "0600"}
+        answers[f"file {path}"] = {"sha256": expected.files[path][0], "mode": "0600"}
         return seen, f"file {path}: mode 0600, planned {file_mode(path)}"
     if kind == "file missing":
-        seen["files"][path] = None
+        answers[f"file {path}"] = None
         return seen, f"file {path}: missing"
     if kind == "container missing":
-        del seen["containers"][name]
+        answers[state] = hq.record_json(hq.ContainerState(False))
         return seen, f"container {name}: missing"
     if kind == "container stopped":
-        seen["containers"][name]["running"] = False
+        answers[state]["running"] = False
         return seen, f"container {name}: not running"
     if kind == "container spec":
-        seen["containers"][name]["hash"] = "old"
+        answers[state]["spec_hash"] = "old"
         return seen, f"container {name}: made from another spec (old)"
     if kind == "health gate":
         name = sorted(expected.gates)[0]
         gate = expected.gates[name]
-        seen["gates"][name] = "no answer (refused)"
+        answers[f"gate {name}"] = hq.record_json(hq.GateAnswer(None, "refused"))
         return seen, f"process {name}: health gate GET {gate.url} answered no answer (refused)"
     if kind == "checkpoint":
         seen["checkpoint"] = ["model-00001.safetensors: missing"]
         return seen, f"model dir {expected.model_dir}: model-00001.safetensors: missing"
     seen["docker"] = False
-    seen["containers"] = {}
+    answers[state] = hq.record_json(hq.ContainerState(False))
     return seen, "docker: not answering"
 
 
@@ -261,12 +295,12 @@ def _drift(expected: HostExpectation, kind: str) -> tuple[dict[str, Any], str]:
 def test_each_kind_of_drift_is_named_on_its_host_only(plan: Plan, kind: str) -> None:
     drifted, other = plan.hosts[0].name, plan.hosts[1].name
     seen, line = _drift(expected_state(plan, drifted), kind)
-    found = differences(expected_state(plan, drifted), seen)["launch"]
+    found = lines(expected_state(plan, drifted), seen)["launch"]
     assert line in found
     if kind != "docker":
         assert found == [line]
     untouched = expected_state(plan, other)
-    assert differences(untouched, converged(untouched))["launch"] == []
+    assert lines(untouched, converged(untouched))["launch"] == []
 
 
 def test_a_dead_exec_process_is_named() -> None:
@@ -275,9 +309,9 @@ def test_a_dead_exec_process_is_named() -> None:
     expected = expected_state(plan, host.name)
     seen = converged(expected)
     name = sorted(expected.execs)[0]
-    seen["execs"][name] = False
+    seen["answers"][f"state {name}"] = hq.record_json(hq.ExecState("exited"))
     container = expected.execs[name][0]
-    assert differences(expected, seen)["launch"] == [f"process {name}: not running in {container}"]
+    assert lines(expected, seen)["launch"] == [f"process {name}: not running in {container}"]
 
 
 def test_a_host_outside_the_plan_is_refused(plan: Plan) -> None:
@@ -287,12 +321,14 @@ def test_a_host_outside_the_plan_is_refused(plan: Plan) -> None:
 
 def test_repairs_are_the_drifted_files_and_containers_only(plan: Plan) -> None:
     expected = expected_state(plan, plan.hosts[0].name)
-    assert repairs(expected, converged(expected)) == {"files": [], "containers": []}
-    seen = converged(expected)
+    assert repairs(differences(expected, converged(expected))["launch"]) == {
+        "files": [],
+        "containers": [],
+    }
+    seen, _ = _drift(expected, "file missing")
     path, name = sorted(expected.files)[0], sorted(expected.containers)[0]
-    seen["files"][path] = None
-    seen["containers"][name]["running"] = False
-    assert repairs(expected, seen) == {"files": [path], "containers": [name]}
+    seen["answers"][state_key(expected, name)]["running"] = False
+    assert repairs(differences(expected, seen)["launch"]) == {"files": [path], "containers": [name]}
 
 
 def test_a_host_skips_the_phases_the_tags_leave_out_and_the_converged_ones() -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from k2provision.core.records import HealthGate, Process
 from k2provision.ops import launch_gate as lg
+from k2provision.plan.containers import LABEL_HASH
+from k2provision.plan.host_questions import hq
 from k2provision.run.events import HostResult, Tally
 from k2provision.weights.kernel import checkpoint
 
@@ -126,40 +128,63 @@ def proc(name: str = "sglang-decode", **kw: object) -> Process:
 
 
 def test_probe_asks_for_each_process_and_gate() -> None:
-    command = lg.probe_command(
+    asked = lg.probe(
         [
             proc(health=URL_GATE),
             proc("ray-head", exec_in=True, health=HealthGate(command=("ray", "status"))),
-        ]
+        ],
+        "/etc/k2provision",
     )
-    assert (
-        "echo S0 $(docker container inspect -f '{{.State.Status}} {{.State.ExitCode}}' "
-        "k2-sglang" in command
-    )
-    assert "http://10.0.0.1:30000/health" in command
-    assert "/run/k2-ray-head.pid" in command
-    assert "docker exec k2-sglang ray status >/dev/null 2>&1; echo G1 $?" in command
+    questions = {t.key: t.question for t in asked.batch.tickets}
+    assert questions == {
+        "state 0": hq.ContainerQuestion("k2-sglang", LABEL_HASH),
+        "gate 0": hq.HttpQuestion(URL_GATE.url or "", "/etc/k2provision/tls/ca.pem"),
+        "state 1": hq.ExecQuestion("k2-sglang", "/run/k2-ray-head.pid"),
+        "gate 1": hq.CommandQuestion("k2-sglang", ("ray", "status")),
+    }
 
 
 def test_probe_answer_is_read_per_process_and_gate() -> None:
-    states, gates = lg.parse_probe(
-        "S0 exited 1\nG0 no answer timed out\nS1 running\nG1 0\nS2 created 0\nnoise\n"
+    asked = lg.probe(
+        [
+            proc(health=URL_GATE),
+            proc("ray-head", exec_in=True, health=HealthGate(command=("ray", "status"))),
+            proc("other"),
+        ],
+        "/etc/k2provision",
     )
+    exited = json.dumps([{"State": {"Status": "exited", "Running": False, "ExitCode": 1}}])
+    created = json.dumps([{"State": {"Status": "created", "Running": False, "ExitCode": 0}}])
+    output = "".join(
+        [
+            hq.render_answer("state 0", hq.Answer((exited,), (), 0)),
+            hq.render_answer("gate 0", hq.Answer(("no answer timed out",), (), 0)),
+            hq.render_answer("state 1", hq.Answer(("running 1769860740",), (), 0)),
+            hq.render_answer("gate 1", hq.Answer((), (), 0)),
+            hq.render_answer("state 2", hq.Answer((created,), (), 0)),
+            hq.END,
+        ]
+    )
+    states, gates = lg.read_probe(asked, output)
     assert states[0].dead
     assert states[0].reason() == "exited with code 1 before passing its health gate"
-    assert not states[1].dead
+    assert states[1] == lg.ProcState("running")
     assert states[2].state == "starting"
-    assert gates == {0: "no answer timed out", 1: "0"}
+    assert {i: g.text for i, g in gates.items()} == {0: "no answer (timed out)", 1: "0"}
     assert lg.ProcState("missing").reason() == "its container is gone"
+    gone, _ = lg.read_probe(asked, hq.END)
+    assert gone[0] == lg.ProcState("missing")
+    assert gone[1] == lg.ProcState("exited")
 
 
 def test_a_gate_passes_only_on_its_expected_answer() -> None:
-    assert lg.gate_passed(URL_GATE, "200")
-    assert not lg.gate_passed(URL_GATE, "503")
+    assert lg.gate_passed(URL_GATE, hq.GateAnswer(200))
+    assert not lg.gate_passed(URL_GATE, hq.GateAnswer(503))
+    assert not lg.gate_passed(URL_GATE, hq.GateAnswer(None, "refused"))
     assert not lg.gate_passed(URL_GATE, None)
     command_gate = HealthGate(command=("true",))
-    assert lg.gate_passed(command_gate, "0")
-    assert not lg.gate_passed(command_gate, "1")
+    assert lg.gate_passed(command_gate, hq.GateAnswer(0))
+    assert not lg.gate_passed(command_gate, hq.GateAnswer(1))
 
 
 @pytest.mark.parametrize(("cap", "expected"), [(0, 600), (30, 30), (9999, 600)])
@@ -180,9 +205,12 @@ def test_a_failure_names_host_process_reason_gate_and_log() -> None:
 
 
 def test_logs_of_an_execd_process_come_from_its_file() -> None:
-    execd = proc("ray-head", exec_in=True)
-    assert lg.logs_command(execd) == "docker exec k2-sglang tail -n 50 /run/k2-ray-head.log 2>&1"
-    assert lg.logs_command(proc()) == "docker logs --tail 50 k2-sglang 2>&1"
+    _, execd = lg.logs_probe(proc("ray-head", exec_in=True))
+    assert execd.question.command() == (
+        "docker exec k2-sglang tail -n 50 /run/k2-ray-head.log 2>&1"
+    )
+    _, container = lg.logs_probe(proc())
+    assert container.question.command() == "docker logs --tail 50 k2-sglang 2>&1"
 
 
 def test_the_summary_keeps_the_first_line_of_a_failure() -> None:

@@ -17,7 +17,7 @@ from k2provision.core.records import Plan
 from k2provision.errors import InventoryError
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
-from k2provision.plan.converge import differences, expected_state
+from k2provision.plan.converge import Difference, Drift, differences, expected_state
 from k2provision.plan.inventory import load_cluster
 from k2provision.plan.rollout import (
     changed_instances,
@@ -26,25 +26,20 @@ from k2provision.plan.rollout import (
     rollout_waves,
 )
 from k2provision.run.events import HostResult, parse_event
+from tests.k2provision.unit.test_converge import converged, state_key
 from tests.k2provision.unit.test_fleet import EXAMPLES, PD_FLEET, TP_FLEET, _edited, _plan
 
 
-def _other_spec(plan: Plan, hosts: set[str]) -> dict[str, list[str]]:
-    """The look's launch lines on every host of the plan, as if `hosts` ran an older spec
-    (every other host converged)."""
-    found: dict[str, list[str]] = {}
+def _other_spec(plan: Plan, hosts: set[str]) -> dict[str, list[Difference]]:
+    """The look's launch differences on every host of the plan, as if `hosts` ran an older
+    spec (every other host converged)."""
+    found: dict[str, list[Difference]] = {}
     for host in plan.hosts:
         expected = expected_state(plan, host.name)
-        containers = {
-            name: {"running": True, "hash": "old" if host.name in hosts else digest}
-            for name, digest in expected.containers.items()
-        }
-        answer = {
-            "files": {p: {"sha256": d, "mode": m} for p, (d, m) in expected.files.items()},
-            "docker": True,
-            "containers": containers,
-            "gates": {name: gate.expect_status for name, gate in expected.gates.items()},
-        }
+        answer = converged(expected)
+        if host.name in hosts:
+            for name in expected.containers:
+                answer["answers"][state_key(expected, name)]["spec_hash"] = "old"
         found[host.name] = differences(expected, answer)["launch"]
     return found
 
@@ -63,8 +58,12 @@ def _containers(plan: Plan, host: str) -> list[str]:
 def test_missing_or_stopped_containers_are_left_to_the_launch() -> None:
     plan = _plan(TP_FLEET)
     looked = {host: [] for host in _other_spec(plan, set())}
-    looked["node-03"] = [f"container {c}: missing" for c in _containers(plan, "node-03")]
-    looked["node-05"] = [f"container {c}: not running" for c in _containers(plan, "node-05")]
+    looked["node-03"] = [
+        Difference("container", c, Drift.MISSING) for c in _containers(plan, "node-03")
+    ]
+    looked["node-05"] = [
+        Difference("container", c, Drift.STOPPED) for c in _containers(plan, "node-05")
+    ]
     assert changed_instances(plan, looked) == ()
 
 
@@ -78,7 +77,7 @@ def test_changed_instances_roll_one_at_a_time_by_default() -> None:
     plan = _plan(TP_FLEET)
     changed = changed_instances(plan, _other_spec(plan, {h.name for h in plan.hosts}))
     assert changed == ("replica-1", "replica-2", "replica-3", "replica-4")
-    waves = rollout_waves(plan, changed)
+    waves = rollout_waves(plan, changed, plan.fleet.max_unavailable)
     assert [w.instances for w in waves] == [(i,) for i in changed]
     assert waves[1].hosts == ("node-03", "node-04")
     assert waves[1].urls == (plan.pools[0].instances[1].url,)
@@ -119,8 +118,8 @@ def test_pd_pools_roll_one_pool_after_the_other_in_plan_order() -> None:
 def test_the_playbooks_filter_reads_each_hosts_look() -> None:
     plan = _plan(TP_FLEET)
     looked = {
-        host: {"full": False, "phases": {"launch": lines}}
-        for host, lines in _other_spec(plan, {"node-01", "node-06"}).items()
+        host: {"full": False, "found": {"launch": [d.as_json() for d in found]}}
+        for host, found in _other_spec(plan, {"node-01", "node-06"}).items()
     }
     looked["node-08"] = {}  # a host whose look answered nothing yet
     order = rollout_order(plan.model_dump(mode="json"), looked, "1")
@@ -134,7 +133,7 @@ def test_a_single_instance_plan_has_no_rollout() -> None:
     looked = _other_spec(plan, {h.name for h in plan.hosts})
     assert any(looked.values())
     assert changed_instances(plan, looked) == ()
-    assert rollout_waves(plan, ()) == ()
+    assert rollout_waves(plan, (), plan.fleet.max_unavailable) == ()
 
 
 def test_a_fleet_restart_rolls_the_named_instances_and_recreates_the_router_in_place() -> None:
@@ -161,7 +160,7 @@ def test_the_restart_command_shows_the_same_rolling_order() -> None:
     plan = _plan(TP_FLEET)
     chosen = plan_restart_set(plan, ["replica-3", "node-01"])
     assert rolling_lines(plan, chosen) == rollout_lines(
-        rollout_waves(plan, ("replica-1", "replica-3"))
+        rollout_waves(plan, ("replica-1", "replica-3"), 1)
     )
     assert rolling_lines(plan, chosen)[1].startswith("2. replica-3 on node-05, node-06")
 
@@ -194,7 +193,7 @@ def test_a_pd_fleet_restart_rolls_pool_by_pool_and_the_router_takes_each_half_ba
 
 def test_replicas_go_back_by_url_and_are_smoke_tested_on_it() -> None:
     plan = _plan(TP_FLEET)
-    wave = rollout_waves(plan, ("replica-2",))[0]
+    wave = rollout_waves(plan, ("replica-2",), 1)[0]
     url = plan.pools[0].instances[1].url
     assert wave.workers == ({"url": url},)
     assert wave.smoke_urls == (url,)
@@ -271,7 +270,7 @@ def test_a_model_swap_that_fits_the_instances_rolls_every_instance(tmp_path: Pat
     # them all, and they roll one at a time like any other change.
     looked = {
         host.name: [
-            f"container {p.container}: made from another spec (old)"
+            Difference("container", p.container, Drift.OTHER_SPEC)
             for p in host.processes
             if expected_state(plan, host.name).containers.get(p.container)
             != expected_state(swapped, host.name).containers.get(p.container)
@@ -280,19 +279,49 @@ def test_a_model_swap_that_fits_the_instances_rolls_every_instance(tmp_path: Pat
     }
     changed = changed_instances(swapped, looked)
     assert changed == ("replica-1", "replica-2", "replica-3", "replica-4")
-    assert len(rollout_waves(swapped, changed)) == 4
+    assert len(rollout_waves(swapped, changed, 1)) == 4
 
 
 def test_a_pools_only_instance_rolls_and_its_line_says_the_pool_pauses(tmp_path: Path) -> None:
     plan = _plan(_edited(tmp_path, PD_FLEET, "k2_decode_instances=2", "k2_decode_instances=1"))
     changed = changed_instances(plan, _other_spec(plan, {"gpu-p01", "gpu-d01"}))
     assert changed == ("prefill-1", "decode-1")
-    waves = rollout_waves(plan, changed)
+    waves = rollout_waves(plan, changed, plan.fleet.max_unavailable)
     assert [w.alone_in_pool for w in waves] == ["", "decode"]
     first, second = rollout_lines(waves)
     assert first.endswith("replaced, health-checked, back in")
     assert second.endswith(
         "back in (the only instance of [decode]: requests that need it wait or fail meanwhile)"
     )
-    replicas = rollout_lines(rollout_waves(_plan(TP_FLEET), ("replica-1",)))
+    replicas = rollout_lines(rollout_waves(_plan(TP_FLEET), ("replica-1",), 1))
     assert replicas[0].endswith("replaced, smoke-tested, back in")
+
+
+def test_no_rollout_or_repair_decision_depends_on_the_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decisions compare the typed differences: rewording every message (the drifts' words and
+    each difference's detail) leaves the rolled instances and the launch's repairs as they
+    were."""
+    from k2provision.plan import converge
+
+    plan = _plan(TP_FLEET)
+    hosts = {"node-01", "node-06"}
+
+    def decisions() -> tuple[tuple[str, ...], dict[str, dict[str, list[str]]]]:
+        looked = _other_spec(plan, hosts)
+        reworded = {
+            host: [Difference(d.subject, d.name, d.drift, "reworded") for d in found]
+            for host, found in looked.items()
+        }
+        assert changed_instances(plan, reworded) == changed_instances(plan, looked)
+        return changed_instances(plan, looked), {
+            host: converge.repairs(found) for host, found in reworded.items()
+        }
+
+    before = decisions()
+    assert before[0] == ("replica-1", "replica-3")
+    assert before[1]["node-01"]["containers"]
+    monkeypatch.setattr(converge, "DRIFT_WORDS", dict.fromkeys(converge.DRIFT_WORDS, "?"))
+    assert Difference("container", "k2-x", Drift.MISSING).text == "container k2-x: ?"
+    assert decisions() == before

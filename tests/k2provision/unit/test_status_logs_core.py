@@ -21,7 +21,6 @@ from k2provision.ops.connect import (
     ssh_command,
     ssh_target,
 )
-from k2provision.ops.host_probe import MARK, log_command, parse_sections
 from k2provision.ops.log_sources import select_sources, since_problem
 from k2provision.ops.remote import run_one, ssh_inventory
 from k2provision.ops.status_probe import (
@@ -36,6 +35,7 @@ from k2provision.ops.status_probe import (
 )
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.containers import LABEL_HASH, spec_hash
+from k2provision.plan.host_questions import hq
 from k2provision.plan.inventory import load_cluster
 from tests.runners import k2
 
@@ -215,13 +215,13 @@ def test_ssh_resolves_the_options_it_is_given() -> None:
 # ---------------------------------------------------------------- the probe
 
 
-def test_probe_script_is_valid_shell_with_a_section_per_part(prod: Plan) -> None:
+def test_probe_script_is_valid_shell_with_a_question_per_part(prod: Plan) -> None:
     host = prod.hosts[0]  # prefill rank 0 and the router
-    script = probe_script(host)
+    script = probe_script(prod, host)
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
     for process in host.processes:
-        assert f"{MARK} inspect {process.name}" in script
-        assert f"{MARK} log {process.name}" in script
+        assert f"{hq.MARK} q state {process.name}" in script
+        assert f"{hq.MARK} q log {process.name}" in script
     assert "nvidia-smi --query-gpu=index,memory.used,memory.total" in script
 
 
@@ -241,21 +241,34 @@ def inspect_json(hash_: str, *, running: bool = True, restarts: int = 0) -> str:
     )
 
 
-def answer(host: HostPlan, plan: Plan, *, label: str | None = None, gate: str = "200") -> str:
-    """What a host running `host`'s processes answers (2026-01-31T12:00:00Z)."""
-    parts = [f"{MARK} now 1769860800", f"{MARK} no-gpus"]
+def part(key: str, *out: str, rc: int = 0, err: tuple[str, ...] = ()) -> str:
+    return hq.render_answer(key, hq.Answer(out, err, rc))
+
+
+def answer(
+    host: HostPlan,
+    plan: Plan,
+    *,
+    label: str | None = None,
+    gate: str = "200",
+    extra: str = "",
+    gone: str = "",
+) -> str:
+    """What a host running `host`'s processes answers (2026-01-31T12:00:00Z); `extra`: more
+    answers; `gone`: a process whose container is missing."""
+    parts = [part("clock", "1769860800"), part("gpus", rc=127), extra]
     for p in host.processes:
         hash_ = label if label is not None else spec_hash(plan.container, p, host.files)
-        parts += [f"{MARK} inspect {p.name}", inspect_json(hash_, restarts=2), f"{MARK} rc 0"]
+        if p.name == gone:
+            parts.append(part(f"state {p.name}", rc=1, err=("Error: No such container: x",)))
+        elif p.exec_in:
+            parts.append(part(f"state {p.name}", "running 1769860740"))
+        else:
+            parts.append(part(f"state {p.name}", inspect_json(hash_, restarts=2)))
         if p.health is not None:
-            parts += [f"{MARK} gate {p.name}", gate, f"{MARK} rc 0"]
-        parts += [
-            f"{MARK} log {p.name}",
-            "|\x1b[31mERROR\x1b[0m cannot reach peer",
-            "|serving",
-            f"{MARK} rc 0",
-        ]
-    return "\n".join([*parts, f"{MARK} end"]) + "\n"
+            parts.append(part(f"gate {p.name}", gate))
+        parts.append(part(f"log {p.name}", "\x1b[31mERROR\x1b[0m cannot reach peer", "serving"))
+    return "".join(parts) + hq.END
 
 
 def test_a_converged_host_is_current_running_and_healthy(prod: Plan) -> None:
@@ -276,81 +289,64 @@ def test_drift_a_failing_gate_and_a_missing_container_are_named(prod: Plan) -> N
     assert any("drift: container runs spec 0123456789abcdef" in p for p in drifted.problems)
     failing = host_status(prod, host, answer(host, prod, gate="503"))
     assert any("health gate failing" in p and "503" in p for p in failing.problems)
-    gone = answer(host, prod).replace(
-        f"{MARK} rc 0", f"{MARK} rc 1", 1
-    )  # the first inspect fails: no such container
-    missing = host_status(prod, host, gone)
-    name = host.processes[0].container
-    assert f"{host.name}: {host.processes[0].name} ({name}): container is missing" in (
+    first = host.processes[0]
+    missing = host_status(prod, host, answer(host, prod, gone=first.name))
+    assert f"{host.name}: {first.name} ({first.container}): container is missing" in (
         missing.problems
     )
-    cut = host_status(prod, host, answer(host, prod).replace(f"{MARK} end", ""))
+    cut = host_status(prod, host, answer(host, prod).removesuffix(hq.END))
     assert cut.unreachable
 
 
-def probe_with_docker(host: HostPlan, docker: str) -> str:
-    """The probe's inspect lines for `host`, run by a real sh whose `docker` is the given shell
-    function (no container runtime here; the test is of the script's plumbing)."""
-    script_lines = probe_script(host).splitlines()
-    lines = [line for line in script_lines if "docker container inspect" in line]
-    script = "\n".join(
-        [
-            script_lines[0],
-            f"docker() {{ {docker}; }}",
-            f'echo "{MARK} now 1769860800"',
-            *lines,
-            f"echo '{MARK} end'",
-        ]
-    )
-    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+def test_an_execd_process_reads_as_running_with_its_uptime_or_not_running() -> None:
+    plan = build_plan(load_cluster(ROOT / "inventory" / "examples" / "trtllm-tp-ep.ini"))
+    host = plan.hosts[0]
+    execd = next(p for p in host.processes if p.exec_in)
+
+    def status_of(alive: str) -> tuple[str, int | None]:
+        text = answer(host, plan).replace(
+            part(f"state {execd.name}", "running 1769860740"), part(f"state {execd.name}", alive)
+        )
+        found = host_status(plan, host, text)
+        proc = next(p for p in found.processes if p.process == execd.name)
+        return proc.state, proc.uptime_s
+
+    assert status_of("running 1769860740") == ("running", 60)
+    assert status_of("starting") == ("not running", None)
+    assert status_of("exited") == ("not running", None)
 
 
-def test_the_runtimes_warning_stays_out_of_the_json_and_its_error_is_kept(prod: Plan) -> None:
+def test_the_runtimes_error_is_kept_and_a_missing_container_named(prod: Plan) -> None:
     host = prod.hosts[0]
     process = host.processes[0]
-    hash_ = spec_hash(prod.container, process, host.files)
-    body = inspect_json(hash_).replace("'", "'\\''")
-    warned = probe_with_docker(
-        host, f"echo 'WARN[0000] cgroup v1 is deprecated' >&2; printf '%s\\n' '{body}'"
-    )
-    status = host_status(prod, host, warned)
-    assert status.processes[0].state == "running"
-    assert status.processes[0].spec == "current"
-    gone = host_status(
-        prod, host, probe_with_docker(host, 'echo "Error: no such container $3" >&2; return 125')
-    )
-    where = f"{host.name}: {process.name} ({process.container})"
-    assert f"{where}: container is missing" in gone.problems
+    busy = "Error: acquiring lock 3 for container: resource busy"
     failed = host_status(
         prod,
         host,
-        probe_with_docker(
-            host, "echo 'Error: acquiring lock 3 for container: resource busy' >&2; return 125"
+        answer(host, prod).replace(
+            part(
+                f"state {process.name}",
+                inspect_json(spec_hash(prod.container, process, host.files), restarts=2),
+            ),
+            part(f"state {process.name}", rc=125, err=("WARN[0000] cgroup v1", busy)),
         ),
     )
+    where = f"{host.name}: {process.name} ({process.container})"
     assert failed.processes[0].state == "unknown"
-    assert (
-        f"{where}: docker container inspect failed: Error: acquiring lock 3 for container: "
-        "resource busy"
-    ) in failed.problems
+    assert f"{where}: docker container inspect failed: WARN[0000] cgroup v1 {busy}" in (
+        failed.problems
+    )
     assert not any("missing" in p for p in failed.problems)
 
 
 def test_gpu_memory_is_read_per_gpu(prod: Plan) -> None:
     host = prod.hosts[1]
     text = answer(host, prod).replace(
-        f"{MARK} no-gpus", f"{MARK} gpus\n0, 70000, 143771\n1, 69000, 143771"
+        part("gpus", rc=127), part("gpus", "0, 70000, 143771", "1, 69000, 143771")
     )
     gpus = host_status(prod, host, text).gpus
     assert gpus is not None
     assert [(g.index, g.used_mib) for g in gpus] == [(0, 70000), (1, 69000)]
-
-
-def test_sections_keep_log_lines_that_look_like_markers() -> None:
-    sections = parse_sections(f"{MARK} log x\n|{MARK} end\n|plain\n{MARK} rc 3\n")
-    assert sections[("log", "x")].text == [f"{MARK} end", "plain"]
-    assert sections[("log", "x")].rc == 3
-    assert ("end", "") not in sections
 
 
 @pytest.mark.parametrize(
@@ -401,21 +397,6 @@ def test_targets_select_hosts_pools_the_router_processes_and_groups(prod: Plan) 
         select_sources(prod, groups, "nosuch")
 
 
-def test_log_commands_for_containers_and_exec_d_processes() -> None:
-    plan = build_plan(load_cluster(ROOT / "inventory" / "examples" / "trtllm-tp-ep.ini"))
-    serve = next(p for h in plan.hosts for p in h.processes if p.exec_in)
-    sshd = next(p for h in plan.hosts for p in h.processes if not p.exec_in)
-    assert log_command(sshd, 5, "10m") == f"docker logs --tail 5 --since 10m {sshd.container}"
-    assert log_command(sshd, None, None, True) == f"docker logs --follow {sshd.container}"
-    assert log_command(serve, 5) == (
-        f"docker exec {serve.container} tail -n 5 /run/k2-{serve.name}.log"
-    )
-    followed = log_command(serve, 5, None, True)
-    assert followed.startswith(f"docker exec -i {serve.container} sh -c ")
-    assert "tail -n 5 -F" in followed
-    assert "kill $t" in followed
-
-
 @pytest.mark.parametrize(
     "good", ["10m", "1h30m", "2026-01-31", "2026-01-31T12:00:00Z", "1769860800"]
 )
@@ -457,19 +438,19 @@ def test_watch_takes_an_optional_number_of_seconds() -> None:
 
 def test_status_runs_the_gpu_health_checks_now(prod: Plan) -> None:
     host = prod.host("gpu-d01")
-    script = probe_script(host)
-    assert f"{MARK} xids" in script
-    assert f"{MARK} smi-xml" in script
+    script = probe_script(prod, host)
+    assert f"{hq.MARK} q xids" in script
+    assert f"{hq.MARK} q smi-xml" in script
     fixtures = Path(__file__).resolve().parents[2] / "fixtures"
     kernel_log = (fixtures / "gpu_health" / "kernel-log-xid.txt").read_text()
     smi = (fixtures / "hardware" / "h200-x1" / "nvidia-smi-q-x.xml").read_text()
     failing = smi.replace("<remapped_row_failure>No<", "<remapped_row_failure>Yes<", 1)
-    healthy = answer(host, prod).replace(
-        f"{MARK} end", f"{MARK} xids\n{MARK} smi-xml\n{smi}\n{MARK} end"
-    )
+    healthy = answer(host, prod, extra=part("xids") + part("smi-xml", *smi.splitlines()))
     assert host_status(prod, host, healthy).gpu_health == ()
-    sick = answer(host, prod).replace(
-        f"{MARK} end", f"{MARK} xids\n{kernel_log}{MARK} smi-xml\n{failing}\n{MARK} end"
+    sick = answer(
+        host,
+        prod,
+        extra=part("xids", *kernel_log.splitlines()) + part("smi-xml", *failing.splitlines()),
     )
     status = host_status(prod, host, sick)
     assert len(status.gpu_health) == 2
@@ -484,13 +465,16 @@ def test_status_shows_nvlinks_and_rdma_ports_now(prod: Plan) -> None:
     down = (fixtures / "gpu_health" / "nvidia-smi-nvlink-s-hgx-h100-link-down.txt").read_text()
     ibstat = fixtures / "hardware" / "gpud-h100" / "ibstat.47.0.h100.some.down.with.polling.1"
     host = prod.host("gpu-d01").model_copy(update={"ib_devices": ("mlx5_0", "mlx5_5")})
-    script = probe_script(host)
-    assert f"{MARK} nvlink" in script
-    assert f"{MARK} ibstat" in script
-    assert f"{MARK} ibstat" not in probe_script(host.model_copy(update={"ib_devices": ()}))
-    sick = answer(host, prod).replace(
-        f"{MARK} end",
-        f"{MARK} nvlink\n{down}{MARK} ibstat\n{ibstat.read_text()}\n{MARK} end",
+    script = probe_script(prod, host)
+    assert f"{hq.MARK} q nvlink" in script
+    assert f"{hq.MARK} q ibstat" in script
+    assert f"{hq.MARK} q ibstat" not in probe_script(
+        prod, host.model_copy(update={"ib_devices": ()})
+    )
+    sick = answer(
+        host,
+        prod,
+        extra=part("nvlink", *down.splitlines()) + part("ibstat", *ibstat.read_text().splitlines()),
     )
     status = host_status(prod, host, sick)
     assert status.gpu_health == ("GPU 3 NVLink 7 is down (nvidia-smi nvlink -s: <inactive>)",)

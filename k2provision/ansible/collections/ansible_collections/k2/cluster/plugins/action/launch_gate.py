@@ -1,11 +1,13 @@
 """Action k2.cluster.launch_gate: wait for one launch stage's health gates on this host.
 
-Every ``delay`` seconds it runs one probe on the host (k2provision.ops.launch_gate.probe_command):
-the state of each of the host's processes in the stage and each of its health gates. It ends
+Every ``delay`` seconds it asks the host one batch of the registry's questions
+(k2provision.ops.launch_gate.probe): the state of each of the host's processes in the stage and
+each of its health gates (an https gate under the registry's one certificate policy). It ends
 
 - passed: every gate of this host answered (a host without gates in the stage waits, watching
   its processes, until every host with gates in the stage has ended);
-- failed: one of its processes exited (reported at once, with its exit code) or a gate did not
+- failed: one of its processes exited (reported at once, with its exit code), an https gate
+  answered with a certificate the one policy does not trust (at once), or a gate did not
   pass within its timeout (the plan's, or ``timeout_cap`` when smaller): ``k2_failure`` names
   the process, the reason and the gate, with the process's last 50 log lines;
 - aborted: another host of the stage failed first (``k2_aborted_by``).
@@ -103,12 +105,13 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
             if own_gates
             else lg.stage_timeout(plan, stage, hosts, cap) + 30
         )
-        command = lg.probe_command(procs, python)
+        asked = lg.probe(procs, str(plan.get("config_dir") or ""), python)
+        command = asked.script()
         passed: set[int] = set()
         started = time.monotonic()
         while True:
             elapsed = time.monotonic() - started
-            states, gates = lg.parse_probe(self._run(command))
+            states, gates = lg.read_probe(asked, self._run(command))
             bad: tuple[int, str] | None = None
             for i, proc in enumerate(procs):
                 state = states.get(i, lg.ProcState("missing"))
@@ -117,6 +120,10 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
                     break
                 if state.state == "starting" and proc.exec_in and elapsed > lg.PID_GRACE_S:
                     bad = (i, f"did not start within {lg.PID_GRACE_S:g} s (no pid file)")
+                    break
+                untrusted = lg.hopeless(own_gates[i], gates.get(i)) if i in own_gates else ""
+                if untrusted:
+                    bad = (i, untrusted)
                     break
             passed |= {i for i, g in own_gates.items() if lg.gate_passed(g, gates.get(i))}
             if bad is None:
@@ -127,7 +134,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
                 ]
                 if late:
                     missed = own_gates[late[0]]
-                    last = gates.get(late[0]) or "no answer"
+                    answer = gates.get(late[0])
+                    last = answer.text if answer is not None else "no answer"
                     bad = (
                         late[0],
                         f"did not pass its health gate within {lg.gate_timeout(missed, cap)} s "
@@ -144,7 +152,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
                         "none of its own; the stage's gates are on " + (", ".join(waited_on) or "-")
                     )
                 )
-                log = self._run(lg.logs_command(proc)).splitlines()
+                log_batch, log_ticket = lg.logs_probe(proc)
+                log = list(log_batch.read(self._run(log_batch.script()))[log_ticket].lines)
                 _mark(markers, host, "failed")
                 result["k2_failure"] = lg.failure(host, proc, reason, gate_desc, log)
                 return result

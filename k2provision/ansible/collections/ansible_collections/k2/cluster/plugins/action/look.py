@@ -7,8 +7,10 @@ the mesh's stamp says it is). With ``full`` it asks nothing and every phase runs
 
 Options: plan (required): the plan registered by k2.cluster.plan; full (bool): run everything.
 Returns (registered as k2_converge): full (bool); phases: {phase: [difference, ...]} (an empty
-list: the phase is converged on this host and skips its tasks there); differences: the lines,
-named by phase; files, containers: the launch's repairs here (files to write, containers to
+list: the phase is converged on this host and skips its tasks there), in words for people;
+found: {phase: [{subject, name, drift, detail}, ...]}, the same as typed records (what the
+rollout decides on, never the words); differences: the lines, named by phase; files,
+containers: the launch's repairs here (files to write, containers to
 recreate); docker (whether it answered), checkpoint (what the model directory lacks);
 smoke_host: the host the smoke test runs from; launch_selected: whether the tags run the launch
 phase; skipped_phases: the phases whose play ends this host at its start (each phase's play
@@ -30,6 +32,7 @@ from k2provision.core.records import Plan
 from k2provision.plan.converge import (
     PHASE_TAGS,
     STAMP_DIR,
+    difference_lines,
     differences,
     expected_state,
     look_request,
@@ -66,7 +69,7 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
             return {**result, "failed": True, "msg": f"{host}: {error}"}
         result.update(stamps=dict(expected.stamps), stamp_dir=STAMP_DIR)
         if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
-            return {**result, "full": True, "phases": {}, "differences": []}
+            return {**result, "full": True, "phases": {}, "found": {}, "differences": []}
         seen = self._execute_module(
             module_name="k2.cluster.host_look",
             module_args=look_request(expected),
@@ -77,9 +80,16 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         mesh_stamp = (seen.get("stamps") or {}).get("ssh_mesh") or {}
         if mesh_stamp.get("key_dir") and isinstance(seen.get("mesh"), dict):
             seen["mesh"]["controller_public"] = _text(f"{mesh_stamp['key_dir']}/id_ed25519.pub")
-        phases = differences(expected, seen)
-        lines = [f"{phase}: {line}" for phase, found in phases.items() for line in found]
-        result.update(full=False, phases=phases, differences=lines, **repairs(expected, seen))
+        found = differences(expected, seen)
+        phases = difference_lines(found)
+        lines = [f"{phase}: {line}" for phase, texts in phases.items() for line in texts]
+        result.update(
+            full=False,
+            phases=phases,
+            found={phase: [d.as_json() for d in diffs] for phase, diffs in found.items()},
+            differences=lines,
+            **repairs(found["launch"]),
+        )
         result.update(docker=bool(seen.get("docker")), checkpoint=seen.get("checkpoint") or [])
         run_tags = [str(t) for t in task_vars.get("ansible_run_tags") or ()]
         skip_tags = [str(t) for t in task_vars.get("ansible_skip_tags") or ()]

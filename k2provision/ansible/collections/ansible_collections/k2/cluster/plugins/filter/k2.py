@@ -12,7 +12,8 @@ from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
-from k2provision.plan.converge import everywhere, file_mode
+from k2provision.plan.converge import Difference, everywhere, file_mode
+from k2provision.plan.host_questions import hq, state_question
 from k2provision.plan.rollout import (
     RolloutWave,
     changed_instances,
@@ -65,31 +66,77 @@ def docker_spec_hash(process: dict[str, Any], plan: dict[str, Any], host: str | 
     return spec_hash(options, proc, _owner_files(process, plan, host))
 
 
+def state_questions(processes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The registry's questions of whether each process runs (its container's state, or an
+    exec'd process's liveness), by key ``state NAME``: what k2.cluster.host_ask takes."""
+    return {
+        f"state {p['name']}": hq.question_json(state_question(Process.model_validate(p)))
+        for p in processes
+    }
+
+
+def container_questions(names: list[str]) -> dict[str, Any]:
+    """The registry's question of each named container's state, by key ``container NAME``."""
+    return {
+        f"container {name}": hq.question_json(hq.ContainerQuestion(str(name), LABEL_HASH))
+        for name in names
+    }
+
+
+def found_containers(answers: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers k2.cluster.host_ask found of `container_questions`' keys, each as
+    ``{name, image, running}``."""
+    found = []
+    for key, data in sorted(answers.items()):
+        state = hq.record_from_json(hq.ContainerState, data)
+        if key.startswith("container ") and state is not None and state.found:
+            found.append(
+                {"name": key.removeprefix("container "), "image": state.image,
+                 "running": state.running}
+            )  # fmt: skip
+    return found
+
+
+def _state(answers: dict[str, Any], process: dict[str, Any]) -> Any:
+    data = answers.get(f"state {process['name']}")
+    if process.get("exec_in"):
+        return hq.record_from_json(hq.ExecState, data)
+    return hq.record_from_json(hq.ContainerState, data)
+
+
 def stale_containers(
-    inspect_results: list[dict[str, Any]],
+    processes: list[dict[str, Any]],
+    answers: dict[str, Any],
     plan: dict[str, Any],
     host: str | None = None,
     recreate: list[str] | None = None,
 ) -> list[Any]:
-    """Processes whose existing container is stopped, was made from another spec, or is named
-    in `recreate` (a restart).
-
-    `inspect_results` are loop results of `docker container inspect NAME` that succeeded, on
-    `host` (the inventory host the tasks run for).
-    """
+    """Processes whose container is missing, stopped, was made from another spec, or is named
+    in `recreate` (a restart). `answers`: k2.cluster.host_ask's to `state_questions`, on
+    `host` (the inventory host the tasks run for)."""
     stale = []
-    for result in inspect_results:
-        process = result["item"]
-        info = json.loads(result["stdout"])[0]
-        labels = info.get("Config", {}).get("Labels") or {}
-        running = bool(info.get("State", {}).get("Running"))
+    for process in processes:
+        state = _state(answers, process)
         if (
-            not running
-            or labels.get(LABEL_HASH) != docker_spec_hash(process, plan, host)
+            not isinstance(state, hq.ContainerState)
+            or not state.running
+            or state.spec_hash != docker_spec_hash(process, plan, host)
             or process["container"] in (recreate or ())
         ):
             stale.append(process)
     return stale
+
+
+def stopped_processes(
+    processes: list[dict[str, Any]], answers: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The exec'd processes of `processes` that do not run (not started yet, or exited), from
+    k2.cluster.host_ask's answers to `state_questions`."""
+    return [
+        p
+        for p in processes
+        if not isinstance(state := _state(answers, p), hq.ExecState) or state.state != "running"
+    ]
 
 
 def file_entries(files: dict[str, str], paths: list[str]) -> list[dict[str, str]]:
@@ -157,7 +204,9 @@ def rollout_order(
     plan's fleet.max_unavailable unless `max_unavailable` says otherwise."""
     parsed = Plan.model_validate(plan)
     launch = {
-        host: list(((found or {}).get("phases") or {}).get("launch") or ())
+        host: [
+            Difference.from_json(d) for d in ((found or {}).get("found") or {}).get("launch") or ()
+        ]
         for host, found in looked.items()
     }
     waves = rollout_waves(
@@ -252,6 +301,10 @@ class FilterModule:
             docker_exec_argv,
             file_entries,
             stale_containers,
+            state_questions,
+            container_questions,
+            found_containers,
+            stopped_processes,
             plan_stages,
             restart_set,
             rollout_order,

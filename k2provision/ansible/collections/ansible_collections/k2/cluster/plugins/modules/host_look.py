@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import stat
 import subprocess
-import urllib.error
-import urllib.request
+import sys
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ..module_utils import host_questions as hq
 from ..module_utils.k2_weights.checkpoint import checkpoint_problems
 from ..module_utils.k2_weights.store import local_state
 
@@ -25,31 +23,13 @@ description:
     compares with the plan, read in one module call so a converged host costs one round trip.
   - Reports raw facts only; the controller judges them (k2provision/plan/converge.py).
 options:
-  files:
-    description: Paths of the rendered files; each answers its sha256 and mode, or null.
-    type: list
-    elements: str
-    default: []
-  containers:
-    description: Container names; each present one answers whether it runs and its spec hash.
-    type: list
-    elements: str
-    default: []
-  execs:
-    description: Exec'd processes (name, container, pid_file); each answers whether it lives.
-    type: list
-    elements: dict
-    default: []
-  gates:
-    description: Health gates (name, url or command, container); each answers the HTTP status
-      of a GET of its url, or the exit status of its command in the container.
-    type: list
-    elements: dict
-    default: []
-  label:
-    description: The container label that carries the spec hash.
-    type: str
-    required: true
+  questions:
+    description: The registry's questions (module_utils host_questions), by key, as
+      question_json writes them (the rendered files' and the mesh files' digests, the
+      processes' states, the health gates' answers); each key answers its record as JSON,
+      asked in one shell script.
+    type: dict
+    default: {}
   model_dir:
     description: The model directory.
     type: str
@@ -72,78 +52,12 @@ options:
     elements: str
     default: []
   mesh_dir:
-    description: The ssh mesh's directory; its public files' texts, the public half of its
-      private key, and each of O(mesh_files)' sha256 and mode are answered.
+    description: The ssh mesh's directory; its public files' texts and the public half of its
+      private key are answered (its files' digests are questions).
     type: str
     default: ""
-  mesh_files:
-    description: The mesh's files (names in O(mesh_dir)).
-    type: list
-    elements: str
-    default: []
 author: k2provision
 """
-
-
-GATE_TIMEOUT_S = 5
-
-
-def _file(path: str) -> dict[str, str] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return {"sha256": digest.hexdigest(), "mode": f"{stat.S_IMODE(info.st_mode):04o}"}
-
-
-def _containers(names: list[str], label: str) -> dict[str, dict[str, Any]]:
-    """One `docker container inspect` for all names (missing ones are left out)."""
-    if not names:
-        return {}
-    out = subprocess.run(
-        ["docker", "container", "inspect", *names], capture_output=True, text=True, check=False
-    )
-    try:
-        infos = json.loads(out.stdout or "[]")
-    except ValueError:
-        infos = []
-    found = {}
-    for info in infos:
-        name = str(info.get("Name", "")).lstrip("/")
-        labels = (info.get("Config") or {}).get("Labels") or {}
-        found[name] = {
-            "running": bool((info.get("State") or {}).get("Running")),
-            "hash": labels.get(label),
-        }
-    return found
-
-
-def _exec_alive(container: str, pid_file: str) -> bool:
-    out = subprocess.run(
-        ["docker", "exec", container, "sh", "-c", f'kill -0 "$(cat {pid_file})"'],
-        capture_output=True, check=False,
-    )  # fmt: skip
-    return out.returncode == 0
-
-
-def _gate(gate: dict[str, Any]) -> str:
-    """What a health gate answers now: an HTTP status, a command's exit status, or why none."""
-    if gate.get("url"):
-        try:
-            with urllib.request.urlopen(str(gate["url"]), timeout=GATE_TIMEOUT_S) as reply:
-                return str(reply.status)
-        except urllib.error.HTTPError as error:
-            return str(error.code)
-        except (OSError, ValueError) as error:
-            return f"no answer ({getattr(error, 'reason', error)})"
-    argv = ["docker", "exec", str(gate["container"]), *[str(a) for a in gate["command"]]]
-    return str(subprocess.run(argv, capture_output=True, check=False).returncode)
 
 
 def _stamp(path: str) -> dict[str, Any] | None:
@@ -208,7 +122,7 @@ def _text(path: str) -> str:
         return ""
 
 
-def _mesh(mesh_dir: str, names: list[str]) -> dict[str, Any]:
+def _mesh(mesh_dir: str) -> dict[str, Any]:
     if not mesh_dir:
         return {}
     private = os.path.join(mesh_dir, "id_ed25519")
@@ -219,7 +133,6 @@ def _mesh(mesh_dir: str, names: list[str]) -> dict[str, Any]:
         )
         public = out.stdout.strip() if out.returncode == 0 else ""
     return {
-        "files": {name: _file(os.path.join(mesh_dir, name)) for name in names},
         "private_public": public,
         "public": _text(os.path.join(mesh_dir, "id_ed25519.pub")),
         "authorized_keys": _text(os.path.join(mesh_dir, "authorized_keys")),
@@ -231,11 +144,7 @@ def _mesh(mesh_dir: str, names: list[str]) -> dict[str, Any]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "files": {"type": "list", "elements": "str", "default": []},
-            "containers": {"type": "list", "elements": "str", "default": []},
-            "execs": {"type": "list", "elements": "dict", "default": []},
-            "gates": {"type": "list", "elements": "dict", "default": []},
-            "label": {"type": "str", "required": True},
+            "questions": {"type": "dict", "default": {}},
             "model_dir": {"type": "str", "default": ""},
             "need": {
                 "type": "str",
@@ -245,19 +154,11 @@ def main() -> None:
             "stamp_dir": {"type": "str", "default": ""},
             "stamps": {"type": "list", "elements": "str", "default": []},
             "mesh_dir": {"type": "str", "default": ""},
-            "mesh_files": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
     params = module.params
     docker = shutil.which("docker") is not None
-    running = _containers(params["containers"], params["label"]) if docker else {}
-    execs = {
-        str(e["name"]): docker
-        and bool(running.get(str(e["container"]), {}).get("running"))
-        and _exec_alive(str(e["container"]), str(e["pid_file"]))
-        for e in params["execs"]
-    }
     model_dir = params["model_dir"]
     if params["need"] == "checkpoint":
         problems = checkpoint_problems(model_dir)
@@ -281,12 +182,9 @@ def main() -> None:
             for m in prepare.get("modules") or []
         },
         weights=_weights(str(weights.get("manifest") or ""), model_dir),
-        mesh=_mesh(params["mesh_dir"], params["mesh_files"]),
-        files={path: _file(path) for path in params["files"]},
+        mesh=_mesh(params["mesh_dir"]),
         docker=docker,
-        containers=running,
-        execs=execs,
-        gates={str(g["name"]): _gate(g) for g in params["gates"]},
+        answers=hq.ask_json(params["questions"], sys.executable),
         checkpoint=problems,
     )
 
