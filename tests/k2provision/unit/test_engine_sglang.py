@@ -611,7 +611,9 @@ def test_tp_server_reads_the_api_key_from_the_launch_phases_options_file() -> No
     for proc in (rank0, rank1):
         assert "--api-key" not in proc.argv
     assert "--config" not in procs(build_plan(tp_cluster()), "n0")["sglang"].argv
-    assert "/secret/key" not in json.dumps(plan.model_dump(mode="json"))
+    # The controller's key file is named once, in the plan's access; no host's part names it.
+    assert plan.access.api_key_file == "/secret/key"
+    assert "/secret/key" not in json.dumps([h.model_dump(mode="json") for h in plan.hosts])
 
 
 def test_tp_server_serves_tls_on_rank_0_and_its_gate_and_endpoint_are_https() -> None:

@@ -397,7 +397,10 @@ def test_the_api_key_reaches_the_api_server_through_its_environment(layout: str)
             assert "VLLM_API_KEY" not in proc.env
     script = p.hosts[0].files["/etc/k2provision/launch/vllm-serve.sh"]
     assert 'export VLLM_API_KEY="${K2_API_KEY}"' in script
-    assert "/secret/key" not in json.dumps(p.model_dump(mode="json"))
+    # The controller's key file is named once, in the plan's access (the launch role copies
+    # it from there); no host's part, render or argv names it.
+    assert p.access.api_key_file == "/secret/key"
+    assert "/secret/key" not in json.dumps([h.model_dump(mode="json") for h in p.hosts])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
