@@ -214,19 +214,23 @@ def test_several_problems_give_one_line_each() -> None:
 
 
 @pytest.mark.parametrize(
-    "content",
+    ("content", "says"),
     [
-        "[]",
-        '"x"',
-        "null",
-        '{"quantization_config": null}',
-        '{"num_attention_heads": "64"}',
-        '{"num_attention_heads": 0, "torch_dtype": "bfloat16"}',
-        '{"max_position_embeddings": -1, "torch_dtype": "bfloat16"}',
-        '{"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3"}',
+        ("[]", ""),
+        ('"x"', ""),
+        ("null", ""),
+        ('{"quantization_config": null}', ""),
+        ('{"num_attention_heads": "64"}', ""),
+        ('{"num_attention_heads": 0, "torch_dtype": "bfloat16"}', ""),
+        ('{"max_position_embeddings": -1, "torch_dtype": "bfloat16"}', ""),
+        ('{"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3"}', ""),
+        # Nesting far past the reader's depth bound (it used to end in a RecursionError).
+        pytest.param("[" * 50_000 + "]" * 50_000, "nests deeper than", id="nested-50000"),
     ],
 )
-def test_plan_refuses_them_with_one_clear_line_and_exit_2(tmp_path: Path, content: str) -> None:
+def test_plan_refuses_them_with_one_clear_line_and_exit_2(
+    tmp_path: Path, content: str, says: str
+) -> None:
     config = tmp_path / "config.json"
     config.write_text(content)
     inv = tmp_path / "inv.ini"
@@ -246,3 +250,4 @@ def test_plan_refuses_them_with_one_clear_line_and_exit_2(tmp_path: Path, conten
     assert len(lines) == 1, out.stderr
     assert f"k2_model_config_json={config}" in lines[0]
     assert "fix:" in lines[0]
+    assert says in lines[0]
