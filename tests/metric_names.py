@@ -10,6 +10,7 @@ file the monitoring role starts it with (k2provision/plan/dcgm_counters.py).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import warnings
 from pathlib import Path
@@ -46,14 +47,21 @@ def _kind(call: ast.Call) -> str | None:
     return None
 
 
+@functools.cache
 def source_metrics(package_dir: Path, prefix: str) -> dict[str, str]:
-    """name -> type of every prometheus_client metric with a literal name starting `prefix`."""
+    """name -> type of every prometheus_client metric with a literal name starting `prefix`.
+
+    Only files whose text holds `prefix` are parsed: a literal starting with it is in the text.
+    """
     found: dict[str, str] = {}
     for path in package_dir.rglob("*.py"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if prefix not in text:
+            continue
         try:
             with warnings.catch_warnings():  # the releases' own bad escapes are theirs
                 warnings.simplefilter("ignore", DeprecationWarning)
-                tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+                tree = ast.parse(text)
         except SyntaxError:
             continue
         for node in ast.walk(tree):
@@ -74,13 +82,15 @@ def source_metrics(package_dir: Path, prefix: str) -> dict[str, str]:
     return found
 
 
-def binary_names(path: Path, prefix: str) -> set[str]:
+@functools.cache
+def binary_names(path: Path, prefix: str) -> frozenset[str]:
     """The `prefix…` identifiers among a binary's strings."""
     data = path.read_bytes()
     pattern = re.escape(prefix.encode()) + rb"[a-z0-9_]+"
-    return {m.decode() for m in re.findall(pattern, data)}
+    return frozenset(m.decode() for m in re.findall(pattern, data))
 
 
+@functools.cache
 def binary_metric_help(path: Path, prefix: str) -> dict[str, str]:
     """`prefix…` metric names of a Rust binary with the help text its `describe_*!` call stored
     right after the name (the names and help texts are adjacent string literals)."""
@@ -101,7 +111,7 @@ def binary_metric_help(path: Path, prefix: str) -> dict[str, str]:
 GRPC_ONLY = "(gRPC only)"
 
 
-def router_http_names(path: Path) -> set[str]:
+def router_http_names(path: Path) -> frozenset[str]:
     """The router binary's `smg_` names less those its help marks gRPC-only: what a router of
     HTTP workers (every rendered router) can record."""
     grpc_only = {n for n, text in binary_metric_help(path, "smg_").items() if GRPC_ONLY in text}
