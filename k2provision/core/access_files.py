@@ -121,7 +121,7 @@ def api_key_problem(data: bytes) -> str | None:
         return f"is not UTF-8 text ({len(data)} bytes)"
     key = text.strip()  # as the launch script and the roles read it
     if not key:
-        what = "is empty" if not data else "holds only whitespace"
+        what = "is empty" if not data else "is empty but for whitespace"
         return f"{what} ({len(data)} bytes), so the endpoint would serve without a key"
     if lines := len(key.splitlines()) - 1:
         return f"holds {lines + 1} lines ({len(data)} bytes); the key is one line"

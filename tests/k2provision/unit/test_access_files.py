@@ -120,7 +120,12 @@ CASES: list[tuple[str, str, Maker, str]] = [
     *[("k2_tls_key_file", case, make, says) for case, make, says in COMMON],
     *[("k2_tls_ca_file", case, make, says) for case, make, says in COMMON],
     ("k2_api_key_file", "empty", _write("key", b""), "is empty (0 bytes)"),
-    ("k2_api_key_file", "blank", _write("key", b" \n\t\n"), "holds only whitespace (4 bytes)"),
+    (
+        "k2_api_key_file",
+        "blank",
+        _write("key", b" \n\t\n"),
+        "is empty but for whitespace (4 bytes)",
+    ),
     ("k2_api_key_file", "multi-line", _write("key", f"{SECRET}\n{SECRET}\n".encode()), "lines"),
     ("k2_api_key_file", "control", _write("key", f"{SECRET}\x00x".encode()), "control"),
     ("k2_api_key_file", "not-utf8", _write("key", b"\xff\xfe" + SECRET.encode()), "not UTF-8"),
