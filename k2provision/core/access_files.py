@@ -5,10 +5,10 @@ Each is read as the launch phase will copy it (roles/k2_launch/tasks/guard.yml):
 within a size limit, never opened blocking (a FIFO or a device is refused by its type first),
 decrypted in memory when it is ansible-vault encrypted (with the vault secrets of the run, as
 Ansible's copy and file lookup decrypt it). What cannot serve is refused: an API key that is
-empty, spans lines or holds spaces; a certificate or CA file without a certificate, or with a
-private key in it (both are copied to the host readable by all); a private key that is
-encrypted, missing, or not the certificate's. A refusal names the file and its length, never
-what it holds.
+empty, spans lines or holds control characters; a certificate or CA file without a
+certificate, or with a private key in it (both are copied to the host readable by all); a
+private key that is encrypted, missing, or not the certificate's. A refusal names the file and
+its length, never what it holds.
 """
 
 from __future__ import annotations
@@ -138,10 +138,7 @@ def _certificates(data: bytes) -> tuple[list[x509.Certificate], str | None]:
     from cryptography import x509
 
     if _PRIVATE_KEY_BLOCK.search(data):
-        return [], (
-            f"holds a private key ({len(data)} bytes), which would be copied to the host "
-            "readable by all"
-        )
+        return [], f"holds a private key ({len(data)} bytes)"
     try:
         return list(x509.load_pem_x509_certificates(data)), None
     except ValueError:
