@@ -321,6 +321,10 @@ def test_half_a_tls_pair_is_refused_naming_both_variables_beside_other_errors(
     assert [p for p in problems if p.startswith(f"{path}: k2_api_port=abc is refused")]
     assert [p for p in problems if p.startswith(f"{path}: k2_gpus_per_node=zz is refused")]
     assert [p for p in problems if "k2_instances=3 does not split" in p]
+    alone = _inventory(tmp_path, f"{given}=/etc/k2/half.pem\n")
+    with pytest.raises(InventoryError) as refused:
+        load_cluster(alone)
+    assert refused.value.problems == (pair,)  # the rule, once
 
 
 def test_the_cli_opens_a_vaulted_key_file_with_the_runs_password(tmp_path: Path) -> None:
