@@ -7,8 +7,9 @@ decrypted in memory when it is ansible-vault encrypted (with the vault secrets o
 Ansible's copy and file lookup decrypt it). What cannot serve is refused: an API key that is
 empty, spans lines or holds control characters; a certificate or CA file without a
 certificate, or with a private key in it (both are copied to the host readable by all); a
-private key that is encrypted, missing, or not the certificate's. A refusal names the file and
-its length, never what it holds.
+private key that is encrypted, missing, or not the certificate's; a CA file that vouches for
+none of the certificate's chain. A refusal names the file and its length, never what it
+holds.
 """
 
 from __future__ import annotations
@@ -190,6 +191,35 @@ def private_key_problem(data: bytes, certificate: bytes | None) -> str | None:
     return None
 
 
+def ca_problem(data: bytes, certificate: bytes | None) -> str | None:
+    """Why `data` is not a CA file that vouches for `certificate`'s chain: no certificate, a
+    private key, or no certificate that is one of the chain's or signed one of them (None:
+    unknown, as when the certificate is refused itself)."""
+    authorities, why = _certificates(data)
+    if why or certificate is None:
+        return why
+    chain, refused = _certificates(certificate)
+    if refused or not chain:
+        return None
+    if any(_issued(link, authority) for link in chain for authority in authorities):
+        return None
+    return (
+        f"holds {len(authorities)} certificate(s), none of which is or signed a certificate "
+        "of k2_tls_cert_file: verify would not trust the endpoint"
+    )
+
+
+def _issued(certificate: x509.Certificate, authority: x509.Certificate) -> bool:
+    """`certificate` is `authority`, or `authority` signed it."""
+    if certificate == authority:
+        return True
+    try:
+        certificate.verify_directly_issued_by(authority)
+    except Exception:  # another issuer, a bad signature or a key type it cannot check
+        return False
+    return True
+
+
 def endpoint_host(cluster: Cluster) -> str:
     """The host the endpoint runs on, where the launch phase copies these files: [router],
     else the first host of the first pool."""
@@ -229,5 +259,5 @@ def access_file_problems(cluster: Cluster) -> list[str]:
     cert_ok = t.tls_cert_file in read and not certificate_problem(read[t.tls_cert_file])
     certificate = read[t.tls_cert_file] if cert_ok and t.tls_cert_file else None
     judge(TLS_KEY, t.tls_key_file, lambda data: private_key_problem(data, certificate))
-    judge(TLS_CA, t.tls_ca_file, certificate_problem)
+    judge(TLS_CA, t.tls_ca_file, lambda data: ca_problem(data, certificate))
     return problems

@@ -98,6 +98,11 @@ def _passphrase_key(directory: Path, files: GuardFiles) -> str:
     return str(directory / "locked.pem")
 
 
+def _other_ca(directory: Path, _: GuardFiles) -> str:
+    (directory / "other-ca.pem").write_bytes(certificate_pem(new_key(), "k2 test CA"))
+    return str(directory / "other-ca.pem")
+
+
 def _cert_as_key(directory: Path, files: GuardFiles) -> str:
     return files.cert
 
@@ -138,6 +143,7 @@ CASES: list[tuple[str, str, Maker, str]] = [
     ("k2_tls_key_file", "passphrase", _passphrase_key, "passphrase-protected"),
     ("k2_tls_ca_file", "empty", _write("ca", b""), "holds no PEM certificate"),
     ("k2_tls_ca_file", "with-a-key", _cert_with_its_key, "holds a private key"),
+    ("k2_tls_ca_file", "another-ca", _other_ca, "none of which is or signed a certificate"),
 ]
 
 
@@ -251,11 +257,13 @@ def test_a_mismatched_pair_made_by_openssl_is_refused(
         capture_output=True,
     )  # fmt: skip
     cert, wrong = str(tmp_path / "a.crt"), str(tmp_path / "b.key")
-    (problem,) = refusals(guarded(guard_files, tls_cert_file=cert, tls_key_file=wrong))
+    # A self-signed certificate is its own CA.
+    pair = {"tls_cert_file": cert, "tls_ca_file": cert}
+    (problem,) = refusals(guarded(guard_files, **pair, tls_key_file=wrong))
     assert f"k2_tls_key_file={wrong} " in problem
     assert "the pair does not match" in problem
     right = str(tmp_path / "a.key")
-    plan = build_plan(guarded(guard_files, tls_cert_file=cert, tls_key_file=right))
+    plan = build_plan(guarded(guard_files, **pair, tls_key_file=right))
     assert plan.access.tls_key_file == right
 
 
