@@ -3,4 +3,5 @@ pytest_plugins = [
     "tests.main_install",
     "tests.pd_lab",
     "tests.k2provision.unit.contract_support",
+    "tests.k2provision.access_support",
 ]

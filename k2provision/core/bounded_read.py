@@ -22,22 +22,47 @@ def file_problem(path: Path, limit: int) -> str | None:
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     if not stat.S_ISREG(info.st_mode):
-        return "is not a regular file (a FIFO, a device or a socket)"
+        return f"is not a regular file ({file_kind(info.st_mode)})"
     if info.st_size > limit:
         return f"is {info.st_size} bytes, over the limit of {limit}"
     return None
 
 
-def read_text(path: Path, limit: int) -> str:
-    """The text of a regular file of at most `limit` bytes; ValueError saying why not."""
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, for a message."""
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a plain file")
+
+
+def read_bytes(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; ValueError saying why not. The
+    type is checked before the file is opened, and again on what was opened (without blocking,
+    so a file swapped for a FIFO in between reads as nothing rather than waiting)."""
     if why := file_problem(path, limit):
         raise ValueError(f"{path} {why}")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path} is not a regular file ({file_kind(mode)})")
         data = f.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"{path} grew past the limit of {limit} bytes while read")
-    return data.decode("utf-8")
+    return data
+
+
+def read_text(path: Path, limit: int) -> str:
+    """The text of a regular file of at most `limit` bytes; ValueError saying why not."""
+    return read_bytes(path, limit).decode("utf-8")
 
 
 def yaml_expansion_problem(text: str) -> str | None:

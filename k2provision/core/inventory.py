@@ -37,6 +37,7 @@ from k2provision.core.records import (
     HostSpec,
     PoolName,
     Tunables,
+    tls_pair_problem,
 )
 from k2provision.core.variables import (
     CLUSTER_VARS,
@@ -428,7 +429,11 @@ def cluster_from_groups(
         cluster = Cluster(**fields)
     except ValidationError as exc:
         problems.extend(_field_problems(source, exc, values))
-        raise InventoryError(problems) from None
+        # The checks below still run, on the cluster without the refused values.
+        fallback = _without_refused(fields, exc)
+        if fallback is None:
+            raise InventoryError(problems) from None
+        cluster = fallback
     faulty = [h.name for h in cluster.hosts if h.lab_fault]
     if faulty and not cluster.lab:
         problems.append(
@@ -566,13 +571,38 @@ def _tunables(source: str, values: Mapping[str, Any]) -> tuple[Tunables, list[st
     try:
         return Tunables(**given), []
     except ValidationError as exc:
-        return Tunables(), _field_problems(source, exc, values)
+        problems = _field_problems(source, exc, values)
+    # A field's error stops pydantic before the rules across fields: they are asked here too,
+    # of the values as given, so that every problem is reported at once.
+    if pair := tls_pair_problem(given.get("tls_cert_file"), given.get("tls_key_file")):
+        problems.append(f"{source}: {pair}")
+    return Tunables(), list(dict.fromkeys(problems))
+
+
+# What a refused required field stands in as, so that the checks after it still run.
+_STAND_INS = {"gpus_per_node": 8, "model_dir": "/models/model"}
+
+
+def _without_refused(fields: Mapping[str, Any], exc: ValidationError) -> Cluster | None:
+    """The cluster of `fields` with each refused one at its default (or a stand-in): for the
+    checks that follow a field's error; None when it still cannot be built."""
+    refused = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+    kept = {name: value for name, value in fields.items() if name not in refused}
+    kept |= {name: _STAND_INS[name] for name in refused if name in _STAND_INS}
+    try:
+        return Cluster(**kept)
+    except ValidationError:
+        return None
 
 
 def _field_problems(source: str, exc: ValidationError, values: Mapping[str, Any]) -> list[str]:
     problems = []
     for err in exc.errors():
-        field = str(err["loc"][0]) if err["loc"] else ""
+        if not err["loc"]:  # a rule across fields: its message names its variables
+            error = err.get("ctx", {}).get("error")
+            problems.append(f"{source}: {error if error is not None else err['msg']}")
+            continue
+        field = str(err["loc"][0])
         variable = f"k2_{field}"
         if variable == "k2_engine":
             continue  # reported with the engine's own line

@@ -307,12 +307,24 @@ class Tunables(Record):
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Tunables:
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError(
-                "k2_tls_cert_file and k2_tls_key_file go together: set both (the endpoint "
-                "serves TLS with them) or neither"
-            )
+        if problem := tls_pair_problem(self.tls_cert_file, self.tls_key_file):
+            raise ValueError(problem)
         return self
+
+
+def tls_pair_problem(cert_file: object, key_file: object) -> str | None:
+    """Why k2_tls_cert_file and k2_tls_key_file (None: unset) are not a pair: one given alone.
+    A rule of the values as given, so that it is also reported beside another field's error."""
+    if (cert_file is None) == (key_file is None):
+        return None
+    given, missing = ("cert", "key") if key_file is None else ("key", "cert")
+    value = cert_file if key_file is None else key_file
+    return (
+        f"k2_tls_{given}_file={value} is set without k2_tls_{missing}_file; expected both (the "
+        "endpoint serves TLS with the certificate and its private key) or neither; fix: set "
+        f"k2_tls_{missing}_file to the {'private key' if missing == 'key' else 'certificate'} "
+        f"of the pair, or unset k2_tls_{given}_file"
+    )
 
 
 class Cluster(Record):

@@ -33,6 +33,7 @@ from k2provision.core.records import AccessFiles, Plan
 from k2provision.engines import REGISTRY
 from k2provision.engines.base import BenchClient, PublishedFigure, ResultFormat
 from k2provision.errors import ArgumentError, K2Error
+from k2provision.ops.endpoint_access import read_ca
 
 SCHEMA_VERSION = 1
 DEFAULT_GPU_HOUR_USD = 2.3
@@ -342,15 +343,7 @@ def ca_text(access: AccessFiles) -> str | None:
     Reads the controller's file."""
     if not access.tls_ca_file:
         return None
-    try:
-        return Path(access.tls_ca_file).read_text()
-    except OSError as error:
-        raise K2Error(
-            [
-                f"k2_tls_ca_file {access.tls_ca_file}: {error.strerror}; fix: point "
-                "it at the CA certificate that signed k2_tls_cert_file"
-            ]
-        ) from None
+    return read_ca(access.tls_ca_file)
 
 
 # ---------------------------------------------------------------- results

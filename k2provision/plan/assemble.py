@@ -1,11 +1,13 @@
 """Cluster + model + hardware -> Plan: parallel layout, ranks, memory fit, rendered launches.
 
-Pure: no I/O beyond reading a k2_model_config_json. `build_plan` refuses a cluster that cannot
-serve the model, naming the numbers and only fixes that work (plan/fixes.py): every suggested
-change (node counts, layouts, redundant experts, GPUs per node, KV dtype, context) is planned
-again and offered only when that plan fits. A pool may hold several equal instances (a fleet,
-k2_instances and its PD forms): shapes and fits are per instance, and each instance is planned
-with its own hosts, master and URL (`pool_plan`) for the engine to render behind one router.
+Pure: no I/O beyond reading a k2_model_config_json and the endpoint's key and TLS files (judged
+by core/access_files.py; the plan holds their paths, never their contents). `build_plan`
+refuses a cluster that cannot serve the model, naming the numbers and only fixes that work
+(plan/fixes.py): every suggested change (node counts, layouts, redundant experts, GPUs per node,
+KV dtype, context) is planned again and offered only when that plan fits. A pool may hold
+several equal instances (a fleet, k2_instances and its PD forms): shapes and fits are per
+instance, and each instance is planned with its own hosts, master and URL (`pool_plan`) for the
+engine to render behind one router.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 from urllib.parse import urlsplit
 
 from k2provision.core import catalog
+from k2provision.core.access_files import access_file_problems
 from k2provision.core.endpoint_guard import TLS_CA, guard_path
 from k2provision.core.records import (
     AccessFiles,
@@ -32,7 +35,7 @@ from k2provision.core.variables import INSTANCE_VARS as INSTANCE_VARIABLES
 from k2provision.engines import REGISTRY, layout_of
 from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
-from k2provision.errors import InventoryError, PlanError
+from k2provision.errors import InventoryError, K2Error, PlanError
 from k2provision.plan.caches import compile_cache_dir, with_compile_caches
 from k2provision.plan.fit import edge_warnings
 from k2provision.plan.fixes import fixes
@@ -47,15 +50,20 @@ MESH_PORT_SETTING = "k2_ssh_port"
 
 def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     """Decide everything about a deployment; raise PlanError when it cannot work."""
-    if settings := engine_setting_problems(cluster):
-        raise InventoryError(settings)
+    # The settings and the model's problems are reported together: every problem at once.
+    settings = [*engine_setting_problems(cluster), *access_file_problems(cluster)]
     if spec is None:
-        spec = resolve_model(cluster)
+        try:
+            spec = resolve_model(cluster)
+        except K2Error as error:
+            raise InventoryError([*settings, *error.problems]) from None
     gpu = catalog.gpu(cluster.gpu)
     engine = REGISTRY[cluster.engine]
     release = engine.RELEASE
     context = cluster.context_length or spec.max_position_embeddings
     problems, warnings = model_problems(cluster, spec, gpu, context)
+    if settings:
+        raise InventoryError([*settings, *problems])
     if problems:
         raise PlanError(problems)
 

@@ -14,6 +14,7 @@ import pytest
 from k2provision.core.endpoint_guard import API_KEY_YAML, guard_path
 from k2provision.core.templating import with_host_values
 from k2provision.plan.assemble import build_plan
+from tests.k2provision.access_support import GuardFiles
 
 from . import goldens
 from .runner import check
@@ -27,12 +28,11 @@ KEY = "k2-test-key 0123: with a colon"  # YAML would misread it unquoted
     ("case", "engine"), [("sglang-tp", "sglang"), ("ktransformers", "sglang-kt")]
 )
 def test_the_sglang_server_takes_the_key_from_its_config_file(
-    case: str, engine: str, tmp_path: Path
+    case: str, engine: str, tmp_path: Path, guard_files: GuardFiles
 ) -> None:
     cluster = goldens.cluster(case)
-    keyed = cluster.model_copy(
-        update={"tunables": cluster.tunables.model_copy(update={"api_key_file": "/k"})}
-    )
+    key_file = {"api_key_file": guard_files.api_key}
+    keyed = cluster.model_copy(update={"tunables": cluster.tunables.model_copy(update=key_file)})
     plan = build_plan(keyed)
     proc = next(p for p in plan.hosts[0].processes if p.argv[:3] == goldens.SGLANG_SERVER)
     proc = with_host_values(proc, goldens.SAMPLE_HOST_VALUES)

@@ -13,6 +13,7 @@ from k2provision.core.endpoint_guard import TLS_CERT, TLS_KEY, guard_path
 from k2provision.core.records import Process
 from k2provision.core.templating import with_host_values
 from k2provision.plan.assemble import build_plan
+from tests.k2provision.access_support import GuardFiles
 
 from . import goldens
 from .runner import check
@@ -20,14 +21,16 @@ from .runner import check
 pytestmark = pytest.mark.parsers
 
 
-def _server_with_tls(case: str, program: tuple[str, ...]) -> tuple[Process, str, str]:
+def _server_with_tls(
+    case: str, program: tuple[str, ...], files: GuardFiles
+) -> tuple[Process, str, str]:
     """The case's endpoint server rendered with TLS, and the certificate and key paths on its
     host."""
     cluster = goldens.cluster(case)
     guarded = cluster.model_copy(
         update={
             "tunables": cluster.tunables.model_copy(
-                update={"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"}
+                update={"tls_cert_file": files.cert, "tls_key_file": files.key}
             )
         }
     )
@@ -52,9 +55,9 @@ def _server_with_tls(case: str, program: tuple[str, ...]) -> tuple[Process, str,
     ],
 )
 def test_the_endpoint_server_takes_the_certificate_and_key(
-    case: str, engine: str, program: tuple[str, ...], tmp_path: Path
+    case: str, engine: str, program: tuple[str, ...], tmp_path: Path, guard_files: GuardFiles
 ) -> None:
-    proc, cert_on_host, key_on_host = _server_with_tls(case, program)
+    proc, cert_on_host, key_on_host = _server_with_tls(case, program, guard_files)
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert.write_text("certificate\n")
     key.write_text("key\n")

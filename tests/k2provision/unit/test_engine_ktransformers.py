@@ -9,6 +9,7 @@ from k2provision.core.templating import launch_script
 from k2provision.engines import ktransformers
 from k2provision.errors import InventoryError
 from k2provision.plan.assemble import build_plan
+from tests.k2provision.access_support import GuardFiles
 
 
 def plan(**tunables: object) -> Plan:
@@ -102,19 +103,23 @@ def test_image_is_built_from_the_pinned_kt_kernel() -> None:
     assert not any("build containers" in w for w in plan(image="reg/kt:1").warnings)
 
 
-def test_the_api_key_comes_from_the_launch_phases_options_file() -> None:
+def test_the_api_key_comes_from_the_launch_phases_options_file(guard_files: GuardFiles) -> None:
     """sglang-kt's server takes --config like SGLang's: the key is in no argv or plan."""
-    keyed = process_of(plan(api_key_file="/secret/key"))
+    keyed = process_of(plan(api_key_file=guard_files.api_key))
     assert opt(keyed.argv, "--config") == "/etc/k2provision/secrets/api_key.yaml"
     assert "--api-key" not in keyed.argv
     assert "--config" not in process_of(plan()).argv
-    assert not [w for w in plan(api_key_file="/secret/key").warnings if "k2_api_key_file" in w]
+    assert not [
+        w for w in plan(api_key_file=guard_files.api_key).warnings if "k2_api_key_file" in w
+    ]
 
 
-def test_tls_is_refused_since_its_sglang_has_no_certificate_option() -> None:
+def test_tls_is_refused_since_its_sglang_has_no_certificate_option(
+    guard_files: GuardFiles,
+) -> None:
     with pytest.raises(InventoryError) as refused:
-        plan(tls_cert_file="/c.pem", tls_key_file="/k.pem")
+        plan(tls_cert_file=guard_files.cert, tls_key_file=guard_files.key)
     (problem,) = refused.value.problems
-    assert problem.startswith("k2_tls_cert_file=/c.pem: ktransformers serves no TLS")
+    assert problem.startswith(f"k2_tls_cert_file={guard_files.cert}: ktransformers serves no TLS")
     assert "sglang-kt 0.7.2" in problem
     assert "TLS-terminating proxy" in problem

@@ -12,6 +12,7 @@ from k2provision.engines import sglang
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.inventory import load_cluster
+from tests.k2provision.access_support import GuardFiles
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 IB = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
@@ -557,11 +558,17 @@ def test_pd_router_limits_follow_the_decode_capacity_unless_set() -> None:
     assert plan.endpoint.startswith("http://")
 
 
-def test_pd_router_key_is_read_at_launch_and_tls_makes_the_endpoint_https() -> None:
+def test_pd_router_key_is_read_at_launch_and_tls_makes_the_endpoint_https(
+    guard_files: GuardFiles,
+) -> None:
     from k2provision.core.endpoint_guard import API_KEY, TLS_CERT, TLS_KEY, guard_path
 
     plan = build_plan(
-        pd_cluster(api_key_file="/secret/key", tls_cert_file="/c.pem", tls_key_file="/k.pem")
+        pd_cluster(
+            api_key_file=guard_files.api_key,
+            tls_cert_file=guard_files.cert,
+            tls_key_file=guard_files.key,
+        )
     )
     router = procs(plan, "p0")["sglang-router"]
     assert flag(router.argv, "--api-key") == "${K2_API_KEY}"
@@ -576,12 +583,14 @@ def test_pd_router_key_is_read_at_launch_and_tls_makes_the_endpoint_https() -> N
     assert "K2_API_KEY=$(python3 " in script
     assert "k2provision: K2_API_KEY read from /etc/k2provision/secrets/api_key" in script
     assert '--api-key "${K2_API_KEY}"' in script
-    assert "/secret/key" not in script  # the controller's path stays on the controller
+    assert guard_files.api_key not in script  # the controller's path stays on the controller
 
 
 def test_tls_needs_both_the_certificate_and_its_key() -> None:
-    with pytest.raises(ValueError, match="k2_tls_cert_file and k2_tls_key_file go together"):
+    with pytest.raises(ValueError, match=r"k2_tls_cert_file=/c\.pem is set without k2_tls_key"):
         Tunables(tls_cert_file="/c.pem")
+    with pytest.raises(ValueError, match=r"k2_tls_key_file=/k\.pem is set without k2_tls_cert"):
+        Tunables(tls_key_file="/k.pem")
 
 
 def test_the_launch_role_writes_the_guard_files_where_the_render_reads_them() -> None:
@@ -599,12 +608,14 @@ def test_the_launch_role_writes_the_guard_files_where_the_render_reads_them() ->
         assert f'{{{{ k2_launch_plan.config_dir }}}}/{relative}"' in guard, relative
 
 
-def test_tp_server_reads_the_api_key_from_the_launch_phases_options_file() -> None:
+def test_tp_server_reads_the_api_key_from_the_launch_phases_options_file(
+    guard_files: GuardFiles,
+) -> None:
     """With no router the rank-0 server is the endpoint: `--config` names the YAML file the
     launch phase writes (the key itself is in no argv); the other ranks take no key."""
     from k2provision.core.endpoint_guard import API_KEY_YAML, guard_path
 
-    plan = build_plan(tp_cluster(api_key_file="/secret/key"))
+    plan = build_plan(tp_cluster(api_key_file=guard_files.api_key))
     rank0, rank1 = (procs(plan, name)["sglang"] for name in ("n0", "n1"))
     assert flag(rank0.argv, "--config") == guard_path("/etc/k2provision", API_KEY_YAML)
     assert "--config" not in rank1.argv
@@ -612,17 +623,19 @@ def test_tp_server_reads_the_api_key_from_the_launch_phases_options_file() -> No
         assert "--api-key" not in proc.argv
     assert "--config" not in procs(build_plan(tp_cluster()), "n0")["sglang"].argv
     # The controller's key file is named once, in the plan's access; no host's part names it.
-    assert plan.access.api_key_file == "/secret/key"
-    assert "/secret/key" not in json.dumps([h.model_dump(mode="json") for h in plan.hosts])
+    assert plan.access.api_key_file == guard_files.api_key
+    assert guard_files.api_key not in json.dumps([h.model_dump(mode="json") for h in plan.hosts])
 
 
-def test_tp_server_serves_tls_on_rank_0_and_its_gate_and_endpoint_are_https() -> None:
+def test_tp_server_serves_tls_on_rank_0_and_its_gate_and_endpoint_are_https(
+    guard_files: GuardFiles,
+) -> None:
     """Without a router rank 0's server is the endpoint: --ssl-certfile / --ssl-keyfile on the
     launch phase's files (on its host only, so no other rank names them), no CA (its own
     warm-up would check the certificate against the loopback address)."""
     from k2provision.core.endpoint_guard import TLS_CERT, TLS_KEY, guard_path
 
-    plan = build_plan(tp_cluster(tls_cert_file="/c.pem", tls_key_file="/k.pem"))
+    plan = build_plan(tp_cluster(tls_cert_file=guard_files.cert, tls_key_file=guard_files.key))
     rank0, rank1 = (procs(plan, name)["sglang"] for name in ("n0", "n1"))
     assert flag(rank0.argv, "--ssl-certfile") == guard_path("/etc/k2provision", TLS_CERT)
     assert flag(rank0.argv, "--ssl-keyfile") == guard_path("/etc/k2provision", TLS_KEY)

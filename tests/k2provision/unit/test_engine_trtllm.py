@@ -15,6 +15,7 @@ from k2provision.engines import trtllm
 from k2provision.engines.trtllm_schema import validate_extra_llm_api_options
 from k2provision.errors import InventoryError, PlanError
 from k2provision.plan.assemble import build_plan
+from tests.k2provision.access_support import GuardFiles
 
 ADDRESSES = ("10.2.0.7", "10.2.0.3", "10.2.0.5", "10.2.0.9")
 YAML_PATH = "/etc/k2provision/trtllm/extra-llm-api-config.yml"
@@ -367,20 +368,27 @@ def test_sshd_config_passes_sshd_test_mode(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("guard", "says"),
     [
-        ({"api_key_file": "/secret/key"}, "k2_api_key_file=/secret/key: trtllm takes no API key"),
+        (("api_key_file",), "k2_api_key_file={api_key_file}: trtllm takes no API key"),
         (
-            {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"},
-            "k2_tls_cert_file=/c.pem: trtllm serves no TLS",
+            ("tls_cert_file", "tls_key_file"),
+            "k2_tls_cert_file={tls_cert_file}: trtllm serves no TLS",
         ),
     ],
 )
 def test_a_key_or_certificate_trtllm_serve_cannot_take_is_refused(
-    guard: dict[str, str], says: str
+    guard: tuple[str, ...], says: str, guard_files: GuardFiles
 ) -> None:
     """An endpoint the inventory guards must not answer unguarded: the plan refuses, naming
     the release and the fix, instead of warning."""
+    paths = {
+        "api_key_file": guard_files.api_key,
+        "tls_cert_file": guard_files.cert,
+        "tls_key_file": guard_files.key,
+    }
+    files = {name: paths[name] for name in guard}
+    says = says.format(**files)
     with pytest.raises(InventoryError) as refused:
-        plan(**guard)
+        plan(**files)
     (problem,) = refused.value.problems
     assert problem.startswith(says)
     assert "trtllm-serve 1.2 has no" in problem

@@ -15,6 +15,7 @@ from k2provision.engines import REGISTRY, vllm
 from k2provision.engines.base import Deployment
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
+from tests.k2provision.access_support import GuardFiles
 
 ADDRESSES = ("10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4")
 
@@ -383,10 +384,12 @@ def test_health_gate_kinds() -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_api_key_reaches_the_api_server_through_its_environment(layout: str) -> None:
+def test_the_api_key_reaches_the_api_server_through_its_environment(
+    layout: str, guard_files: GuardFiles
+) -> None:
     """k2_api_key_file: the API server's launch script reads the launch phase's key file into
     VLLM_API_KEY; no argv, no other process and no render holds the key or its source."""
-    p = plan(layout, api_key_file="/secret/key")
+    p = plan(layout, api_key_file=guard_files.api_key)
     (server,) = [proc for _, proc in procs(p) if proc.name == "vllm-serve"]
     assert server.env["VLLM_API_KEY"] == "${K2_API_KEY}"
     key = next(v for v in server.resolve if v.name == "K2_API_KEY")
@@ -399,16 +402,18 @@ def test_the_api_key_reaches_the_api_server_through_its_environment(layout: str)
     assert 'export VLLM_API_KEY="${K2_API_KEY}"' in script
     # The controller's key file is named once, in the plan's access (the launch role copies
     # it from there); no host's part, render or argv names it.
-    assert p.access.api_key_file == "/secret/key"
-    assert "/secret/key" not in json.dumps([h.model_dump(mode="json") for h in p.hosts])
+    assert p.access.api_key_file == guard_files.api_key
+    assert guard_files.api_key not in json.dumps([h.model_dump(mode="json") for h in p.hosts])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_tls_is_served_by_the_api_server_alone_and_makes_the_endpoint_https(layout: str) -> None:
+def test_tls_is_served_by_the_api_server_alone_and_makes_the_endpoint_https(
+    layout: str, guard_files: GuardFiles
+) -> None:
     """k2_tls_cert_file: the API server takes --ssl-certfile / --ssl-keyfile on the launch
     phase's files (on the endpoint's host only); no other process names them; the health gate
     and the endpoint are https."""
-    p = plan(layout, tls_cert_file="/c.pem", tls_key_file="/k.pem")
+    p = plan(layout, tls_cert_file=guard_files.cert, tls_key_file=guard_files.key)
     (server,) = [proc for _, proc in procs(p) if proc.name == "vllm-serve"]
     argv = server.argv
     assert argv[argv.index("--ssl-certfile") + 1] == "/etc/k2provision/tls/cert.pem"

@@ -18,6 +18,7 @@ from k2provision.plan.assemble import build_plan, plan_digest
 from k2provision.plan.containers import spec_hash
 from k2provision.plan.inventory import load_cluster
 from k2provision.plan.monitoring import scrape_targets
+from tests.k2provision.access_support import GuardFiles
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "inventory" / "examples"
 PD_FLEET = EXAMPLES / "sglang-pd-fleet-32.ini"
@@ -164,7 +165,7 @@ def test_an_engine_without_fleets_refuses_them_naming_what_works(tmp_path: Path)
 
 @pytest.mark.parametrize("layout", ["tp", "dp_ep"])
 def test_a_vllm_fleet_is_replicas_behind_the_router_on_the_private_address(
-    tmp_path: Path, layout: str
+    tmp_path: Path, layout: str, guard_files: GuardFiles
 ) -> None:
     """Four 2-node vLLM instances (Ray TP, or DP+EP), each serving the router on its head's
     k2_local_ip and k2_vllm_port and registered by the launch with its model id (the router
@@ -174,7 +175,7 @@ def test_a_vllm_fleet_is_replicas_behind_the_router_on_the_private_address(
         tmp_path,
         TP_FLEET,
         "k2_engine=sglang\nk2_layout=tp",
-        f"k2_engine=vllm\nk2_layout={layout}\nk2_api_key_file=/etc/k2/key",
+        f"k2_engine=vllm\nk2_layout={layout}\nk2_api_key_file={guard_files.api_key}",
     )
     plan = _plan(path)
     heads = [i.master for i in plan.pools[0].instances]

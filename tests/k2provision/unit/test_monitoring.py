@@ -27,6 +27,7 @@ from k2provision.plan.monitoring import (
     scrape_targets,
     where_line,
 )
+from tests.k2provision.access_support import GuardFiles
 from tests.runners import k2
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -80,12 +81,13 @@ def test_vllm_scrapes_the_api_port_of_its_head() -> None:
     ]
 
 
-def test_a_single_server_serving_tls_is_scraped_over_https() -> None:
+def test_a_single_server_serving_tls_is_scraped_over_https(guard_files: GuardFiles) -> None:
     """With k2_tls_cert_file the API port's metrics are https: Prometheus asks them so (not
     checking the certificate, which need not name the local address); a router's own metrics
     port stays http."""
     cluster = load_cluster(GOLDEN / "vllm-tp16" / "inventory.ini")
-    tls = cluster.tunables.model_copy(update={"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"})
+    pair = {"tls_cert_file": guard_files.cert, "tls_key_file": guard_files.key}
+    tls = cluster.tunables.model_copy(update=pair)
     plan = build_plan(cluster.model_copy(update={"tunables": tls}))
     (engine,) = [t for t in scrape_targets(plan) if t.job == "engine"]
     assert engine.scheme == "https"
@@ -95,7 +97,7 @@ def test_a_single_server_serving_tls_is_scraped_over_https() -> None:
     plain = prometheus_config(plan_of("vllm-tp16"))["scrape_configs"]
     assert all("scheme" not in j for j in plain)
     pd = load_cluster(GOLDEN / "sglang-pd-1p1d" / "inventory.ini")
-    pd_tls = pd.tunables.model_copy(update={"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"})
+    pd_tls = pd.tunables.model_copy(update=pair)
     routed = build_plan(pd.model_copy(update={"tunables": pd_tls}))
     assert {t.scheme for t in scrape_targets(routed)} == {"http"}
 

@@ -11,6 +11,7 @@ from k2provision.core.records import AccessFiles, Cluster, FleetSettings
 from k2provision.errors import K2Error, PlanError
 from k2provision.plan.assemble import build_plan, plan_digest
 from k2provision.plan.inventory import load_cluster
+from tests.k2provision.access_support import write_guard_files
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -212,24 +213,23 @@ def test_the_plan_carries_the_fleet_settings_defaulted_by_the_cluster(tmp_path: 
 
 
 def test_the_plan_names_the_endpoints_access_files_never_their_contents(tmp_path: Path) -> None:
-    secrets = {
-        name: f"content-of-{name}-{i}" for i, name in enumerate(("key", "cert", "pem", "ca"))
-    }
-    for name, text in secrets.items():
-        (tmp_path / name).write_text(text)
+    files = write_guard_files(tmp_path / "guard")
     extra = (
-        f"k2_api_key_file={tmp_path}/key\nk2_tls_cert_file={tmp_path}/cert\n"
-        f"k2_tls_key_file={tmp_path}/pem\nk2_tls_ca_file={tmp_path}/ca\n"
+        f"k2_api_key_file={files.api_key}\nk2_tls_cert_file={files.cert}\n"
+        f"k2_tls_key_file={files.key}\nk2_tls_ca_file={files.ca}\n"
     )
     plan = build_plan(load_cluster(nodes_inventory(tmp_path, 2, "sglang", "tp", extra)))
     assert plan.access == AccessFiles(
-        api_key_file=f"{tmp_path}/key",
-        tls_cert_file=f"{tmp_path}/cert",
-        tls_key_file=f"{tmp_path}/pem",
-        tls_ca_file=f"{tmp_path}/ca",
+        api_key_file=files.api_key,
+        tls_cert_file=files.cert,
+        tls_key_file=files.key,
+        tls_ca_file=files.ca,
         host_ca_file="/etc/k2provision/tls/ca.pem",
     )
-    assert not [text for text in secrets.values() if text in plan.model_dump_json()]
+    dumped = plan.model_dump_json()
+    contents = [Path(path).read_text().strip() for path in (files.api_key, files.key)]
+    assert not [text for text in contents if text in dumped]
+    assert "PRIVATE KEY" not in dumped
     bare = build_plan(load_cluster(nodes_inventory(tmp_path, 2, "sglang", "tp")))
     assert set(bare.access.model_dump().values()) == {None}
 
