@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k2provision.core import connection
+
 # The inventory variables Ansible's ssh connection plugin reads (its `vars:` sources).
 SSH_VARS = (
     "ansible_host",
@@ -63,9 +65,9 @@ class SshTarget:
 
     @property
     def host(self) -> str:
-        """The address ssh is given (ansible_host, else the inventory name)."""
-        values = dict(self.variables)
-        return values.get("ansible_host") or values.get("ansible_ssh_host") or self.name
+        """The address ssh is given: ansible_ssh_host, else ansible_host, else the inventory
+        name, as Ansible resolves them (core/connection.py)."""
+        return str(connection.host_address(self.name, dict(self.variables)).value) or self.name
 
 
 def ssh_target(name: str, host_vars: Mapping[str, Any]) -> SshTarget:

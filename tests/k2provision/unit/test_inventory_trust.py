@@ -68,13 +68,18 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "api-port-is-ssh",
-        with_vars("k2_api_port=22"),
-        ("n1, n2", "k2_api_port=22", "SSH port", "fix:"),
+        with_vars("k2_api_port=22", base=VLLM),
+        ("n1: k2_api_port=22", "SSH port", "fix:"),
     ),
     (
         "api-port-is-custom-ssh",
-        HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_port=2200") + BASE + "k2_api_port=2200\n",
-        ("n1", "k2_api_port=2200", "SSH port"),
+        HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_port=2200") + VLLM + "k2_api_port=2200\n",
+        ("n1: k2_api_port=2200", "SSH port, ansible_port=2200"),
+    ),
+    (
+        "engine-port-is-ssh",
+        with_vars("k2_sglang_port=22"),
+        ("n1: k2_sglang_port=22", "SSH port", "fix: set k2_sglang_port"),
     ),
     ("dist-port-span", with_vars("k2_dist_port=65533"), ("k2_dist_port=65533", "at most 65529")),
     ("unspecified", HOSTS.replace("10.0.0.2", "0.0.0.0") + BASE, ("n2", "unspecified")),
