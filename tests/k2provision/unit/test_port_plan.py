@@ -6,6 +6,7 @@ both listeners with their variables (or that the port is fixed), the expectation
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from k2provision.core import connection
 from k2provision.errors import InventoryError
 from k2provision.ops.connect import ssh_command, ssh_target
+from k2provision.ops.remote import run_one
 from k2provision.plan import monitoring
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.inventory import cluster_from_groups
@@ -324,3 +326,14 @@ def test_a_bad_alias_is_refused_by_its_own_name(variables: dict[str, Any], fragm
     lines = [line for line in refused.value.problems if line.startswith(fragment)]
     assert len(lines) == 1, refused.value.problems
     assert "fix: set ansible_ssh_" in lines[0]
+
+
+def test_an_unreachable_host_is_named_by_the_spelling_ansible_used() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    variables = {"ansible_host": "10.255.0.9", "ansible_ssh_host": "127.0.0.1"}
+    reply = run_one(ssh_target("down", {**variables, "ansible_ssh_port": port}), "true", 15)
+    assert not reply.reached
+    expected = f"ansible_ssh_host=127.0.0.1 ansible_ssh_port={port}: Connection refused"
+    assert expected in reply.unreachable, reply.unreachable
