@@ -417,7 +417,7 @@ def cluster_from_groups(
         "gpus_per_node": values.get("k2_gpus_per_node", 8),
         "hosts": tuple(hosts),
         "router": router,
-        "monitoring": tuple(h for h in groups.get("monitoring", []) if h in hv),
+        "monitoring": tuple(groups.get("monitoring", [])),
         "tunables": tunables,
         # The rest as the inventory sets them; each unset one takes Cluster's default.
         **{

@@ -99,6 +99,8 @@ def test_the_server_listeners_follow_the_monitoring_host_and_its_switch() -> Non
     assert any("Prometheus" in line for line in refusals({"nodes": ["n1", "n2"]}, two))
     # [monitoring] elsewhere: Prometheus and Grafana are not on the endpoint's host.
     assert not refusals({"nodes": ["n1", "n2"], "monitoring": ["n2"]}, two)
+    # A [monitoring] host outside the plan (which the role refuses) moves them off it too.
+    assert not refusals({"nodes": ["n1", "n2"], "monitoring": ["mon"]}, two)
     # Named there, they are.
     found = refusals({"nodes": ["n1", "n2"], "monitoring": ["n1"]}, two)
     assert any(line.startswith("n1: k2_api_port=9090") for line in found)
