@@ -1,10 +1,10 @@
 """Rules over a whole Cluster that catch, at plan time, what would otherwise fail only on the
-hosts: addresses that name no host
-(unspecified, broadcast, multicast) or that other hosts cannot reach (loopback in a cluster of
-several hosts), one host under two spellings, a firewall that would shut the cluster's hosts (or the
-operator) out, weights settings that cannot work, and image references Docker would refuse
-(the engine's own rules, tunables it never reads and ports it takes past the last, are the
-plan's: plan/support.py; listeners on one port or on the SSH port are plan/ports.py's).
+hosts: addresses that name no host (unspecified, broadcast, multicast) or that other hosts
+cannot reach (loopback in a cluster of several hosts), one host under two spellings, a
+firewall that would shut out the cluster's hosts or the operator (core/firewall.py), weights
+settings that cannot work, and image references Docker would refuse (the engine's own rules,
+tunables it never reads and ports it takes past the last, are the plan's: plan/support.py;
+listeners that share a port or take the SSH port are plan/ports.py's).
 
 Each rule returns problem lines (host or source, value, expectation, fix) and never raises;
 `cluster_rule_problems` runs them all.

@@ -33,13 +33,6 @@ class Resolved:
 
     value: Any
     variable: str | None
-    spellings: tuple[str, str]
-
-    def __str__(self) -> str:
-        """`ansible_ssh_port=2222`, or `22 (neither ansible_port nor ansible_ssh_port is set)`."""
-        if self.variable is None:
-            return f"{self.value} (neither {self.spellings[0]} nor {self.spellings[1]} is set)"
-        return f"{self.variable}={self.value}"
 
 
 def _last_set(host_vars: Mapping[str, Any], names: tuple[str, str]) -> tuple[Any, str | None]:
@@ -53,11 +46,11 @@ def _last_set(host_vars: Mapping[str, Any], names: tuple[str, str]) -> tuple[Any
 def host_address(name: str, host_vars: Mapping[str, Any]) -> Resolved:
     """The address Ansible connects to: ansible_ssh_host, else ansible_host, else the name."""
     value, variable = _last_set(host_vars, ADDRESS_VARS)
-    return Resolved(name if variable is None else str(value), variable, ADDRESS_VARS)
+    return Resolved(name if variable is None else str(value), variable)
 
 
 def ssh_port(host_vars: Mapping[str, Any]) -> Resolved:
     """The SSH port Ansible connects to, as the inventory wrote it (unchecked):
     ansible_ssh_port, else ansible_port, else 22."""
     value, variable = _last_set(host_vars, PORT_VARS)
-    return Resolved(DEFAULT_SSH_PORT if variable is None else value, variable, PORT_VARS)
+    return Resolved(DEFAULT_SSH_PORT if variable is None else value, variable)
