@@ -1,9 +1,10 @@
 """Rules over a whole Cluster that catch, at plan time, what would otherwise fail only on the
-hosts: listeners that collide with SSH or run past the last port, addresses that name no host
-(unspecified, broadcast, multicast) or that other hosts cannot reach (loopback in a cluster of
-several hosts), one host under two spellings, weights settings that cannot work, and image
-references Docker would refuse (the engine's own rules, tunables it never reads and ports it
-takes past the last, are the plan's: plan/support.py).
+hosts: addresses that name no host (unspecified, broadcast, multicast) or that other hosts
+cannot reach (loopback in a cluster of several hosts), one host under two spellings, a
+firewall that would shut out the cluster's hosts or the operator (core/firewall.py), weights
+settings that cannot work, and image references Docker would refuse (the engine's own rules,
+tunables it never reads and ports it takes past the last, are the plan's: plan/support.py;
+listeners that share a port or take the SSH port are plan/ports.py's).
 
 Each rule returns problem lines (host or source, value, expectation, fix) and never raises;
 `cluster_rule_problems` runs them all.
@@ -16,10 +17,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from k2provision.core.firewall import firewall_problems
 from k2provision.core.records import Cluster
 from k2provision.core.variables import shorten_hosts, show
 
-DEFAULT_SSH_PORT = 22
 # Docker's reference grammar: [registry[:port]/]path[:tag][@digest], the path lower case.
 _IMAGE = re.compile(
     r"^(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
@@ -28,19 +29,6 @@ _IMAGE = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
     r"(?:@sha256:[0-9a-f]{64})?$"
 )
-
-
-def ssh_port_clashes(cluster: Cluster, ssh_ports: Mapping[str, int]) -> list[str]:
-    """The API port on a host whose SSH daemon already listens there."""
-    port = cluster.tunables.api_port
-    hosts = [h.name for h in cluster.hosts if ssh_ports.get(h.name, DEFAULT_SSH_PORT) == port]
-    if not hosts:
-        return []
-    return [
-        f"{shorten_hosts(hosts)}: k2_api_port={port} is the host's SSH port (ansible_port); "
-        "expected the API on a port sshd does not hold; fix: set k2_api_port to a free port "
-        "(default 8000)"
-    ]
 
 
 def _unreachable(value: str) -> str | None:
@@ -73,7 +61,8 @@ def unreachable_addresses(cluster: Cluster) -> list[str]:
     problems = []
     several = len(cluster.hosts) > 1
     for host in cluster.hosts:
-        for variable, value in (("ansible_host", host.address), ("k2_local_ip", host.local_ip)):
+        address_variable = host.address_from or "ansible_host"
+        for variable, value in ((address_variable, host.address), ("k2_local_ip", host.local_ip)):
             if why := _unreachable(value):
                 problems.append(
                     f"{host.name}: {variable}={value} {why}; expected an address every host "
@@ -82,7 +71,7 @@ def unreachable_addresses(cluster: Cluster) -> list[str]:
                 break
         else:
             if several and _loopback(host.local_ip):
-                variable = "ansible_host" if host.local_ip == host.address else "k2_local_ip"
+                variable = address_variable if host.local_ip == host.address else "k2_local_ip"
                 problems.append(
                     f"{host.name}: {variable}={host.local_ip} is a loopback address, which the "
                     f"other {len(cluster.hosts) - 1} host(s) of the cluster cannot reach; "
@@ -111,7 +100,7 @@ def same_host_twice(cluster: Cluster) -> list[str]:
             problems.append(
                 f"{host.name}: address {host.address} is {other}'s {spelled} spelt another "
                 "way (DNS names ignore case and a trailing dot); expected one address per "
-                "host; fix: correct ansible_host of one of them"
+                f"host; fix: correct {host.address_from or 'ansible_host'} of one of them"
             )
         seen.setdefault(key, (host.name, host.address))
     return problems
@@ -136,7 +125,7 @@ def local_ip_clashes(cluster: Cluster) -> list[str]:
             if other is host or pair in named:
                 continue
             for variable, value in (
-                ("ansible_host", other.address),
+                (other.address_from or "ansible_host", other.address),
                 ("k2_local_ip", other.local_ip),
             ):
                 if _normal_name(value) != own or (
@@ -144,7 +133,7 @@ def local_ip_clashes(cluster: Cluster) -> list[str]:
                 ):
                     continue
                 named.add(pair)
-                whose = "address" if variable == "ansible_host" else "k2_local_ip"
+                whose = "k2_local_ip" if variable == "k2_local_ip" else "address"
                 problems.append(
                     f"{host.name}: k2_local_ip={host.local_ip} is {_role(cluster, other.name)}'s "
                     f"{whose} ({variable}={value}); expected an address of {host.name}'s own, "
@@ -200,12 +189,15 @@ def image_problems(cluster: Cluster) -> list[str]:
 
 
 def cluster_rule_problems(
-    cluster: Cluster, values: Mapping[str, Any], ssh_ports: Mapping[str, int]
+    cluster: Cluster,
+    values: Mapping[str, Any],
+    host_vars: Mapping[str, Mapping[str, Any]],
 ) -> list[str]:
-    """Every rule of this module over one cluster."""
+    """Every rule of this module over one cluster (`values`: the cluster's variables,
+    `host_vars`: each host's, as Ansible resolved them)."""
     return [
-        *ssh_port_clashes(cluster, ssh_ports),
         *unreachable_addresses(cluster),
+        *firewall_problems(cluster, host_vars),
         *same_host_twice(cluster),
         *local_ip_clashes(cluster),
         *weights_problems(cluster, values),

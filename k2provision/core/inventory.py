@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from k2provision.core import address_rules, bounded_read, network, role_specs, vault
+from k2provision.core import address_rules, bounded_read, connection, network, role_specs, vault
 from k2provision.core.directory_rules import directory_problems
 from k2provision.core.inventory_checks import (
     address_problem,
@@ -51,8 +51,9 @@ from k2provision.core.variables import (
 )
 from k2provision.errors import InventoryError
 
-# The inventory keys besides k2_ variables that the contract reads.
-INVENTORY_KEYS = ("ansible_host", "ansible_port")
+# The inventory keys besides k2_ variables that the contract reads: the address and SSH port
+# in both of Ansible's spellings (core/connection.py resolves them as Ansible does).
+INVENTORY_KEYS = connection.CONNECTION_VARS
 DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
 POOL_GROUPS: tuple[PoolName, ...] = ("nodes", "prefill", "decode")
 # Cluster fields read as the inventory sets them, their defaults those of `Cluster` alone.
@@ -417,6 +418,7 @@ def cluster_from_groups(
         "gpus_per_node": values.get("k2_gpus_per_node", 8),
         "hosts": tuple(hosts),
         "router": router,
+        "monitoring": tuple(groups.get("monitoring", [])),
         "tunables": tunables,
         # The rest as the inventory sets them; each unset one takes Cluster's default.
         **{
@@ -446,9 +448,7 @@ def cluster_from_groups(
     if problems:
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
-    problems += address_rules.cluster_rule_problems(
-        cluster, {**hv[members[0]], **values}, _ssh_ports(hv)
-    )
+    problems += address_rules.cluster_rule_problems(cluster, {**hv[members[0]], **values}, hv)
     if problems:
         raise InventoryError(problems)
     return cluster
@@ -490,31 +490,37 @@ def _hosts(
     local_ips: dict[str, str] = {}
     for name in members:
         v = hv[name]
-        address = str(v.get("ansible_host", name))
+        resolved = connection.host_address(name, v)
+        address = str(resolved.value)
         if why_name := host_name_problem(name):
             problems.append(
                 f"{name!r}: the host name {why_name}; expected letters, digits and . _ - : @ +; "
                 "fix: rename the host in the inventory (ansible_host keeps its address)"
             )
         why = address_problem(address)
-        if why and "ansible_host" in v:
+        if why and resolved.variable:
             problems.append(
-                f"{name}: ansible_host={show(v['ansible_host'])} {why}; fix: set ansible_host "
-                "to the host's IP address or DNS name"
+                f"{name}: {resolved.variable}={show(v[resolved.variable])} {why}; fix: set "
+                f"{resolved.variable} to the host's IP address or DNS name"
             )
         elif why:
             problems.append(
                 f"{name}: without ansible_host the host name is its address, and it {why}; "
                 "fix: set ansible_host to the host's IP address or DNS name"
             )
-        if "ansible_port" in v and (why := port_problem(v["ansible_port"])):
+        port = connection.ssh_port(v)
+        why_port = port_problem(port.value) if port.variable else None
+        if port.variable and why_port:
             shared.setdefault(
-                f"ansible_port={show(v['ansible_port'])} {why}; fix: set the SSH port", []
+                f"{port.variable}={show(port.value)} {why_port}; fix: set {port.variable} to the "
+                "port the host's sshd listens on",
+                [],
             ).append(name)
         if address in addresses:
             problems.append(
                 f"{name}: address {address} is also {addresses[address]}'s; expected one "
-                "address per host; fix: correct ansible_host of one of them"
+                f"address per host; fix: correct {resolved.variable or 'ansible_host'} of one "
+                "of them"
             )
         addresses.setdefault(address, name)
         local_ip = str(v.get("k2_local_ip", address))
@@ -554,6 +560,10 @@ def _hosts(
                 ib_devices=devices if not why else (),
                 lab_fault=str(fault).strip() if fault is not None else None,
                 weights_port=relay_ports.get(name),
+                address_from=resolved.variable or "",
+                ssh_port=connection.DEFAULT_SSH_PORT if why_port else int(str(port.value)),
+                ssh_port_from=port.variable or "",
+                monitoring_server=_monitoring_server(v),
             )
         )
     problems += [f"{shorten_hosts(names)}: {line}" for line, names in shared.items()]
@@ -614,13 +624,12 @@ def _field_problems(source: str, exc: ValidationError, values: Mapping[str, Any]
     return list(dict.fromkeys(problems))
 
 
-def _ssh_ports(hv: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    """Each host's SSH port (ansible_port, or 22)."""
-    return {
-        host: int(str(v.get("ansible_port", 22)))
-        for host, v in hv.items()
-        if not port_problem(v.get("ansible_port", 22))
-    }
+def _monitoring_server(variables: Mapping[str, Any]) -> bool:
+    """k2_monitoring_server as the role will read it (a template or a refused value: the
+    role's default, since only the run can say)."""
+    name = "k2_monitoring_server"
+    value = role_specs.validated(name, variables.get(name, role_specs.default(name)))
+    return value if isinstance(value, bool) else True
 
 
 def _relay_ports(hv: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:

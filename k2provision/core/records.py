@@ -54,6 +54,30 @@ class HostSpec(Record):
     weights_port: int | None = None
     """The port the weights relay listens on here (k2_weights_port, a k2_weights role
     variable), which the plan checks against the engine's ports."""
+    address_from: str = "ansible_host"
+    """The variable that set `address` (ansible_host or its alias ansible_ssh_host, as Ansible
+    resolves them: core/connection.py); empty where the inventory name is the address."""
+    ssh_port: int = 22
+    """The port Ansible reaches this host's sshd on, which no listener of the plan may take."""
+    ssh_port_from: str = ""
+    """The variable that set `ssh_port` (ansible_port or ansible_ssh_port); empty: neither."""
+    monitoring_server: bool = True
+    """k2_monitoring_server as this host sets it: where it is the monitoring host, whether it
+    runs Prometheus and Grafana."""
+
+    @property
+    def address_setting(self) -> str:
+        """`ansible_host=gpu1.example`, or the inventory name where it is the address."""
+        if not self.address_from:
+            return f"the inventory name {self.name} (no ansible_host)"
+        return f"{self.address_from}={self.address}"
+
+    @property
+    def ssh_port_setting(self) -> str:
+        """`ansible_ssh_port=2222`, or `22 (Ansible's default: no ansible_port)`."""
+        if not self.ssh_port_from:
+            return f"{self.ssh_port} (Ansible's default: no ansible_port or ansible_ssh_port)"
+        return f"{self.ssh_port_from}={self.ssh_port}"
 
 
 # Every numeric knob has a range: a value outside it is a typo or a misunderstanding, and it is
@@ -350,6 +374,9 @@ class Cluster(Record):
     drain_timeout: int = Field(default=300, ge=1, le=3600)
     hosts: tuple[HostSpec, ...]
     router: str | None = None
+    monitoring: tuple[str, ...] = ()
+    """The inventory's [monitoring] hosts: Prometheus and Grafana run on the first (none: on
+    the endpoint's host)."""
     lab: bool = False
     tunables: Tunables = Tunables()
 

@@ -110,3 +110,18 @@ def value_problem(variable: str, value: Any) -> str | None:
     if validator.validate({variable: value}).error_messages:
         return expectation(spec)
     return None
+
+
+def validated(variable: str, value: Any) -> Any:
+    """`value` as the role receives it after Ansible's argument validation converts it
+    ("false" to False, "22,2222" to [22, 2222]); None when it is a template (only the run
+    can say) or validation refuses it (value_problem's line)."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    spec = option(variable)
+    if spec is None or is_template(value):
+        return None
+    result = ArgumentSpecValidator({variable: _checked(spec)}).validate({variable: value})
+    if result.error_messages:
+        return None
+    return result.validated_parameters.get(variable)

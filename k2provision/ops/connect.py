@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k2provision.core import connection
+
 # The inventory variables Ansible's ssh connection plugin reads (its `vars:` sources).
 SSH_VARS = (
     "ansible_host",
@@ -63,9 +65,18 @@ class SshTarget:
 
     @property
     def host(self) -> str:
-        """The address ssh is given (ansible_host, else the inventory name)."""
+        """The address ssh is given: ansible_ssh_host, else ansible_host, else the inventory
+        name, as Ansible resolves them (core/connection.py)."""
+        return str(connection.host_address(self.name, dict(self.variables)).value) or self.name
+
+    @property
+    def spellings(self) -> tuple[str, str]:
+        """The address and port variables Ansible used for this host, as a message names them
+        (ansible_ssh_host where that alias won; ansible_host and ansible_port where unset)."""
         values = dict(self.variables)
-        return values.get("ansible_host") or values.get("ansible_ssh_host") or self.name
+        address = connection.host_address(self.name, values).variable
+        port = connection.ssh_port(values).variable
+        return address or "ansible_host", port or "ansible_port"
 
 
 def ssh_target(name: str, host_vars: Mapping[str, Any]) -> SshTarget:
@@ -203,13 +214,14 @@ def failure_reason(target: SshTarget, stderr: str, options: Mapping[str, str]) -
             f"{' via ' + via if via else ''}; fix: check ansible_user and "
             "ansible_ssh_private_key_file, or the keys in the SSH agent"
         )
+    host_var, port_var = target.spellings
     if match := _RESOLVE_RE.search(text):
         name = match.group(1)
-        setting = via if via and name != address else f"ansible_host={address}"
+        setting = via if via and name != address else f"{host_var}={address}"
         return f"{setting}: cannot resolve {name} ({match.group(2)}); fix: check the name"
     if via and re.search(r"open failed|stdio forwarding failed", text):
         return (
-            f"{via} was reached, but it cannot reach ansible_host={address} ansible_port={port}: "
+            f"{via} was reached, but it cannot reach {host_var}={address} {port_var}={port}: "
             f"{lines[0] if lines else 'forwarding refused'}; fix: check the address as the jump "
             "host sees it, and that the host's sshd listens there"
         )
@@ -218,13 +230,13 @@ def failure_reason(target: SshTarget, stderr: str, options: Mapping[str, str]) -
         if via and (host, at) != (address, port):
             return f"{via}: cannot connect to {host} port {at}: {why}; fix: check the jump host"
         return (
-            f"cannot connect to ansible_host={host} ansible_port={at}: {why}"
+            f"cannot connect to {host_var}={host} {port_var}={at}: {why}"
             f"{' via ' + via if via else ''}; fix: check the address, the port and that sshd "
             "runs there"
         )
     if "timed out" in text.lower():
         return (
-            f"ansible_host={address} ansible_port={port}"
+            f"{host_var}={address} {port_var}={port}"
             + (f" via {via}" if via else "")
             + f": {lines[-1]}"
         )

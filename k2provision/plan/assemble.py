@@ -135,9 +135,13 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     )
     rendered = with_compile_caches(cluster, engine.render(deployment))
     listeners = {name: out.listeners for name, out in rendered.items()}
-    if clashes := port_clashes(cluster, listeners):
-        raise InventoryError(clashes)
     endpoint = engine.endpoint(deployment)
+    endpoint_host = next(
+        (h.name for h in cluster.hosts if h.address.lower() == urlsplit(endpoint).hostname),
+        pools[0].master,
+    )
+    if clashes := port_clashes(cluster, listeners, endpoint_host):
+        raise InventoryError(clashes)
     host_plans = []
     for h in cluster.hosts:
         out = rendered.get(h.name)
@@ -176,10 +180,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         model_dir=cluster.model_dir,
         gpu=gpu.key,
         endpoint=endpoint,
-        endpoint_host=next(
-            (h.name for h in cluster.hosts if h.address.lower() == urlsplit(endpoint).hostname),
-            pools[0].master,
-        ),
+        endpoint_host=endpoint_host,
         served_model_name=engine.served_name(cluster),
         config_dir=cluster.tunables.config_dir,
         ssh_port=cluster.tunables.ssh_port,

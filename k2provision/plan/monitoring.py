@@ -234,10 +234,15 @@ def exporters_of(plan: Plan, host: str, *, lab_image: str | None = None) -> tupl
     )
 
 
+def server_host(endpoint_host: str, group: list[str]) -> str:
+    """Where Prometheus and Grafana run: the inventory's first [monitoring] host, else the
+    host that serves the endpoint (the PD router's host)."""
+    return group[0] if group else endpoint_host
+
+
 def monitoring_host(plan: Plan, group: list[str]) -> str:
-    """Where Prometheus and Grafana run: the inventory's [monitoring] host, else the host that
-    serves the endpoint (the PD router's host)."""
-    return group[0] if group else plan.endpoint_host
+    """server_host of a plan."""
+    return server_host(plan.endpoint_host, group)
 
 
 def where_line(plan: Plan, group: list[str]) -> str:

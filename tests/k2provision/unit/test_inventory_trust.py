@@ -68,13 +68,42 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "api-port-is-ssh",
-        with_vars("k2_api_port=22"),
-        ("n1, n2", "k2_api_port=22", "SSH port", "fix:"),
+        with_vars("k2_api_port=22", base=VLLM),
+        ("n1: k2_api_port=22", "SSH port", "fix:"),
     ),
     (
         "api-port-is-custom-ssh",
-        HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_port=2200") + BASE + "k2_api_port=2200\n",
-        ("n1", "k2_api_port=2200", "SSH port"),
+        HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_port=2200") + VLLM + "k2_api_port=2200\n",
+        ("n1: k2_api_port=2200", "SSH port, ansible_port=2200"),
+    ),
+    (
+        "api-port-is-the-ssh-alias",
+        HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_port=22 ansible_ssh_port=2222")
+        + VLLM
+        + "k2_api_port=2222\n",
+        ("n1: k2_api_port=2222", "SSH port, ansible_ssh_port=2222"),
+    ),
+    (
+        "exporter-port-is-ssh",
+        HOSTS.replace("10.0.0.2", "10.0.0.2 ansible_ssh_port=9100") + BASE,
+        ("n2: port 9100 (the node exporter", "set ansible_ssh_port to it"),
+    ),
+    (
+        "firewall-dns-alias",
+        HOSTS.replace("10.0.0.2", "10.0.0.2 ansible_ssh_host=gpu2.example")
+        + with_vars("k2_firewall_enabled=true", hosts=""),
+        ("n2: ansible_ssh_host=gpu2.example is a DNS name", "k2_local_ip"),
+    ),
+    (
+        "firewall-ssh-ports",
+        HOSTS.replace("10.0.0.1", "10.0.0.1 ansible_ssh_port=2222")
+        + with_vars("k2_firewall_enabled=true", "k2_firewall_ssh_ports=22", hosts=""),
+        ("n1: k2_firewall_ssh_ports=22 leaves out", "ansible_ssh_port=2222", "add 2222"),
+    ),
+    (
+        "engine-port-is-ssh",
+        with_vars("k2_sglang_port=22"),
+        ("n1: k2_sglang_port=22", "SSH port", "fix: set k2_sglang_port"),
     ),
     ("dist-port-span", with_vars("k2_dist_port=65533"), ("k2_dist_port=65533", "at most 65529")),
     ("unspecified", HOSTS.replace("10.0.0.2", "0.0.0.0") + BASE, ("n2", "unspecified")),
