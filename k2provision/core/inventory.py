@@ -107,14 +107,6 @@ def read_inventory(
             ]
         )
     _load_collections()
-    leaves = _leaf_sources(path)
-    problems = [line for leaf in _read_files(path, leaves) if (line := _bounds_problem(leaf))]
-    if problems:
-        raise InventoryError(problems)
-    problems = [line for leaf in leaves if (line := _source_problem(leaf))]
-    if problems:
-        raise InventoryError(problems)
-
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -122,6 +114,16 @@ def read_inventory(
 
     loader = DataLoader()
     vault.open_vault(loader)
+    leaves = _leaf_sources(path)
+    problems = [
+        line for leaf in _read_files(path, leaves) if (line := _bounds_problem(leaf, loader))
+    ]
+    if problems:
+        raise InventoryError(problems)
+    problems = [line for leaf in leaves if (line := _source_problem(leaf, loader))]
+    if problems:
+        raise InventoryError(problems)
+
     try:
         manager = InventoryManager(loader=loader, sources=[str(path)])
         variables = VariableManager(loader=loader, inventory=manager)
@@ -223,15 +225,40 @@ def _read_files(path: Path, leaves: list[Path]) -> list[Path]:
     return found
 
 
-def _bounds_problem(leaf: Path) -> str:
-    """One line when an inventory file is not to be read: not a regular file, too large, or
-    YAML whose aliases expand without bound ("" when it may be read)."""
+def _plain_text(leaf: Path, loader: Any) -> str:
+    """An inventory file's text as Ansible reads it: a file encrypted whole with ansible-vault
+    is opened with the command's vault secrets (ValueError naming the fix when none opens it).
+    OSError when it cannot be read."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.vault import is_encrypted
+
+    text = leaf.read_text(errors="replace")
+    if not is_encrypted(text):
+        return text
+    try:
+        return loader._vault.decrypt(text.encode()).decode(errors="replace")
+    except AnsibleError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(
+            f"is encrypted with ansible-vault and no vault secret given opens it ({first}); "
+            f"expected the password it was encrypted with; {vault.VAULT_FIX}"
+        ) from None
+
+
+def _bounds_problem(leaf: Path, loader: Any) -> str:
+    """One line when an inventory file is not to be read: not a regular file, too large,
+    vault-encrypted with no secret that opens it, or YAML whose aliases expand without bound
+    ("" when it may be read)."""
     why = bounded_read.file_problem(leaf, bounded_read.INVENTORY_FILE_LIMIT)
-    if why is None and leaf.suffix in (*_YAML_SUFFIXES, "") and leaf.suffix != ".json":
+    if why is None:
         try:
-            why = bounded_read.yaml_expansion_problem(leaf.read_text(errors="replace"))
+            text = _plain_text(leaf, loader)
         except OSError as exc:
-            why = f"cannot be read ({exc.strerror or exc})"
+            text, why = "", f"cannot be read ({exc.strerror or exc})"
+        except ValueError as locked:
+            return f"{leaf}: the inventory file {locked}"
+        if why is None and leaf.suffix in (*_YAML_SUFFIXES, "") and leaf.suffix != ".json":
+            why = bounded_read.yaml_expansion_problem(text)
     if why is None:
         return ""
     return (
@@ -241,33 +268,33 @@ def _bounds_problem(leaf: Path) -> str:
     )
 
 
-def _plugin_name(leaf: Path) -> str | None:
+def _plugin_name(leaf: Path, loader: Any) -> str | None:
     """The `plugin:` a YAML inventory source names (a plugin configuration), if any."""
     if leaf.suffix not in _YAML_SUFFIXES:
         return None
     import yaml
 
     try:
-        data = yaml.safe_load(leaf.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = yaml.safe_load(_plain_text(leaf, loader))
+    except (OSError, ValueError, yaml.YAMLError):
         return None
     return str(data["plugin"]) if isinstance(data, dict) and "plugin" in data else None
 
 
-def _claimed_by_other_plugin(leaf: Path) -> bool:
+def _claimed_by_other_plugin(leaf: Path, loader: Any) -> bool:
     """A dynamic source (an executable script, a YAML plugin config): Ansible's to judge."""
     from ansible.plugins.loader import inventory_loader
 
     if inventory_loader.get("script").verify_file(str(leaf)):
         return True
-    return _plugin_name(leaf) is not None
+    return _plugin_name(leaf, loader) is not None
 
 
-def _plugin_problem(leaf: Path) -> str:
+def _plugin_problem(leaf: Path, loader: Any) -> str:
     """One line when a YAML source names an inventory plugin Ansible cannot load."""
     from ansible.plugins.loader import inventory_loader
 
-    name = _plugin_name(leaf)
+    name = _plugin_name(leaf, loader)
     if name is None or inventory_loader.get(name) is not None:
         return ""
     return (
@@ -277,17 +304,17 @@ def _plugin_problem(leaf: Path) -> str:
     )
 
 
-def _source_problem(leaf: Path) -> str:
-    """One line when no file plugin of Ansible's parses `leaf` ("" when one does).
+def _source_problem(leaf: Path, loader: Any) -> str:
+    """One line when no file plugin of Ansible's parses `leaf` ("" when one does), reading it
+    through `loader` (which holds the command's vault secrets, as ansible-inventory's does).
 
     Asked directly, because InventoryManager only warns about an unparsable source and goes on
     without it."""
     from ansible.inventory.data import InventoryData
-    from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import inventory_loader
 
-    if _claimed_by_other_plugin(leaf):
-        return _plugin_problem(leaf)
+    if _claimed_by_other_plugin(leaf, loader):
+        return _plugin_problem(leaf, loader)
     reasons: dict[str, str] = {}
     full = str(leaf.resolve())
     for name in _FILE_PLUGINS:
@@ -295,7 +322,7 @@ def _source_problem(leaf: Path) -> str:
         try:
             if not plugin.verify_file(full):
                 continue
-            plugin.parse(InventoryData(), DataLoader(), full)
+            plugin.parse(InventoryData(), loader, full)
         except Exception as exc:  # the plugin's own reason is the message we want to show
             reasons[name] = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             continue
