@@ -19,7 +19,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from k2provision.core import address_rules, bounded_read, network, role_specs, vault
+from k2provision.core import (
+    address_rules,
+    bounded_read,
+    network,
+    role_specs,
+    safety_gates,
+    vault,
+)
 from k2provision.core.directory_rules import directory_problems
 from k2provision.core.inventory_checks import (
     address_problem,
@@ -37,6 +44,7 @@ from k2provision.core.records import (
     HostSpec,
     PoolName,
     Tunables,
+    integer_spelling_problem,
 )
 from k2provision.core.variables import (
     CLUSTER_VARS,
@@ -236,7 +244,8 @@ def _plain_text(leaf: Path, loader: Any) -> str:
     if not is_encrypted(text):
         return text
     try:
-        return loader._vault.decrypt(text.encode()).decode(errors="replace")
+        plain: bytes = loader._vault.decrypt(text.encode())
+        return plain.decode(errors="replace")
     except AnsibleError as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(
@@ -456,6 +465,9 @@ def cluster_from_groups(
     except ValidationError as exc:
         problems.extend(_field_problems(source, exc, values))
         raise InventoryError(problems) from None
+    refused_gates, switched_off = safety_gates.gate_lines(hv, cluster.lab)
+    problems += refused_gates
+    cluster = cluster.model_copy(update={"switched_off": tuple(switched_off)})
     faulty = [h.name for h in cluster.hosts if h.lab_fault]
     if faulty and not cluster.lab:
         problems.append(
@@ -465,6 +477,11 @@ def cluster_from_groups(
         )
     if chosen is not None:
         problems.extend(_instance_problems(source, cluster, chosen))
+        notes = [
+            *_router_placement_notes(cluster, chosen, bool(router_hosts)),
+            *_idle_setting_notes(cluster, chosen),
+        ]
+        cluster = cluster.model_copy(update={"notes": tuple(notes)})
     if problems:
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
@@ -481,12 +498,15 @@ def _variable_name_problems(hv: Mapping[str, Mapping[str, Any]]) -> list[str]:
     known = set(known_names())
     unknown: dict[str, list[str]] = {}
     refused: dict[tuple[str, str, str], list[str]] = {}
+    internal: dict[tuple[str, str, str], list[str]] = {}
     for host, variables in hv.items():
         for name, value in variables.items():
             if not name.startswith("k2_"):
                 continue
             if name not in known:
                 unknown.setdefault(name, []).append(host)
+            elif role_specs.role_of(name) and (why := role_specs.internal_problem(name)):
+                internal.setdefault((name, show(value), why), []).append(host)
             elif (expected := role_specs.value_problem(name, value)) is not None:
                 refused.setdefault((name, show(value), expected), []).append(host)
     problems = [unknown_name_problem(name, hosts) for name, hosts in sorted(unknown.items())]
@@ -496,6 +516,10 @@ def _variable_name_problems(hv: Mapping[str, Mapping[str, Any]]) -> list[str]:
             f"{shorten_hosts(hosts)}: {name}={value}: expected {expected} "
             f"(roles/{role}/meta/argument_specs.yml); fix: correct {name}"
         )
+    problems += [
+        f"{shorten_hosts(hosts)}: {name}={value} {why}"
+        for (name, value, why), hosts in internal.items()
+    ]
     return problems
 
 
@@ -604,9 +628,11 @@ def _field_problems(source: str, exc: ValidationError, values: Mapping[str, Any]
         if variable == "k2_engine":
             continue  # reported with the engine's own line
         value = values.get(variable, err.get("input"))
+        spelling = integer_spelling_problem(value) if err["type"] == "value_error" else None
+        why = f" ({spelling})" if spelling else ""
         problems.append(
-            f"{source}: {variable}={show(value)} is refused; expected {value_range(variable)}; "
-            f"fix: correct {variable} in [all:vars] or group_vars/all"
+            f"{source}: {variable}={show(value)} is refused{why}; expected "
+            f"{value_range(variable)}; fix: correct {variable} in [all:vars] or group_vars/all"
         )
     return list(dict.fromkeys(problems))
 
@@ -712,3 +738,76 @@ def _check_groups(
             f"{len(groups.get('nodes', []))}; fix: list one host in [nodes]"
         )
     return problems
+
+
+# Cluster variables and tunables read only by a fleet's rolling change, or only by a router:
+# set where there is none, they change nothing, which is warned about rather than kept silently.
+FLEET_ONLY_VARS = ("k2_max_unavailable", "k2_drain_timeout", "k2_vllm_port")
+ROUTER_ONLY_VARS = (
+    "k2_router_image",
+    "k2_router_max_concurrent_requests",
+    "k2_router_queue_size",
+    "k2_router_queue_timeout_s",
+    "k2_router_metrics_port",
+)
+
+
+def _idle_setting_notes(cluster: Cluster, layout: Layout) -> list[str]:
+    """A warning per setting the inventory gives that nothing in this cluster reads: fleet
+    settings with one instance per pool, router settings with no router."""
+    given = {
+        name: value
+        for name in (*FLEET_ONLY_VARS, *ROUTER_ONLY_VARS)
+        if (value := _set_value(cluster, name)) is not None
+    }
+    counts = " and ".join(f"{INSTANCE_VARS[pool]}=1" for pool in layout.pools)
+    routed = layout.disaggregated or cluster.fleet
+    notes = []
+    for name, value in given.items():
+        if name in FLEET_ONLY_VARS and not cluster.fleet:
+            notes.append(
+                f"{cluster.inventory}: {name}={show(value)} has nothing to act on: only a "
+                f"fleet (several instances of a pool) reads it, and this cluster has one "
+                f"instance per pool ({counts}); remove {name}, or set {counts.split('=')[0]}"
+            )
+        elif name in ROUTER_ONLY_VARS and not routed:
+            notes.append(
+                f"{cluster.inventory}: {name}={show(value)} has nothing to act on: only a "
+                f"router reads it, and one {cluster.engine} {cluster.layout} instance runs "
+                f"none; remove {name}, or set {counts.split('=')[0]} for a fleet"
+            )
+    return notes
+
+
+def _set_value(cluster: Cluster, name: str) -> Any:
+    """The value the inventory set for a cluster variable or tunable (None when unset)."""
+    field = name.removeprefix("k2_")
+    if field in cluster.tunables.model_fields_set:
+        return getattr(cluster.tunables, field)
+    if field in cluster.model_fields_set and field in DEFAULTED_CLUSTER_FIELDS:
+        return getattr(cluster, field)
+    return None
+
+
+def _router_placement_notes(cluster: Cluster, layout: Layout, named: bool) -> list[str]:
+    """A warning when the router shares a host with an instance (the default without a
+    [router] group, or a [router] host that is also a pool's): a restart of that instance
+    restarts the router, and the endpoint with it (docs/fleets.md). `named`: the inventory has
+    a [router] group."""
+    if not (layout.disaggregated or cluster.fleet):
+        return []
+    first = cluster.pool("prefill" if layout.disaggregated else "nodes")
+    host = cluster.router or (first[0].name if first else None)
+    if host is None or cluster.host(host).pool == "router":
+        return []
+    pool = cluster.host(host).pool
+    where = (
+        f"[router] names a host of [{pool}]"
+        if named
+        else f"the first host of [{pool}], the default without a [router] group"
+    )
+    return [
+        f"{host}: the router runs on an instance's host ({where}): a restart of that instance "
+        "restarts the router too, which the endpoint does not survive (docs/fleets.md); "
+        "fix: add a [router] group with one host of its own"
+    ]
