@@ -252,6 +252,18 @@ def test_a_router_group_naming_a_pool_host_is_warned_about() -> None:
     assert line.startswith("node-01: the router runs on an instance's host ([router] names")
 
 
+def test_a_fleet_without_a_router_group_is_warned_about() -> None:
+    groups, _ = golden("sglang-tp-fleet")
+    without = {g: [h for h in hosts if h != "router-01"] for g, hosts in groups.items()}
+    del without["router"]
+    found_groups, host_vars = with_vars("sglang-tp-fleet", {}, without)
+    del host_vars["router-01"]
+    plan = build_plan(cluster_from_groups("fleet", found_groups, host_vars))
+    (line,) = [w for w in plan.warnings if "router runs on" in w]
+    assert line.startswith("node-01: the router runs on an instance's host (the first host of ")
+    assert "[nodes], the default without a [router] group" in line
+
+
 def test_a_router_of_its_own_is_not_warned_about() -> None:
     for case in ("sglang-tp-fleet", "sglang-pd-1p1d"):
         assert not [w for w in warnings(case, {}) if "router runs on" in w]
