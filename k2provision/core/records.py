@@ -64,9 +64,9 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 # Characters a path or a name may hold: none that a shell reads specially ($ ` ; & | < > ( )
 # quotes, backslash, glob characters, whitespace), so a value means the same quoted or not.
 # Not `-` first: a word is one argv item (`--served-model-name NAME`, `docker run ... IMAGE`),
-# and a leading `-` would make a parser read it as a flag (argparse takes `--x -y` as two
-# options, and docker's image position takes no `--flag=value` form), so it is refused for
-# every engine alike rather than rendered in a form one parser happens to accept.
+# and a leading `-` would make a parser read it as a flag (argparse refuses `--x -y` where click
+# takes it, and docker's image position has no `--flag=value` form), so it is refused for every
+# engine alike rather than rendered in a form one parser happens to accept.
 SHELL_SAFE_WORD = r"^[A-Za-z0-9_./:@+=%~,^][A-Za-z0-9_./:@+=%~,^-]*$"
 _SHELL_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./@+=%~-]+$")
 
@@ -374,7 +374,7 @@ class Cluster(Record):
     # outside the lab; the plan carries them first among its warnings.
     switched_off: tuple[str, ...] = ()
     # Warning lines about inventory settings that have nothing to act on, or a placement the
-    # documentation advises against (plan/inventory.py), carried into the plan's warnings.
+    # documentation advises against (core/inventory.py), carried into the plan's warnings.
     notes: tuple[str, ...] = ()
 
     @field_validator("*", mode="before")
