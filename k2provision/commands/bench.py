@@ -446,7 +446,7 @@ def bench(
         local_env = client_process_env(key, str(access.tls_ca_file) if ca else None)
         check_client(python, client, local_env)
 
-    record = new_record_dir("bench")
+    record = new_record_dir("bench", plan)
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if plan.lab:
         console.print(Text(f"note: {LAB_NOTICE}", "yellow"), soft_wrap=True)

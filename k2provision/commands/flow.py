@@ -40,7 +40,13 @@ from k2provision.run.display import (
     print_warnings,
 )
 from k2provision.run.events import Event
-from k2provision.run.runner import PlaybookRun, RunResult, new_record_dir, run_playbook
+from k2provision.run.runner import (
+    PlaybookRun,
+    RunResult,
+    new_record_dir,
+    run_playbook,
+    switched_off,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -249,7 +255,7 @@ def run_on_hosts(
 def _flow(run: HostRun, hooks: RunHooks, loaded: LoadedPlan | None, record_: list[Path]) -> int:
     loaded = loaded or load_plan(run.inventory)
     plan = loaded.plan
-    record = new_record_dir(run.command)
+    record = new_record_dir(run.command, plan)
     record_.append(record)
     record_plan(plan, record)
     hooks.preview(loaded, run, record)
@@ -295,6 +301,8 @@ def _flow(run: HostRun, hooks: RunHooks, loaded: LoadedPlan | None, record_: lis
         console.print(result.error_tail, soft_wrap=True)
     if plan.lab:
         console.print(lab_banner(plan, ran=True))
+    for line in switched_off(plan):
+        console.print(Text(line, "bold red"), soft_wrap=True)
     console.print(verdict(run, result, time.monotonic() - started))
     if result.cancelled:
         return CURRENT.exit_code()

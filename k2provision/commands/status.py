@@ -358,7 +358,7 @@ def status(
     _, targets = ssh_inventory(inventory)
     access = endpoint_access(loaded.plan.access)
     print_warnings(loaded.notices)
-    record = new_record_dir("status")
+    record = new_record_dir("status", loaded.plan)
     as_json = output_format is OutputFormat.json
     plan = loaded.plan
     monitoring = where_line(plan, read_inventory(inventory)[0].get("monitoring", []))

@@ -19,7 +19,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from k2provision.core import address_rules, bounded_read, connection, network, role_specs, vault
+from k2provision.core import (
+    address_rules,
+    bounded_read,
+    connection,
+    network,
+    role_specs,
+    safety_gates,
+    vault,
+)
 from k2provision.core.directory_rules import directory_problems
 from k2provision.core.inventory_checks import (
     address_problem,
@@ -37,6 +45,7 @@ from k2provision.core.records import (
     HostSpec,
     PoolName,
     Tunables,
+    integer_spelling_problem,
     tls_pair_problem,
 )
 from k2provision.core.variables import (
@@ -109,14 +118,6 @@ def read_inventory(
             ]
         )
     _load_collections()
-    leaves = _leaf_sources(path)
-    problems = [line for leaf in _read_files(path, leaves) if (line := _bounds_problem(leaf))]
-    if problems:
-        raise InventoryError(problems)
-    problems = [line for leaf in leaves if (line := _source_problem(leaf))]
-    if problems:
-        raise InventoryError(problems)
-
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -124,6 +125,16 @@ def read_inventory(
 
     loader = DataLoader()
     vault.open_vault(loader)
+    leaves = _leaf_sources(path)
+    problems = [
+        line for leaf in _read_files(path, leaves) if (line := _bounds_problem(leaf, loader))
+    ]
+    if problems:
+        raise InventoryError(problems)
+    problems = [line for leaf in leaves if (line := _source_problem(leaf, loader))]
+    if problems:
+        raise InventoryError(problems)
+
     try:
         manager = InventoryManager(loader=loader, sources=[str(path)])
         variables = VariableManager(loader=loader, inventory=manager)
@@ -225,15 +236,41 @@ def _read_files(path: Path, leaves: list[Path]) -> list[Path]:
     return found
 
 
-def _bounds_problem(leaf: Path) -> str:
-    """One line when an inventory file is not to be read: not a regular file, too large, or
-    YAML whose aliases expand without bound ("" when it may be read)."""
+def _plain_text(leaf: Path, loader: Any) -> str:
+    """An inventory file's text as Ansible reads it: a file encrypted whole with ansible-vault
+    is opened with the command's vault secrets (ValueError naming the fix when none opens it).
+    OSError when it cannot be read."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.vault import is_encrypted
+
+    text = leaf.read_text(errors="replace")
+    if not is_encrypted(text):
+        return text
+    try:
+        plain: bytes = loader._vault.decrypt(text.encode())
+        return plain.decode(errors="replace")
+    except AnsibleError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(
+            f"is encrypted with ansible-vault and no vault secret given opens it ({first}); "
+            f"expected the password it was encrypted with; {vault.VAULT_FIX}"
+        ) from None
+
+
+def _bounds_problem(leaf: Path, loader: Any) -> str:
+    """One line when an inventory file is not to be read: not a regular file, too large,
+    vault-encrypted with no secret that opens it, or YAML whose aliases expand without bound
+    ("" when it may be read)."""
     why = bounded_read.file_problem(leaf, bounded_read.INVENTORY_FILE_LIMIT)
-    if why is None and leaf.suffix in (*_YAML_SUFFIXES, "") and leaf.suffix != ".json":
+    if why is None:
         try:
-            why = bounded_read.yaml_expansion_problem(leaf.read_text(errors="replace"))
+            text = _plain_text(leaf, loader)
         except OSError as exc:
-            why = f"cannot be read ({exc.strerror or exc})"
+            text, why = "", f"cannot be read ({exc.strerror or exc})"
+        except ValueError as locked:
+            return f"{leaf}: the inventory file {locked}"
+        if why is None and leaf.suffix in (*_YAML_SUFFIXES, "") and leaf.suffix != ".json":
+            why = bounded_read.yaml_expansion_problem(text)
     if why is None:
         return ""
     return (
@@ -243,33 +280,33 @@ def _bounds_problem(leaf: Path) -> str:
     )
 
 
-def _plugin_name(leaf: Path) -> str | None:
+def _plugin_name(leaf: Path, loader: Any) -> str | None:
     """The `plugin:` a YAML inventory source names (a plugin configuration), if any."""
     if leaf.suffix not in _YAML_SUFFIXES:
         return None
     import yaml
 
     try:
-        data = yaml.safe_load(leaf.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = yaml.safe_load(_plain_text(leaf, loader))
+    except (OSError, ValueError, yaml.YAMLError):
         return None
     return str(data["plugin"]) if isinstance(data, dict) and "plugin" in data else None
 
 
-def _claimed_by_other_plugin(leaf: Path) -> bool:
+def _claimed_by_other_plugin(leaf: Path, loader: Any) -> bool:
     """A dynamic source (an executable script, a YAML plugin config): Ansible's to judge."""
     from ansible.plugins.loader import inventory_loader
 
     if inventory_loader.get("script").verify_file(str(leaf)):
         return True
-    return _plugin_name(leaf) is not None
+    return _plugin_name(leaf, loader) is not None
 
 
-def _plugin_problem(leaf: Path) -> str:
+def _plugin_problem(leaf: Path, loader: Any) -> str:
     """One line when a YAML source names an inventory plugin Ansible cannot load."""
     from ansible.plugins.loader import inventory_loader
 
-    name = _plugin_name(leaf)
+    name = _plugin_name(leaf, loader)
     if name is None or inventory_loader.get(name) is not None:
         return ""
     return (
@@ -279,17 +316,17 @@ def _plugin_problem(leaf: Path) -> str:
     )
 
 
-def _source_problem(leaf: Path) -> str:
-    """One line when no file plugin of Ansible's parses `leaf` ("" when one does).
+def _source_problem(leaf: Path, loader: Any) -> str:
+    """One line when no file plugin of Ansible's parses `leaf` ("" when one does), reading it
+    through `loader` (which holds the command's vault secrets, as ansible-inventory's does).
 
     Asked directly, because InventoryManager only warns about an unparsable source and goes on
     without it."""
     from ansible.inventory.data import InventoryData
-    from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import inventory_loader
 
-    if _claimed_by_other_plugin(leaf):
-        return _plugin_problem(leaf)
+    if _claimed_by_other_plugin(leaf, loader):
+        return _plugin_problem(leaf, loader)
     reasons: dict[str, str] = {}
     full = str(leaf.resolve())
     for name in _FILE_PLUGINS:
@@ -297,7 +334,7 @@ def _source_problem(leaf: Path) -> str:
         try:
             if not plugin.verify_file(full):
                 continue
-            plugin.parse(InventoryData(), DataLoader(), full)
+            plugin.parse(InventoryData(), loader, full)
         except Exception as exc:  # the plugin's own reason is the message we want to show
             reasons[name] = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             continue
@@ -436,6 +473,9 @@ def cluster_from_groups(
         if fallback is None:
             raise InventoryError(problems) from None
         cluster = fallback
+    refused_gates, switched_off = safety_gates.gate_lines(hv, cluster.lab)
+    problems += refused_gates
+    cluster = cluster.model_copy(update={"switched_off": tuple(switched_off)})
     faulty = [h.name for h in cluster.hosts if h.lab_fault]
     if faulty and not cluster.lab:
         problems.append(
@@ -445,6 +485,11 @@ def cluster_from_groups(
         )
     if chosen is not None:
         problems.extend(_instance_problems(source, cluster, chosen))
+        notes = [
+            *_router_placement_notes(cluster, chosen, bool(router_hosts)),
+            *_idle_setting_notes(cluster, chosen),
+        ]
+        cluster = cluster.model_copy(update={"notes": tuple(notes)})
     if problems:
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
@@ -459,12 +504,15 @@ def _variable_name_problems(hv: Mapping[str, Mapping[str, Any]]) -> list[str]:
     known = set(known_names())
     unknown: dict[str, list[str]] = {}
     refused: dict[tuple[str, str, str], list[str]] = {}
+    internal: dict[tuple[str, str, str], list[str]] = {}
     for host, variables in hv.items():
         for name, value in variables.items():
             if not name.startswith("k2_"):
                 continue
             if name not in known:
                 unknown.setdefault(name, []).append(host)
+            elif role_specs.role_of(name) and (why := role_specs.internal_problem(name)):
+                internal.setdefault((name, show(value), why), []).append(host)
             elif (expected := role_specs.value_problem(name, value)) is not None:
                 refused.setdefault((name, show(value), expected), []).append(host)
     problems = [unknown_name_problem(name, hosts) for name, hosts in sorted(unknown.items())]
@@ -474,6 +522,10 @@ def _variable_name_problems(hv: Mapping[str, Mapping[str, Any]]) -> list[str]:
             f"{shorten_hosts(hosts)}: {name}={value}: expected {expected} "
             f"(roles/{role}/meta/argument_specs.yml); fix: correct {name}"
         )
+    problems += [
+        f"{shorten_hosts(hosts)}: {name}={value} {why}"
+        for (name, value, why), hosts in internal.items()
+    ]
     return problems
 
 
@@ -617,9 +669,11 @@ def _field_problems(source: str, exc: ValidationError, values: Mapping[str, Any]
         if variable == "k2_engine":
             continue  # reported with the engine's own line
         value = values.get(variable, err.get("input"))
+        spelling = integer_spelling_problem(value) if err["type"] == "value_error" else None
+        why = f" ({spelling})" if spelling else ""
         problems.append(
-            f"{source}: {variable}={show(value)} is refused; expected {value_range(variable)}; "
-            f"fix: correct {variable} in [all:vars] or group_vars/all"
+            f"{source}: {variable}={show(value)} is refused{why}; expected "
+            f"{value_range(variable)}; fix: correct {variable} in [all:vars] or group_vars/all"
         )
     return list(dict.fromkeys(problems))
 
@@ -724,3 +778,76 @@ def _check_groups(
             f"{len(groups.get('nodes', []))}; fix: list one host in [nodes]"
         )
     return problems
+
+
+# Cluster variables and tunables read only by a fleet's rolling change, or only by a router:
+# set where there is none, they change nothing, which is warned about rather than kept silently.
+FLEET_ONLY_VARS = ("k2_max_unavailable", "k2_drain_timeout", "k2_vllm_port")
+ROUTER_ONLY_VARS = (
+    "k2_router_image",
+    "k2_router_max_concurrent_requests",
+    "k2_router_queue_size",
+    "k2_router_queue_timeout_s",
+    "k2_router_metrics_port",
+)
+
+
+def _idle_setting_notes(cluster: Cluster, layout: Layout) -> list[str]:
+    """A warning per setting the inventory gives that nothing in this cluster reads: fleet
+    settings with one instance per pool, router settings with no router."""
+    given = {
+        name: value
+        for name in (*FLEET_ONLY_VARS, *ROUTER_ONLY_VARS)
+        if (value := _set_value(cluster, name)) is not None
+    }
+    counts = " and ".join(f"{INSTANCE_VARS[pool]}=1" for pool in layout.pools)
+    routed = layout.disaggregated or cluster.fleet
+    notes = []
+    for name, value in given.items():
+        if name in FLEET_ONLY_VARS and not cluster.fleet:
+            notes.append(
+                f"{cluster.inventory}: {name}={show(value)} has nothing to act on: only a "
+                f"fleet (several instances of a pool) reads it, and this cluster has one "
+                f"instance per pool ({counts}); remove {name}, or set {counts.split('=')[0]}"
+            )
+        elif name in ROUTER_ONLY_VARS and not routed:
+            notes.append(
+                f"{cluster.inventory}: {name}={show(value)} has nothing to act on: only a "
+                f"router reads it, and one {cluster.engine} {cluster.layout} instance runs "
+                f"none; remove {name}, or set {counts.split('=')[0]} for a fleet"
+            )
+    return notes
+
+
+def _set_value(cluster: Cluster, name: str) -> Any:
+    """The value the inventory set for a cluster variable or tunable (None when unset)."""
+    field = name.removeprefix("k2_")
+    if field in cluster.tunables.model_fields_set:
+        return getattr(cluster.tunables, field)
+    if field in cluster.model_fields_set and field in DEFAULTED_CLUSTER_FIELDS:
+        return getattr(cluster, field)
+    return None
+
+
+def _router_placement_notes(cluster: Cluster, layout: Layout, named: bool) -> list[str]:
+    """A warning when the router shares a host with an instance (the default without a
+    [router] group, or a [router] host that is also a pool's): a restart of that instance
+    restarts the router, and the endpoint with it (docs/fleets.md). `named`: the inventory has
+    a [router] group."""
+    if not (layout.disaggregated or cluster.fleet):
+        return []
+    first = cluster.pool("prefill" if layout.disaggregated else "nodes")
+    host = cluster.router or (first[0].name if first else None)
+    if host is None or cluster.host(host).pool == "router":
+        return []
+    pool = cluster.host(host).pool
+    where = (
+        f"[router] names a host of [{pool}]"
+        if named
+        else f"the first host of [{pool}], the default without a [router] group"
+    )
+    return [
+        f"{host}: the router runs on an instance's host ({where}): a restart of that instance "
+        "restarts the router too, which the endpoint does not survive (docs/fleets.md); "
+        "fix: add a [router] group with one host of its own"
+    ]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k2provision.core.records import LAB_FAULTS
+from k2provision.core.records import LAB_FAULTS, integer_spelling_problem
 from k2provision.core.variables import shorten_hosts, show
 
 # RFC 1123 host name labels (underscores tolerated, as resolvers and Ansible do).
@@ -74,8 +74,11 @@ def ip_problem(value: str) -> str | None:
 
 
 def port_problem(value: Any) -> str | None:
-    """Why `value` is not a TCP port number (None when it is)."""
-    if isinstance(value, bool) or not str(value).strip().isdigit():
+    """Why `value` is not a TCP port number (None when it is); written as every integer of the
+    contract is (records.integer_spelling_problem)."""
+    if spelling := integer_spelling_problem(value):
+        return f"{spelling}; expected an integer from 1 to 65535"
+    if not str(value).isdigit():
         return "is not a port number; expected an integer from 1 to 65535"
     if not 1 <= int(str(value)) <= 65535:
         return "is out of range; expected an integer from 1 to 65535"

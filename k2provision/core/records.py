@@ -87,7 +87,11 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 
 # Characters a path or a name may hold: none that a shell reads specially ($ ` ; & | < > ( )
 # quotes, backslash, glob characters, whitespace), so a value means the same quoted or not.
-SHELL_SAFE_WORD = r"^[A-Za-z0-9_./:@+=%~,^-]+$"
+# Not `-` first: a word is one argv item (`--served-model-name NAME`, `docker run ... IMAGE`),
+# and a leading `-` would make a parser read it as a flag (argparse refuses `--x -y` where click
+# takes it, and docker's image position has no `--flag=value` form), so it is refused for every
+# engine alike rather than rendered in a form one parser happens to accept.
+SHELL_SAFE_WORD = r"^[A-Za-z0-9_./:@+=%~,^][A-Za-z0-9_./:@+=%~,^-]*$"
 _SHELL_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./@+=%~-]+$")
 
 
@@ -107,11 +111,37 @@ Word = Annotated[str, Field(pattern=SHELL_SAFE_WORD)]
 NUMERIC_ANNOTATIONS: tuple[Any, ...] = (int, float, int | None, float | None)
 
 
+INTEGER_ANNOTATIONS: tuple[Any, ...] = (int, int | None)
+_INTEGER_TEXT = re.compile(r"^-?(0|[1-9][0-9]*)$")
+
+
+def integer_spelling_problem(value: Any) -> str | None:
+    """Why `value` is not an integer as the contract writes one: digits alone, with no leading
+    zero and no fraction (None when it is, or when it is no number at all, for the type check to
+    say). `01` and `1.0` would be read as 1 by one reader and as text by another (a check that
+    compares the text sees a fleet, the plan sees one instance), so both are refused."""
+    if isinstance(value, bool):
+        return "is true/false, not a number"
+    if isinstance(value, float):
+        return "has a fraction part: write 1, not 1.0"
+    if isinstance(value, str) and not _INTEGER_TEXT.match(value):
+        if re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+            return "is not plain digits: it has a leading zero, a sign or a space"
+        if re.fullmatch(r"\s*[+-]?[0-9]*\.[0-9]*\s*", value) and any(c.isdigit() for c in value):
+            return "has a fraction part: write 1, not 1.0"
+    return None
+
+
 def reject_bool_number(value: Any, info: ValidationInfo, fields: dict[str, Any]) -> Any:
-    """true/false is not a number (pydantic would read it as 1/0)."""
+    """true/false is not a number (pydantic would read it as 1/0), and an integer is written as
+    plain digits (pydantic would read `01` and `1.0` as 1, while other readers do not)."""
     field = fields.get(info.field_name or "")
-    if isinstance(value, bool) and field is not None and field.annotation in NUMERIC_ANNOTATIONS:
+    if field is None:
+        return value
+    if isinstance(value, bool) and field.annotation in NUMERIC_ANNOTATIONS:
         raise ValueError("Input should be a number, not a boolean")
+    if field.annotation in INTEGER_ANNOTATIONS and (why := integer_spelling_problem(value)):
+        raise ValueError(f"the value {why}")
     return value
 
 
@@ -379,6 +409,12 @@ class Cluster(Record):
     the endpoint's host)."""
     lab: bool = False
     tunables: Tunables = Tunables()
+    # Warning lines (core/safety_gates.py), one per safety gate the inventory switches off
+    # outside the lab; the plan carries them first among its warnings.
+    switched_off: tuple[str, ...] = ()
+    # Warning lines about inventory settings that have nothing to act on, or a placement the
+    # documentation advises against (core/inventory.py), carried into the plan's warnings.
+    notes: tuple[str, ...] = ()
 
     @field_validator("*", mode="before")
     @classmethod

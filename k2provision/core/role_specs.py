@@ -125,3 +125,61 @@ def validated(variable: str, value: Any) -> Any:
     if result.error_messages:
         return None
     return result.validated_parameters.get(variable)
+
+
+PLAYBOOKS_DIR = ROLES_DIR.parent / "playbooks"
+# Role options that carry the value of a checked variable (a cluster variable, through the
+# plan, or another role's option): an inventory value would skip that variable's check (an
+# unchecked drain timeout would reach `docker stop --time`), so the inventory sets the
+# variable instead.
+MIRRORED: dict[str, str] = {
+    "k2_rollout_drain_timeout": "k2_drain_timeout",
+    "k2_nccl_check_gpus_per_host": "k2_gpus_per_node",
+    "k2_container_runtime_images": "k2_image (and k2_router_image)",
+    "k2_preflight_driver_managed": "k2_nvidia_driver_manage",
+}
+
+
+@cache
+def playbook_set() -> dict[str, str]:
+    """Role options a playbook under playbooks/ sets itself (a role's or a play's or a task's
+    `vars:`), each with the playbook: the inventory's value of one is never used, as those vars
+    take precedence over the inventory's."""
+    names = set(option_names())
+    found: dict[str, str] = {}
+
+    def walk(node: Any, playbook: str) -> None:
+        if isinstance(node, dict):
+            given = node.get("vars")
+            if isinstance(given, dict):
+                for name in given:
+                    if name in names:
+                        found.setdefault(str(name), playbook)
+            for value in node.values():
+                walk(value, playbook)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, playbook)
+
+    for path in sorted(PLAYBOOKS_DIR.glob("*.yml")) if PLAYBOOKS_DIR.is_dir() else ():
+        walk(yaml.safe_load(path.read_text()), f"playbooks/{path.name}")
+    return found
+
+
+def internal_problem(variable: str) -> str | None:
+    """Why an inventory may not set a role option (None when it may): the playbook sets it
+    from the plan, or it mirrors a cluster variable; the words name what to set instead."""
+    if variable in MIRRORED:
+        source = MIRRORED[variable]
+        return (
+            f"is the role's copy of {source}, which the playbooks hand it; expected it unset "
+            f"in the inventory (a value here would skip the checks of {source}); fix: remove "
+            f"it and set {source}"
+        )
+    if variable in playbook_set():
+        return (
+            f"is the playbooks' to set ({playbook_set()[variable]} sets it from the plan); "
+            "expected it unset in the inventory, where it would be ignored or disagree with "
+            "the plan; fix: remove it (the cluster variables the plan is made of decide it)"
+        )
+    return None

@@ -127,7 +127,7 @@ def value_range(variable: str) -> str:
     else:
         text = (
             "a word of letters, digits and . _ - / : @ + = % ~ , ^ (no spaces or shell "
-            "metacharacters)"
+            "metacharacters), not starting with - (it would be read as a flag)"
         )
     return f"{text}, or unset" if optional else text
 

@@ -61,11 +61,13 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     engine = REGISTRY[cluster.engine]
     release = engine.RELEASE
     context = cluster.context_length or spec.max_position_embeddings
-    problems, warnings = model_problems(cluster, spec, gpu, context)
+    problems, found = model_problems(cluster, spec, gpu, context)
     if settings:
         raise InventoryError([*settings, *problems])
     if problems:
         raise PlanError(problems)
+    # The gates the inventory switches off first, loudly; then what it sets to no effect.
+    warnings = [*cluster.switched_off, *cluster.notes, *found]
 
     if problem := fleet_problem(cluster):
         raise PlanError([problem])

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k2provision.core import vault
+from k2provision.core import safety_gates, vault
+from k2provision.core.records import Plan
 from k2provision.core.vault import VaultOptions
 from k2provision.run.cancel import (
     CURRENT,
@@ -49,6 +50,8 @@ COLLECTIONS = Path(__file__).resolve().parents[1] / "ansible" / "collections"
 # whose path the k2_weights role reads.
 TOKEN_FILE_ENV = "K2_WEIGHTS_HF_TOKEN_FILE"
 TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# In a run record: the safety gates the run's inventory switches off, one line each.
+SWITCHED_OFF_FILE = "SAFETY-GATES-OFF.txt"
 CONTROL_BASE = Path("/tmp/k2-ansible-cp")  # ansible.cfg's control_path_dir; short for sockets
 
 
@@ -99,8 +102,10 @@ def runs_dir() -> Path:
     return Path(os.environ.get("K2_RUNS_DIR", "runs")).resolve()
 
 
-def new_record_dir(command: str) -> Path:
-    """A fresh, predictably named directory for one run: runs/<UTC time>-<command>."""
+def new_record_dir(command: str, plan: Plan | None = None) -> Path:
+    """A fresh, predictably named directory for one run: runs/<UTC time>-<command>. With the
+    run's plan, the safety gates its inventory switches off are written in it first
+    (SWITCHED_OFF_FILE), so no record of such a run reads as an ordinary one."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     base = runs_dir() / f"{stamp}-{command}"
     path, n = base, 1
@@ -108,7 +113,14 @@ def new_record_dir(command: str) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     path.mkdir(parents=True)
+    if plan is not None and (lines := switched_off(plan)):
+        (path / SWITCHED_OFF_FILE).write_text("\n".join(lines) + "\n")
     return path
+
+
+def switched_off(plan: Plan) -> list[str]:
+    """The plan's warnings about safety gates its inventory switches off."""
+    return [w for w in plan.warnings if w.startswith(safety_gates.SWITCHED_OFF)]
 
 
 def hub_token(environ: Mapping[str, str]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from contextvars import ContextVar
 from pathlib import Path
 
@@ -135,3 +136,116 @@ def test_a_prompted_vault_id_is_asked_once_for_the_inventory_and_the_run(
     assert re.match(prompt, "Vault password (default): ")
     assert answer == PASSWORD
     assert PASSWORD not in repr(options)
+
+
+# ---------------------------------------------------------------- files encrypted whole
+
+
+def encrypt_file(path: Path, password_file: Path) -> None:
+    """`ansible-vault encrypt` on `path`, the command an operator runs."""
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-vault"),
+            "encrypt",
+            "--vault-password-file",
+            str(password_file),
+            str(path),
+        ],
+        check=True,
+        capture_output=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_VAULT")},
+    )
+    assert path.read_text().startswith("$ANSIBLE_VAULT;")
+
+
+def whole_file_inventories(tmp_path: Path) -> dict[str, Path]:
+    """One inventory per place a whole file may be encrypted: the INI source itself, a YAML
+    source, and a group_vars file beside a plain source."""
+    (tmp_path / "pw").write_text(PASSWORD + "\n")
+    made: dict[str, Path] = {}
+    ini = tmp_path / "ini" / "hosts.ini"
+    ini.parent.mkdir()
+    ini.write_text(GOLDEN.read_text())
+    encrypt_file(ini, tmp_path / "pw")
+    made["ini source"] = ini
+    listed = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-inventory"),
+            "-i",
+            str(GOLDEN),
+            "--list",
+            "--yaml",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    yml = tmp_path / "yml" / "hosts.yml"
+    yml.parent.mkdir()
+    yml.write_text(listed)
+    encrypt_file(yml, tmp_path / "pw")
+    made["yaml source"] = yml
+    root = tmp_path / "gv"
+    (root / "group_vars").mkdir(parents=True)
+    hosts, _, variables = GOLDEN.read_text().partition("[all:vars]")
+    (root / "hosts.ini").write_text(hosts)
+    (root / "group_vars" / "all.yml").write_text(
+        "".join(
+            f"{k.strip()}: {v.strip()}\n"
+            for k, _, v in (line.partition("=") for line in variables.splitlines() if "=" in line)
+        )
+    )
+    encrypt_file(root / "group_vars" / "all.yml", tmp_path / "pw")
+    made["group_vars file"] = root
+    return made
+
+
+@pytest.fixture
+def fresh_vault(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vault options of this test alone, with none from the environment."""
+    monkeypatch.setattr(vault, "_current", ContextVar("k2_vault_options_test", default=None))
+    for name in [k for k in os.environ if k.startswith("ANSIBLE_VAULT")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.usefixtures("fresh_vault")
+def test_a_file_encrypted_whole_is_read_as_ansible_inventory_reads_it(tmp_path: Path) -> None:
+    from k2provision.plan.inventory import load_cluster
+
+    plain = load_cluster(GOLDEN)
+    vault.use(password_files=(str(tmp_path / "pw"),))
+    for form, inv in whole_file_inventories(tmp_path).items():
+        cluster = load_cluster(inv)
+        assert cluster.model_dump(exclude={"inventory"}) == plain.model_dump(
+            exclude={"inventory"}
+        ), form
+
+
+@pytest.mark.usefixtures("fresh_vault")
+@pytest.mark.parametrize("password", [None, "wrong"])
+def test_a_file_encrypted_whole_without_its_password_is_one_line_with_the_fix(
+    tmp_path: Path, password: str | None
+) -> None:
+    from k2provision.errors import InventoryError
+    from k2provision.plan.inventory import load_cluster
+
+    inventories = whole_file_inventories(tmp_path)
+    if password is not None:
+        (tmp_path / "bad").write_text(password + "\n")
+        vault.use(password_files=(str(tmp_path / "bad"),))
+    for form, inv in inventories.items():
+        with pytest.raises(InventoryError) as refused:
+            load_cluster(inv)
+        (line,) = refused.value.problems
+        assert "is encrypted with ansible-vault and no vault secret given opens it" in line, form
+        assert "fix: pass --vault-password-file FILE" in line, form
+        assert PASSWORD not in line
+
+
+def test_a_file_encrypted_whole_without_its_password_is_exit_2(tmp_path: Path) -> None:
+    inv = whole_file_inventories(tmp_path)["ini source"]
+    out = cli("plan", str(inv), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert f"{inv}: the inventory file is encrypted with ansible-vault" in out.stderr
+    opened = cli("plan", str(inv), "--vault-password-file", str(tmp_path / "pw"), cwd=tmp_path)
+    assert opened.returncode == 0, opened.stderr
