@@ -101,10 +101,23 @@ DECODE_LOG_INTERVAL = 100
 PD_HEARTBEAT_INTERVAL_S = 5
 PD_HEARTBEAT_MAX_FAILURE = 2
 
-# Server readiness: sglang answers /health with 503 until the model is loaded and its warm-up
-# generation has run, then 200, so it gates on a working server without queueing a
-# generation per poll as /health_generate does.
-SERVER_HEALTH_PATH = "/health"
+# What a server's checks ask (the launch gate, the look, a fleet router's health checks):
+# liveness, never a generation. In sglang 0.5.23 /health and /health_generate are one handler
+# (srt/entrypoints/http_server.py:721-722 health_generate) that queues a one-token generation
+# and waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s, :218) for the scheduler to answer;
+# SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (srt/environ.py:344, default true) is what skips
+# it on /health (:745-748). A prefill instance busy with a long chunked prefill answers no
+# such probe within the router's 5 s, and the router would take a working instance out.
+# /ready (:714, tokenizer_manager.is_ready) queues nothing: 503 while starting, until the
+# warm-up generation has passed (:2502, and for PD :2526-2528, where a failed warm-up leaves it
+# UnHealthy), and from the moment the server starts shutting down; 200 otherwise. It needs no
+# API key (srt/utils/auth.py: /health*, /ready* and /metrics* are always open). A hung
+# scheduler is ended by --watchdog-timeout, which takes the HTTP server down with it.
+SERVER_HEALTH_PATH = "/ready"
+# Every SGLang server also runs with generation off on /health, so a probe of /health (the
+# single-instance router's own default health checks, an operator's load balancer) is
+# liveness too; /health_generate still runs a generation when one is wanted.
+HEALTH_GENERATION_ENV = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
 # Router readiness: /health is only liveness in sglang-router; /readiness turns 200 once the
 # router sees healthy prefill and decode workers.
 ROUTER_HEALTH_PATH = "/readiness"
@@ -130,20 +143,30 @@ ROUTER_OPEN_ROUTES = (
 # Long generations: the default request timeout (:63, 1800 s) ends a 128k-token answer
 # decoded at 20 tokens/s per request (6400 s); two hours leaves room for it.
 ROUTER_REQUEST_TIMEOUT_S = 7200
+
+# Health checks (:84-88): every 10 s (default 60) on each worker's liveness route (its engine's
+# launch gate path: SGLang's /ready, which queues no generation; vLLM's /health), a worker
+# taken out after 3 failed checks (a dead instance serves errors for about 30 s at most) and
+# put back after 2 good ones.
+
+
+def fleet_health_args(worker_health_path: str) -> tuple[str, ...]:
+    """The fleet router's health-check flags, asking each worker `worker_health_path`."""
+    return (
+        "--health-check-interval-secs",
+        "10",
+        "--health-failure-threshold",
+        "3",
+        "--health-success-threshold",
+        "2",
+        "--health-check-timeout-secs",
+        "5",
+        "--health-check-endpoint",
+        worker_health_path,
+    )
+
+
 FLEET_ROUTER_ARGS: tuple[str, ...] = (
-    # Health checks (:84-88): every 10 s (default 60) on the servers' own /health, a worker
-    # taken out after 3 failed checks (a dead instance serves errors for about 30 s at most)
-    # and put back after 2 good ones.
-    "--health-check-interval-secs",
-    "10",
-    "--health-failure-threshold",
-    "3",
-    "--health-success-threshold",
-    "2",
-    "--health-check-timeout-secs",
-    "5",
-    "--health-check-endpoint",
-    "/health",
     # Circuit breaker (:91-94): 5 failed requests within 60 s open a worker's circuit (no
     # requests for 30 s), 2 good ones in half-open close it: faster than the 10 / 120 s
     # defaults, since the other instances take the load meanwhile.
@@ -216,7 +239,7 @@ def server_env(
     deployment: Deployment, host: HostSpec, *, deepep: bool = False
 ) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
     """Environment of an SGLang server on `host`, and the host values it refers to."""
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1", **HEALTH_GENERATION_ENV}
     ifname, values = socket_ifname(deployment.cluster, host)
     env.update(socket_env(ifname, nvshmem=deepep))
     return env, values
@@ -290,7 +313,7 @@ def server_key(t: Tunables) -> tuple[str, ...]:
     """The endpoint's API key for a server that is the endpoint itself: sglang 0.5.23 takes
     the key only as --api-key (srt/arg_groups/fields/serving.py), but reads any option from
     `--config FILE.yaml` (srt/server_args.py, srt/utils/server_args_config_parser.py), so the
-    key comes from the launch phase's YAML file and stays out of the process's argv. /health
+    key comes from the launch phase's YAML file and stays out of the process's argv. /ready
     needs no key (srt/utils/auth.py), so the launch gate still reads it."""
     if not t.api_key_file:
         return ()
@@ -304,7 +327,7 @@ def _server_tls(t: Tunables) -> tuple[str, ...]:
     refuses a missing file). Its own warm-up request then goes to https (ServerArgs.url) and,
     without --ssl-ca-certs, skips checking the certificate (serving_hook.py ssl_verify_of),
     which names the endpoint's address, not the loopback the warm-up may use: no CA is
-    passed. /health answers over the same TLS."""
+    passed. /ready answers over the same TLS."""
     return tls_args(t, "--ssl-certfile", "--ssl-keyfile")
 
 
@@ -641,14 +664,18 @@ def _registered_later(instance: PoolPlan) -> bool:
     return instance.router_worker is not None and instance.router_worker.at_launch
 
 
-def _router(deployment: Deployment) -> Process:
+def _router(deployment: Deployment, worker_health_path: str) -> Process:
     t = deployment.cluster.tunables
     router = router_host(deployment)
     guard, resolve = _router_guard(deployment)
     argv = (
         *LAUNCH_ROUTER,
         *_workers(deployment),
-        *(FLEET_ROUTER_ARGS if deployment.cluster.fleet else ()),
+        *(
+            (*fleet_health_args(worker_health_path), *FLEET_ROUTER_ARGS)
+            if deployment.cluster.fleet
+            else ()
+        ),
         "--host",
         any_address(deployment.cluster),
         "--port",
@@ -706,12 +733,17 @@ def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
     return out
 
 
-def add_router(out: dict[str, HostRender], deployment: Deployment) -> None:
+def add_router(
+    out: dict[str, HostRender],
+    deployment: Deployment,
+    worker_health_path: str = SERVER_HEALTH_PATH,
+) -> None:
     """Put the router on its host, after what the host already runs. Other engines' replica
-    fleets use it too: sglang-router fronts any OpenAI-compatible server in regular mode."""
+    fleets use it too: sglang-router fronts any OpenAI-compatible server in regular mode, and
+    checks each worker on `worker_health_path` (its engine's liveness route)."""
     t = deployment.cluster.tunables
     host = router_host(deployment)
-    router = _router(deployment)
+    router = _router(deployment, worker_health_path)
     what = "the PD router" if deployment.cluster.layout == "pd" else "the fleet's router"
     mine = (
         listener(
