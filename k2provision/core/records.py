@@ -752,6 +752,11 @@ class Process(Record):
     lab_fault: str | None = None
     # Fleets only: the instance the process serves, so its container's spec hash names it.
     instance: InstanceRef | None = None
+    # Ranks of an instance on several hosts only: the digest of every rank's spec (each
+    # host's process and files). It is part of each rank's own spec, so a change to any rank
+    # changes them all, and a re-apply replaces the whole instance: a rank started alone
+    # waits for peers that left the group long ago.
+    instance_spec: str = ""
 
     @model_serializer(mode="wrap")
     def _no_empty_resolve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -761,6 +766,8 @@ class Process(Record):
         for key in ("lab_fault", "instance"):
             if getattr(self, key) is None:
                 data.pop(key, None)
+        if not self.instance_spec:
+            data.pop("instance_spec", None)
         return data
 
 
