@@ -574,12 +574,17 @@ class WorkerRegistration(Record):
     at_launch: bool = False
     """The router starts without this worker and the launch registers it with `body`, which
     names what the router cannot learn from the server itself (a vLLM server's model id)."""
+    peers_forget_s: int = 0
+    """Seconds the instance must stay down when it is replaced before its successor starts,
+    so that other instances drop what they keep of it (0: nothing to wait for)."""
 
     @model_serializer(mode="wrap")
     def _no_default_at_launch(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if not self.at_launch:
             data.pop("at_launch", None)
+        if not self.peers_forget_s:
+            data.pop("peers_forget_s", None)
         return data
 
 

@@ -100,6 +100,23 @@ DECODE_LOG_INTERVAL = 100
 # PD failure detection: the release defaults. The seed's 1e7 s interval turns it off.
 PD_HEARTBEAT_INTERVAL_S = 5
 PD_HEARTBEAT_MAX_FAILURE = 2
+# A decode server keeps what it learnt of each prefill instance it has talked to, by the
+# prefill's bootstrap address: its parallel layout and its ranks' KV endpoints
+# (srt/disaggregation/common/conn.py prefill_info_table and connection_pool, :464-467). It
+# drops them only when its heartbeat (a GET of the bootstrap server's /health every
+# SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL seconds, timeout 2 s to connect + 3 s to answer)
+# has failed SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE times in a row
+# (_start_heartbeat_checker_thread :1998-2043, _handle_node_failure :2060-2077); the next
+# request then asks the bootstrap server afresh. A prefill instance replaced behind the same
+# URL and bootstrap port whose successor answers before that keeps its decode peers on the
+# old instance's endpoints: requests stall until the decode restarts (the upstream reports,
+# sgl-project/sglang#16903, #33789). So a replaced prefill instance stays down long enough
+# for every heartbeat to miss it that many times, however each check ends.
+PD_HEARTBEAT_TIMEOUT_S = 2 + 3
+PREFILL_PEERS_FORGET_S = (
+    PD_HEARTBEAT_MAX_FAILURE * (PD_HEARTBEAT_INTERVAL_S + PD_HEARTBEAT_TIMEOUT_S)
+    + PD_HEARTBEAT_INTERVAL_S
+)
 
 # What a server's checks ask (the launch gate, the look, a fleet router's health checks):
 # liveness, never a generation. In sglang 0.5.23 /health and /health_generate are one handler
@@ -792,8 +809,12 @@ def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
             "worker_type": "prefill",
             "bootstrap_port": cluster.tunables.bootstrap_port,
         }
-    else:
-        body = {"url": instance.url, "worker_type": "decode"}
+        # The decode instances cache a prefill instance's endpoints until their heartbeat
+        # misses it (PREFILL_PEERS_FORGET_S).
+        return WorkerRegistration(
+            body=body, answers_alone=False, peers_forget_s=PREFILL_PEERS_FORGET_S
+        )
+    body = {"url": instance.url, "worker_type": "decode"}
     return WorkerRegistration(body=body, answers_alone=False)
 
 
