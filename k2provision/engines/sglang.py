@@ -441,9 +441,11 @@ def _pd_env(
 ) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
     t = deployment.cluster.tunables
     env, values = server_env(deployment, host, deepep=True)
+    if t.pd_transfer_backend == "mooncake":
+        # Mooncake's transfer engine logs its throughput (a Mooncake variable; NIXL has none).
+        env["MC_TE_METRIC"] = "true"
     env.update(
         {
-            "MC_TE_METRIC": "true",
             "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(t.pd_timeout_s),
             "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(t.pd_timeout_s),
             "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": str(PD_HEARTBEAT_INTERVAL_S),
@@ -502,7 +504,13 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
     eplb: tuple[str, ...] = ("--enable-eplb", "--eplb-algorithm", "deepseek")
     if p.redundant_experts:
         eplb += ("--ep-num-redundant-experts", str(p.redundant_experts))
-    # KV transfer NICs are per host; lab hosts have no RDMA devices at all.
+    # KV transfer NICs are per host; lab hosts have no RDMA devices at all. Both backends
+    # read --disaggregation-ib-device in sglang 0.5.23: Mooncake's transfer engine, and NIXL's
+    # UCX backend (SGLANG_DISAGGREGATION_NIXL_BACKEND, default UCX, srt/environ.py:766), which
+    # maps it per GPU to its UCX device_list, appending port 1 to each HCA name
+    # (srt/disaggregation/nixl/conn.py:564-595, _resolve_ucx_device_list :186; names with a
+    # port suffix are refused there, and k2_ib_devices admits none). UCX_NET_DEVICES is not
+    # rendered: set, it overrides that mapping (:565-569).
     ib = (
         ("--disaggregation-ib-device", ",".join(host.ib_devices))
         if host.ib_devices and not cluster.lab

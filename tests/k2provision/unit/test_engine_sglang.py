@@ -665,3 +665,16 @@ def test_a_fleet_router_checks_each_worker_on_its_engines_liveness_route() -> No
     (router,) = [p for p in all_processes(pd) if p.name == "sglang-router"]
     assert _router_flag(router, "--health-check-endpoint") == "/ready"
     assert _router_flag(router, "--health-check-timeout-secs") == "5"
+
+
+def test_nixl_gets_the_ib_devices_and_no_mooncake_or_ucx_override_environment() -> None:
+    """sglang 0.5.23's NIXL (UCX) path reads --disaggregation-ib-device per GPU; a set
+    UCX_NET_DEVICES would override it, and MC_TE_METRIC is Mooncake's alone."""
+    nixl = build_plan(pd_cluster(pd_transfer_backend="nixl"))
+    for proc in servers(nixl, "prefill") + servers(nixl, "decode"):
+        assert _router_flag(proc, "--disaggregation-transfer-backend") == "nixl"
+        assert _router_flag(proc, "--disaggregation-ib-device") == ",".join(IB)
+        assert "MC_TE_METRIC" not in proc.env
+        assert not any(name.startswith("UCX_") for name in proc.env)
+    mooncake = build_plan(pd_cluster())
+    assert all(p.env["MC_TE_METRIC"] == "true" for p in servers(mooncake, "decode"))
