@@ -51,6 +51,7 @@ from k2provision.engines.base import (
     Listener,
     MetricNames,
     PublishedFigure,
+    RankLoadNames,
     ResultFormat,
     WeightSlices,
     listener,
@@ -881,6 +882,17 @@ METRICS_PATH: str | None = "/metrics"
 METRICS_PORTS: tuple[str, ...] = ("k2_sglang_port", "k2_router_metrics_port")
 # sglang 0.5.23's names (the KV transfer ones exported by PD's pools), each found in its
 # sources by tests/engine_parsers/test_metric_names.py.
+# /metrics reads the prometheus_client multiprocess directory of the server's own node, and
+# only node 0 runs an HTTP server (srt/entrypoints/http_server.py:3163, node_rank >= 1 returns
+# after the schedulers): the scheduler gauges of a PD instance over 12 nodes are those of its
+# 8 ranks on node 0. Every rank's load reaches node 0 all the same: with DP attention over
+# several nodes each scheduler pushes its load snapshot over ZMQ to node 0
+# (srt/managers/load_snapshot.py should_use_zmq :69-79, ZmqShmLoadSnapshotReader), and
+# /v1/loads?format=prometheus (srt/entrypoints/v1_loads.py:96, _format_loads_prometheus :64)
+# serves one gauge per DP rank, `sglang_<field>{dp_rank="N"}` of LoadSnapshot's core fields
+# (load_snapshot.py:196). The plan scrapes it on the first host of each such instance, and
+# the rules and dashboards read running, queued and KV usage from it where it has series.
+METRICS_LOAD_PATH = "/v1/loads"
 METRICS: MetricNames | None = MetricNames(
     prompt_tokens="sglang:prompt_tokens_total",
     generation_tokens="sglang:generation_tokens_total",
@@ -893,6 +905,13 @@ METRICS: MetricNames | None = MetricNames(
     kv_transfer_latency="sglang:kv_transfer_latency_ms",
     kv_transfer_speed="sglang:kv_transfer_speed_gb_s",
     kv_bootstrap="sglang:kv_transfer_bootstrap_ms",
+    rank_load=RankLoadNames(
+        path=METRICS_LOAD_PATH,
+        params=(("format", "prometheus"), ("include", "core")),
+        running="sglang_num_running_reqs",
+        queued="sglang_num_waiting_reqs",
+        kv_usage="sglang_token_usage",
+    ),
 )
 # The native /generate route, through sglang's own client (sglang 0.5.23's home of
 # `sglang.bench_serving`, which is a deprecated alias there).
@@ -1000,19 +1019,39 @@ kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name
 
 
+def _metrics_warning(cluster: Cluster, release: EngineRelease) -> list[str]:
+    """What the metrics of PD instances on several hosts cover (see METRICS)."""
+    spread = [
+        f"[{p}] ({len(cluster.pool(p)) // cluster.instance_count(p)} hosts each)"
+        for p in ("prefill", "decode")
+        if len(cluster.pool(p)) > cluster.instance_count(p)
+    ]
+    if not spread:
+        return []
+    return [
+        f"metrics of the {' and '.join(spread)} instances: sglang {release.version} serves "
+        "/metrics on each instance's first host only, so its KV transfer timings are those of "
+        "that host's ranks; running and queued requests and KV usage of every rank are "
+        f"scraped from its {METRICS_LOAD_PATH} (job loads) instead (docs/engines.md)"
+    ]
+
+
 def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
     """What a PD fleet's router balances on (MANY_INSTANCES_POLICY): its own in-flight counts,
-    since the servers do not serve the load route it asks for."""
+    since the servers do not serve the load route it asks for; and what the metrics of
+    instances on several hosts cover."""
     if cluster.layout != "pd":
         return []
+    found = _metrics_warning(cluster, release)
     pools = [p for p in ("prefill", "decode") if cluster.instance_count(p) > 1]
     if not pools:
-        return []
+        return found
     return [
         f"the PD router picks among the {' and among the '.join(pools)} instances by "
         f"{MANY_INSTANCES_POLICY} on its own count of requests in flight on each, not on the "
         f"servers' load: {catalog.ROUTER.package} {catalog.ROUTER.version} asks each worker "
-        f"for /get_load, which sglang {release.version} does not serve (docs/engines.md)"
+        f"for /get_load, which sglang {release.version} does not serve (docs/engines.md)",
+        *found,
     ]
 
 
