@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from k2provision.core import catalog
@@ -217,7 +218,7 @@ def _instance_ranks(
 
 
 def with_instance_specs(
-    hosts: list[HostPlan], pools: list[PoolPlan], container: ContainerOptions
+    hosts: list[HostPlan], pools: Sequence[PoolPlan], container: ContainerOptions
 ) -> list[HostPlan]:
     """Every rank of an instance on several hosts carries the digest of all its ranks' specs
     (Process.instance_spec), so the spec hash each container is compared by covers the whole
