@@ -649,12 +649,17 @@ class WorkerRegistration(Record):
     at_launch: bool = False
     """The router starts without this worker and the launch registers it with `body`, which
     names what the router cannot learn from the server itself (a vLLM server's model id)."""
+    peers_forget_s: int = 0
+    """Seconds the instance must stay down when it is replaced before its successor starts,
+    so that other instances drop what they keep of it (0: nothing to wait for)."""
 
     @model_serializer(mode="wrap")
     def _no_default_at_launch(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if not self.at_launch:
             data.pop("at_launch", None)
+        if not self.peers_forget_s:
+            data.pop("peers_forget_s", None)
         return data
 
 
@@ -827,6 +832,11 @@ class Process(Record):
     lab_fault: str | None = None
     # Fleets only: the instance the process serves, so its container's spec hash names it.
     instance: InstanceRef | None = None
+    # Ranks of an instance on several hosts only: the digest of every rank's spec (each
+    # host's process and files). It is part of each rank's own spec, so a change to any rank
+    # changes them all, and a re-apply replaces the whole instance: a rank started alone
+    # waits for peers that left the group long ago.
+    instance_spec: str = ""
 
     @model_serializer(mode="wrap")
     def _no_empty_resolve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -836,6 +846,8 @@ class Process(Record):
         for key in ("lab_fault", "instance"):
             if getattr(self, key) is None:
                 data.pop(key, None)
+        if not self.instance_spec:
+            data.pop("instance_spec", None)
         return data
 
 

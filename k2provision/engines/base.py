@@ -211,6 +211,24 @@ class BenchClient:
 
 
 @dataclass(frozen=True)
+class RankLoadNames:
+    """Load gauges per rank from a route of the instance's HTTP server that covers every rank
+    of an instance on several hosts, where the engine's own gauges cover only the ranks of the
+    server's node."""
+
+    path: str
+    """The route (scraped on the instance's first host)."""
+    params: tuple[tuple[str, str], ...]
+    """Its query parameters."""
+    running: str
+    """Gauge of requests running, per rank."""
+    queued: str
+    """Gauge of requests waiting, per rank."""
+    kv_usage: str
+    """Gauge of the KV cache's used fraction, per rank."""
+
+
+@dataclass(frozen=True)
 class MetricNames:
     """The Prometheus series an engine's servers export, by what they measure: the dashboards
     and alert rules (plan/dashboards.py, plan/alert_rules.py) ask every engine's names."""
@@ -237,6 +255,9 @@ class MetricNames:
     """Histogram of its KV transfer speed (GB/s)."""
     kv_bootstrap: str | None = None
     """Histogram of its KV bootstrap time (ms)."""
+    rank_load: RankLoadNames | None = None
+    """Where every rank's load of an instance on several hosts is read (None: the gauges
+    above cover every rank)."""
 
 
 @dataclass(frozen=True)

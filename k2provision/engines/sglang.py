@@ -51,6 +51,7 @@ from k2provision.engines.base import (
     Listener,
     MetricNames,
     PublishedFigure,
+    RankLoadNames,
     ResultFormat,
     WeightSlices,
     listener,
@@ -100,11 +101,41 @@ DECODE_LOG_INTERVAL = 100
 # PD failure detection: the release defaults. The seed's 1e7 s interval turns it off.
 PD_HEARTBEAT_INTERVAL_S = 5
 PD_HEARTBEAT_MAX_FAILURE = 2
+# A decode server keeps what it learnt of each prefill instance it has talked to, by the
+# prefill's bootstrap address: its parallel layout and its ranks' KV endpoints
+# (srt/disaggregation/common/conn.py prefill_info_table and connection_pool, :464-467). It
+# drops them only when its heartbeat (a GET of the bootstrap server's /health every
+# SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL seconds, timeout 2 s to connect + 3 s to answer)
+# has failed SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE times in a row
+# (_start_heartbeat_checker_thread :1998-2043, _handle_node_failure :2060-2077); the next
+# request then asks the bootstrap server afresh. A prefill instance replaced behind the same
+# URL and bootstrap port whose successor answers before that keeps its decode peers on the
+# old instance's endpoints: requests stall until the decode restarts (the upstream reports,
+# sgl-project/sglang#16903, #33789). So a replaced prefill instance stays down long enough
+# for every heartbeat to miss it that many times, however each check ends.
+PD_HEARTBEAT_TIMEOUT_S = 2 + 3
+PREFILL_PEERS_FORGET_S = (
+    PD_HEARTBEAT_MAX_FAILURE * (PD_HEARTBEAT_INTERVAL_S + PD_HEARTBEAT_TIMEOUT_S)
+    + PD_HEARTBEAT_INTERVAL_S
+)
 
-# Server readiness: sglang answers /health with 503 until the model is loaded and its warm-up
-# generation has run, then 200, so it gates on a working server without queueing a
-# generation per poll as /health_generate does.
-SERVER_HEALTH_PATH = "/health"
+# What a server's checks ask (the launch gate, the look, a fleet router's health checks):
+# liveness, never a generation. In sglang 0.5.23 /health and /health_generate are one handler
+# (srt/entrypoints/http_server.py:721-722 health_generate) that queues a one-token generation
+# and waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s, :218) for the scheduler to answer;
+# SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (srt/environ.py:344, default true) is what skips
+# it on /health (:745-748). A prefill instance busy with a long chunked prefill answers no
+# such probe within the router's 5 s, and the router would take a working instance out.
+# /ready (:714, tokenizer_manager.is_ready) queues nothing: 503 while starting, until the
+# warm-up generation has passed (:2502, and for PD :2526-2528, where a failed warm-up leaves it
+# UnHealthy), and from the moment the server starts shutting down; 200 otherwise. It needs no
+# API key (srt/utils/auth.py: /health*, /ready* and /metrics* are always open). A hung
+# scheduler is ended by --watchdog-timeout, which takes the HTTP server down with it.
+SERVER_HEALTH_PATH = "/ready"
+# Every SGLang server also runs with generation off on /health, so a probe of /health (the
+# single-instance router's own default health checks, an operator's load balancer) is
+# liveness too; /health_generate still runs a generation when one is wanted.
+HEALTH_GENERATION_ENV = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
 # Router readiness: /health is only liveness in sglang-router; /readiness turns 200 once the
 # router sees healthy prefill and decode workers.
 ROUTER_HEALTH_PATH = "/readiness"
@@ -130,20 +161,30 @@ ROUTER_OPEN_ROUTES = (
 # Long generations: the default request timeout (:63, 1800 s) ends a 128k-token answer
 # decoded at 20 tokens/s per request (6400 s); two hours leaves room for it.
 ROUTER_REQUEST_TIMEOUT_S = 7200
+
+# Health checks (:84-88): every 10 s (default 60) on each worker's liveness route (its engine's
+# launch gate path: SGLang's /ready, which queues no generation; vLLM's /health), a worker
+# taken out after 3 failed checks (a dead instance serves errors for about 30 s at most) and
+# put back after 2 good ones.
+
+
+def fleet_health_args(worker_health_path: str) -> tuple[str, ...]:
+    """The fleet router's health-check flags, asking each worker `worker_health_path`."""
+    return (
+        "--health-check-interval-secs",
+        "10",
+        "--health-failure-threshold",
+        "3",
+        "--health-success-threshold",
+        "2",
+        "--health-check-timeout-secs",
+        "5",
+        "--health-check-endpoint",
+        worker_health_path,
+    )
+
+
 FLEET_ROUTER_ARGS: tuple[str, ...] = (
-    # Health checks (:84-88): every 10 s (default 60) on the servers' own /health, a worker
-    # taken out after 3 failed checks (a dead instance serves errors for about 30 s at most)
-    # and put back after 2 good ones.
-    "--health-check-interval-secs",
-    "10",
-    "--health-failure-threshold",
-    "3",
-    "--health-success-threshold",
-    "2",
-    "--health-check-timeout-secs",
-    "5",
-    "--health-check-endpoint",
-    "/health",
     # Circuit breaker (:91-94): 5 failed requests within 60 s open a worker's circuit (no
     # requests for 30 s), 2 good ones in half-open close it: faster than the 10 / 120 s
     # defaults, since the other instances take the load meanwhile.
@@ -216,7 +257,7 @@ def server_env(
     deployment: Deployment, host: HostSpec, *, deepep: bool = False
 ) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
     """Environment of an SGLang server on `host`, and the host values it refers to."""
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1", **HEALTH_GENERATION_ENV}
     ifname, values = socket_ifname(deployment.cluster, host)
     env.update(socket_env(ifname, nvshmem=deepep))
     return env, values
@@ -290,7 +331,7 @@ def server_key(t: Tunables) -> tuple[str, ...]:
     """The endpoint's API key for a server that is the endpoint itself: sglang 0.5.23 takes
     the key only as --api-key (srt/arg_groups/fields/serving.py), but reads any option from
     `--config FILE.yaml` (srt/server_args.py, srt/utils/server_args_config_parser.py), so the
-    key comes from the launch phase's YAML file and stays out of the process's argv. /health
+    key comes from the launch phase's YAML file and stays out of the process's argv. /ready
     needs no key (srt/utils/auth.py), so the launch gate still reads it."""
     if not t.api_key_file:
         return ()
@@ -304,7 +345,7 @@ def _server_tls(t: Tunables) -> tuple[str, ...]:
     refuses a missing file). Its own warm-up request then goes to https (ServerArgs.url) and,
     without --ssl-ca-certs, skips checking the certificate (serving_hook.py ssl_verify_of),
     which names the endpoint's address, not the loopback the warm-up may use: no CA is
-    passed. /health answers over the same TLS."""
+    passed. /ready answers over the same TLS."""
     return tls_args(t, "--ssl-certfile", "--ssl-keyfile")
 
 
@@ -401,9 +442,11 @@ def _pd_env(
 ) -> tuple[dict[str, str], tuple[LaunchValue, ...]]:
     t = deployment.cluster.tunables
     env, values = server_env(deployment, host, deepep=True)
+    if t.pd_transfer_backend == "mooncake":
+        # Mooncake's transfer engine logs its throughput (a Mooncake variable; NIXL has none).
+        env["MC_TE_METRIC"] = "true"
     env.update(
         {
-            "MC_TE_METRIC": "true",
             "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(t.pd_timeout_s),
             "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(t.pd_timeout_s),
             "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": str(PD_HEARTBEAT_INTERVAL_S),
@@ -462,7 +505,13 @@ def _pd_server(deployment: Deployment, pool: PoolPlan, host: HostSpec, rank: int
     eplb: tuple[str, ...] = ("--enable-eplb", "--eplb-algorithm", "deepseek")
     if p.redundant_experts:
         eplb += ("--ep-num-redundant-experts", str(p.redundant_experts))
-    # KV transfer NICs are per host; lab hosts have no RDMA devices at all.
+    # KV transfer NICs are per host; lab hosts have no RDMA devices at all. Both backends
+    # read --disaggregation-ib-device in sglang 0.5.23: Mooncake's transfer engine, and NIXL's
+    # UCX backend (SGLANG_DISAGGREGATION_NIXL_BACKEND, default UCX, srt/environ.py:766), which
+    # maps it per GPU to its UCX device_list, appending port 1 to each HCA name
+    # (srt/disaggregation/nixl/conn.py:564-595, _resolve_ucx_device_list :186; names with a
+    # port suffix are refused there, and k2_ib_devices admits none). UCX_NET_DEVICES is not
+    # rendered: set, it overrides that mapping (:565-569).
     ib = (
         ("--disaggregation-ib-device", ",".join(host.ib_devices))
         if host.ib_devices and not cluster.lab
@@ -641,14 +690,18 @@ def _registered_later(instance: PoolPlan) -> bool:
     return instance.router_worker is not None and instance.router_worker.at_launch
 
 
-def _router(deployment: Deployment) -> Process:
+def _router(deployment: Deployment, worker_health_path: str) -> Process:
     t = deployment.cluster.tunables
     router = router_host(deployment)
     guard, resolve = _router_guard(deployment)
     argv = (
         *LAUNCH_ROUTER,
         *_workers(deployment),
-        *(FLEET_ROUTER_ARGS if deployment.cluster.fleet else ()),
+        *(
+            (*fleet_health_args(worker_health_path), *FLEET_ROUTER_ARGS)
+            if deployment.cluster.fleet
+            else ()
+        ),
         "--host",
         any_address(deployment.cluster),
         "--port",
@@ -706,12 +759,17 @@ def _render_pd(deployment: Deployment) -> dict[str, HostRender]:
     return out
 
 
-def add_router(out: dict[str, HostRender], deployment: Deployment) -> None:
+def add_router(
+    out: dict[str, HostRender],
+    deployment: Deployment,
+    worker_health_path: str = SERVER_HEALTH_PATH,
+) -> None:
     """Put the router on its host, after what the host already runs. Other engines' replica
-    fleets use it too: sglang-router fronts any OpenAI-compatible server in regular mode."""
+    fleets use it too: sglang-router fronts any OpenAI-compatible server in regular mode, and
+    checks each worker on `worker_health_path` (its engine's liveness route)."""
     t = deployment.cluster.tunables
     host = router_host(deployment)
-    router = _router(deployment)
+    router = _router(deployment, worker_health_path)
     what = "the PD router" if deployment.cluster.layout == "pd" else "the fleet's router"
     mine = (
         listener(
@@ -760,8 +818,12 @@ def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
             "worker_type": "prefill",
             "bootstrap_port": cluster.tunables.bootstrap_port,
         }
-    else:
-        body = {"url": instance.url, "worker_type": "decode"}
+        # The decode instances cache a prefill instance's endpoints until their heartbeat
+        # misses it (PREFILL_PEERS_FORGET_S).
+        return WorkerRegistration(
+            body=body, answers_alone=False, peers_forget_s=PREFILL_PEERS_FORGET_S
+        )
+    body = {"url": instance.url, "worker_type": "decode"}
     return WorkerRegistration(body=body, answers_alone=False)
 
 
@@ -820,6 +882,17 @@ METRICS_PATH: str | None = "/metrics"
 METRICS_PORTS: tuple[str, ...] = ("k2_sglang_port", "k2_router_metrics_port")
 # sglang 0.5.23's names (the KV transfer ones exported by PD's pools), each found in its
 # sources by tests/engine_parsers/test_metric_names.py.
+# /metrics reads the prometheus_client multiprocess directory of the server's own node, and
+# only node 0 runs an HTTP server (srt/entrypoints/http_server.py:3163, node_rank >= 1 returns
+# after the schedulers): the scheduler gauges of a PD instance over 12 nodes are those of its
+# 8 ranks on node 0. Every rank's load reaches node 0 all the same: with DP attention over
+# several nodes each scheduler pushes its load snapshot over ZMQ to node 0
+# (srt/managers/load_snapshot.py should_use_zmq :69-79, ZmqShmLoadSnapshotReader), and
+# /v1/loads?format=prometheus (srt/entrypoints/v1_loads.py:96, _format_loads_prometheus :64)
+# serves one gauge per DP rank, `sglang_<field>{dp_rank="N"}` of LoadSnapshot's core fields
+# (load_snapshot.py:196). The plan scrapes it on the first host of each such instance, and
+# the rules and dashboards read running, queued and KV usage from it where it has series.
+METRICS_LOAD_PATH = "/v1/loads"
 METRICS: MetricNames | None = MetricNames(
     prompt_tokens="sglang:prompt_tokens_total",
     generation_tokens="sglang:generation_tokens_total",
@@ -832,6 +905,13 @@ METRICS: MetricNames | None = MetricNames(
     kv_transfer_latency="sglang:kv_transfer_latency_ms",
     kv_transfer_speed="sglang:kv_transfer_speed_gb_s",
     kv_bootstrap="sglang:kv_transfer_bootstrap_ms",
+    rank_load=RankLoadNames(
+        path=METRICS_LOAD_PATH,
+        params=(("format", "prometheus"), ("include", "core")),
+        running="sglang_num_running_reqs",
+        queued="sglang_num_waiting_reqs",
+        kv_usage="sglang_token_usage",
+    ),
 )
 # The native /generate route, through sglang's own client (sglang 0.5.23's home of
 # `sglang.bench_serving`, which is a deprecated alias there).
@@ -939,19 +1019,39 @@ kv_dtype_problems = fp8_kv_problems
 served_name = inventory_served_name
 
 
+def _metrics_warning(cluster: Cluster, release: EngineRelease) -> list[str]:
+    """What the metrics of PD instances on several hosts cover (see METRICS)."""
+    spread = [
+        f"[{p}] ({len(cluster.pool(p)) // cluster.instance_count(p)} hosts each)"
+        for p in ("prefill", "decode")
+        if len(cluster.pool(p)) > cluster.instance_count(p)
+    ]
+    if not spread:
+        return []
+    return [
+        f"metrics of the {' and '.join(spread)} instances: sglang {release.version} serves "
+        "/metrics on each instance's first host only, so its KV transfer timings are those of "
+        "that host's ranks; running and queued requests and KV usage of every rank are "
+        f"scraped from its {METRICS_LOAD_PATH} (job loads) instead (docs/engines.md)"
+    ]
+
+
 def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
     """What a PD fleet's router balances on (MANY_INSTANCES_POLICY): its own in-flight counts,
-    since the servers do not serve the load route it asks for."""
+    since the servers do not serve the load route it asks for; and what the metrics of
+    instances on several hosts cover."""
     if cluster.layout != "pd":
         return []
+    found = _metrics_warning(cluster, release)
     pools = [p for p in ("prefill", "decode") if cluster.instance_count(p) > 1]
     if not pools:
-        return []
+        return found
     return [
         f"the PD router picks among the {' and among the '.join(pools)} instances by "
         f"{MANY_INSTANCES_POLICY} on its own count of requests in flight on each, not on the "
         f"servers' load: {catalog.ROUTER.package} {catalog.ROUTER.version} asks each worker "
-        f"for /get_load, which sglang {release.version} does not serve (docs/engines.md)"
+        f"for /get_load, which sglang {release.version} does not serve (docs/engines.md)",
+        *found,
     ]
 
 

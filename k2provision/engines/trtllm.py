@@ -474,9 +474,11 @@ DCP_TUNABLE: str | None = None
 SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
 HEALTH_PATH = "/health"
 # No Prometheus scrape: trtllm-serve's GET /metrics answers iteration stats as JSON
-# (tensorrt_llm/serve/openai_server.py, get_iteration_stats), not Prometheus text; its
-# prometheus_client app (/prometheus/metrics) is mounted only with return_perf_metrics on,
-# which records per-request perf metrics, and is left off until checked at the pinned tag
+# (tensorrt_llm/serve/openai_server.py, get_iteration_stats), not Prometheus text. Its
+# prometheus_client app is mounted at /prometheus/metrics on the API port only with the LLM
+# API option return_perf_metrics (register_routes -> mount_metrics; the load gauges also need
+# enable_iter_perf_stats), with names (tensorrt_llm/metrics/collector.py, trtllm_*) that
+# differ between releases and could not be read at the v1.2.1 tag: left off until they are
 # (docs/engines.md, "Metrics").
 METRICS_PATH: str | None = None
 METRICS_PORTS: tuple[str, ...] = ()

@@ -145,7 +145,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         else:
             out.update(_render_ray(deployment, pool))
     if deployment.cluster.fleet:
-        add_router(out, deployment)
+        add_router(out, deployment, HEALTH_PATH)
     return out
 
 

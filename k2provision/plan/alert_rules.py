@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from k2provision.core.gpu_health import FATAL_XIDS
 from k2provision.engines import metric_dialects
@@ -81,6 +81,31 @@ def each_engine(expr: Callable[[MetricNames], str | None]) -> str:
     it is None (a series they do not export) are left out."""
     found = [text for names in metric_dialects() if (text := expr(names)) is not None]
     return either(*found)
+
+
+LoadField = Literal["running", "queued", "kv_usage"]
+
+
+def instance_load(m: MetricNames, field: LoadField, agg: str, by: str = "instance") -> str:
+    """`agg by (by)` of a load gauge: from the engine's every-rank source (`rank_load`) where
+    it has series (an instance whose ranks span several hosts), else from its own gauge."""
+    own = f"{agg} by ({by}) ({getattr(m, field)})"
+    if m.rank_load is None:
+        return own
+    return f"{agg} by ({by}) ({getattr(m.rank_load, field)}) or {own}"
+
+
+def _queue_growing(m: MetricNames, minimum: int) -> str:
+    """A queue gauge that keeps growing above `minimum`: per rank from the every-rank source
+    where it has series, the engine's own gauge for instances it does not cover."""
+
+    def growing(series: str) -> str:
+        return f"deriv({series}[5m]) > 0 and {series} > {minimum}"
+
+    if m.rank_load is None:
+        return growing(m.queued)
+    ranks = m.rank_load.queued
+    return f"({growing(ranks)}) or (({growing(m.queued)}) unless on (instance) {ranks})"
 
 
 def _rule(name: str, expr: str, for_: str, severity: str, summary: str) -> dict[str, Any]:
@@ -176,16 +201,19 @@ def alert_rules(
         ),
         _rule(
             "K2KvCacheFull",
-            f"max by (instance, host) ({each_engine(lambda m: m.kv_usage)}) > {t.kv_usage:g}",
+            above(
+                each_engine(lambda m: instance_load(m, "kv_usage", "max", "instance, host")),
+                t.kv_usage,
+            ),
             "5m",
             "warning",
-            "{{ $labels.instance }}: KV cache {{ $value | humanizePercentage }} full",
+            "{{ $labels.instance }}: KV cache {{ $value | humanizePercentage }} full on its "
+            "fullest rank (every rank of an instance on several hosts, through its first "
+            "host's load route)",
         ),
         _rule(
             "K2QueueGrowing",
-            each_engine(
-                lambda m: f"deriv({m.queued}[5m]) > 0 and {m.queued} > {t.queue_growing_min}"
-            ),
+            each_engine(lambda m: _queue_growing(m, t.queue_growing_min)),
             "10m",
             "warning",
             "{{ $labels.instance }}: the request queue keeps growing",

@@ -13,6 +13,8 @@ engine to render behind one router.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from k2provision.core import catalog
@@ -28,6 +30,7 @@ from k2provision.core.records import (
     Plan,
     PoolName,
     PoolPlan,
+    Process,
     WeightsInfo,
 )
 from k2provision.core.templating import host_values_path, host_values_script, launch_script
@@ -37,6 +40,7 @@ from k2provision.engines.base import Deployment
 from k2provision.engines.common import multi_host, socket_warnings
 from k2provision.errors import InventoryError, K2Error, PlanError
 from k2provision.plan.caches import compile_cache_dir, with_compile_caches
+from k2provision.plan.containers import spec_hash
 from k2provision.plan.fit import edge_warnings
 from k2provision.plan.fixes import fixes
 from k2provision.plan.ports import host_ports, port_clashes
@@ -173,6 +177,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
                 instance=pool.instance if pool else "",
             )
         )
+    container = container_options(cluster, deployment)
+    host_plans = with_instance_specs(host_plans, pools, container)
     return Plan(
         engine=cluster.engine,
         engine_version=release.version,
@@ -194,7 +200,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
             max_unavailable=cluster.max_unavailable, drain_timeout=cluster.drain_timeout
         ),
         access=access_files(cluster),
-        container=container_options(cluster, deployment),
+        container=container,
         pools=pools,
         fit=tuple(reports),
         weights=WeightsInfo(
@@ -205,6 +211,52 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         warnings=tuple(warnings),
         hosts=tuple(host_plans),
     )
+
+
+def _instance_ranks(
+    hosts: list[HostPlan], instance: PoolPlan
+) -> list[tuple[HostPlan, int, Process]]:
+    """(host, index in its processes, process) of each engine rank of a pool instance: the
+    GPU processes on its hosts that serve it (a fleet's name it; a single instance owns every
+    GPU process of its hosts). The router holds no GPU."""
+    return [
+        (host, n, p)
+        for host in hosts
+        if host.name in instance.hosts
+        for n, p in enumerate(host.processes)
+        if p.gpus and (p.instance is None or p.instance.name == instance.instance)
+    ]
+
+
+def with_instance_specs(
+    hosts: list[HostPlan], pools: Sequence[PoolPlan], container: ContainerOptions
+) -> list[HostPlan]:
+    """Every rank of an instance on several hosts carries the digest of all its ranks' specs
+    (Process.instance_spec), so the spec hash each container is compared by covers the whole
+    instance: a change to one rank replaces every rank (a lone new rank would wait for a
+    group the others left)."""
+    specs: dict[tuple[str, int], str] = {}
+    for pool in pools:
+        for instance in pool.members():
+            if len(instance.hosts) < 2:
+                continue
+            ranks = _instance_ranks(hosts, instance)
+            doc = sorted((h.name, n, spec_hash(container, p, dict(h.files))) for h, n, p in ranks)
+            digest = hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
+            specs.update({(h.name, n): digest for h, n, _ in ranks})
+    return [
+        host.model_copy(
+            update={
+                "processes": tuple(
+                    p.model_copy(update={"instance_spec": specs[(host.name, n)]})
+                    if (host.name, n) in specs
+                    else p
+                    for n, p in enumerate(host.processes)
+                )
+            }
+        )
+        for host in hosts
+    ]
 
 
 def access_files(cluster: Cluster) -> AccessFiles:

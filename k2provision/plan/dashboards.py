@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from k2provision.engines.base import MetricNames
-from k2provision.plan.alert_rules import each_engine, quantile
+from k2provision.plan.alert_rules import each_engine, instance_load, quantile
 
 DATASOURCE = {"type": "prometheus", "uid": "k2-prometheus"}
 # The router's routes that run a generation (its `path` label on smg_http_* series).
@@ -89,11 +89,11 @@ def _fleet() -> dict[str, Any]:
                 "Running and queued requests",
                 [
                     (
-                        each_engine(lambda m: f"sum by (instance) ({m.running})"),
+                        each_engine(lambda m: instance_load(m, "running", "sum")),
                         "{{instance}} running",
                     ),
                     (
-                        each_engine(lambda m: f"sum by (instance) ({m.queued})"),
+                        each_engine(lambda m: instance_load(m, "queued", "sum")),
                         "{{instance}} queued",
                     ),
                 ],
@@ -103,7 +103,7 @@ def _fleet() -> dict[str, Any]:
                 "KV cache usage",
                 [
                     (
-                        each_engine(lambda m: f"max by (instance) ({m.kv_usage})"),
+                        each_engine(lambda m: instance_load(m, "kv_usage", "max")),
                         "{{instance}}",
                     )
                 ],
@@ -185,7 +185,9 @@ def _instance() -> dict[str, Any]:
                 "KV cache usage",
                 [
                     (
-                        each_engine(lambda m: f"max by (instance, host) ({m.kv_usage})"),
+                        each_engine(
+                            lambda m: instance_load(m, "kv_usage", "max", "instance, host")
+                        ),
                         "{{instance}} {{host}}",
                     )
                 ],
@@ -196,7 +198,7 @@ def _instance() -> dict[str, Any]:
                 "Queue",
                 [
                     (
-                        each_engine(lambda m: f"sum by (instance) ({m.queued})"),
+                        each_engine(lambda m: instance_load(m, "queued", "sum")),
                         "{{instance}}",
                     )
                 ],
@@ -205,6 +207,9 @@ def _instance() -> dict[str, Any]:
     )
 
 
+# The KV transfer histograms are the schedulers' own: an SGLang instance's /metrics holds
+# those of the ranks on its first host only (its other hosts run no HTTP server), and the
+# every-rank load route carries no transfer timings, so the titles say whose they are.
 def _pd() -> dict[str, Any]:
     return _dashboard(
         "k2-pd",
@@ -212,7 +217,7 @@ def _pd() -> dict[str, Any]:
         [
             _panel(
                 1,
-                "KV transfer latency p50/p99",
+                "KV transfer latency p50/p99 (ranks on each instance's first host)",
                 [
                     (
                         _engine_quantile(q, lambda m: m.kv_transfer_latency),
@@ -224,12 +229,12 @@ def _pd() -> dict[str, Any]:
             ),
             _panel(
                 2,
-                "KV transfer speed p50",
+                "KV transfer speed p50 (ranks on each instance's first host)",
                 [(_engine_quantile(0.5, lambda m: m.kv_transfer_speed), "{{instance}}")],
             ),
             _panel(
                 3,
-                "KV bootstrap p99",
+                "KV bootstrap p99 (ranks on each instance's first host)",
                 [(_engine_quantile(0.99, lambda m: m.kv_bootstrap), "{{instance}}")],
                 "ms",
             ),

@@ -29,8 +29,8 @@ DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04"
 DCGM_EXPORTER_PORT = 9400
 EXPORTER_PATH = "/metrics"
 
-Job = Literal["engine", "router", "node", "dcgm"]
-JOBS: tuple[Job, ...] = ("engine", "router", "node", "dcgm")
+Job = Literal["engine", "loads", "router", "node", "dcgm"]
+JOBS: tuple[Job, ...] = ("engine", "loads", "router", "node", "dcgm")
 ROUTER_SETTINGS = frozenset({"k2_router_metrics_port"})
 # The fleet's and PD's router process: its metrics are on ROUTER_SETTINGS' port only.
 ROUTER_PROCESS = "sglang-router"
@@ -53,6 +53,8 @@ class ScrapeTarget(Record):
     scheme: Literal["http", "https"] = "http"
     """https where the target is the endpoint serving TLS (a single server's metrics on its
     API port)."""
+    params: tuple[tuple[str, str], ...] = ()
+    """The query parameters of the scrape (a route that serves Prometheus text on request)."""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -65,9 +67,26 @@ class ScrapeTarget(Record):
         }
 
 
+def _spread_instance_head(plan: Plan, host: str) -> bool:
+    """Whether `host` is the first host of an instance whose DP-attention ranks span several
+    hosts: the one HTTP server that hears every rank's load (engines' rank_load)."""
+    for pool in plan.pools:
+        for instance in pool.members():
+            if host in instance.hosts:
+                return (
+                    len(instance.hosts) > 1
+                    and instance.parallel.dp_attention
+                    and instance.hosts[0] == host
+                )
+    return False
+
+
 def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
-    """Every endpoint of the plan that serves Prometheus metrics, in host order."""
+    """Every endpoint of the plan that serves Prometheus metrics, in host order. An instance
+    whose DP-attention ranks span several hosts is also scraped on its engine's rank_load
+    route (job ``loads``), which covers every rank where /metrics covers the first host's."""
     engine = REGISTRY[plan.engine]
+    rank_load = engine.METRICS.rank_load if engine.METRICS is not None else None
     endpoint = urlsplit(plan.endpoint)
     tls_at = (plan.endpoint_host, endpoint.port) if endpoint.scheme == "https" else None
     found: list[ScrapeTarget] = []
@@ -96,6 +115,16 @@ def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
                         scheme="https" if (host.name, binding.port) == tls_at else "http",
                     )
                 )
+                if not router and rank_load and _spread_instance_head(plan, host.name):
+                    found.append(
+                        target(
+                            job="loads",
+                            address=host_port(host.local_ip, binding.port),
+                            path=rank_load.path,
+                            params=rank_load.params,
+                            instance=host.instance or host.pool,
+                        )
+                    )
         exporters: list[tuple[Job, int]] = [("node", NODE_EXPORTER_PORT)]
         if host.gpus > 0:
             exporters.append(("dcgm", DCGM_EXPORTER_PORT))
@@ -126,13 +155,15 @@ def prometheus_config(
         mine = [t for t in targets if t.job == job]
         if not mine:
             continue
-        kinds = {(t.path, t.scheme) for t in mine}
-        for path, scheme in sorted(kinds):
+        kinds = {(t.path, t.scheme, t.params) for t in mine}
+        for path, scheme, params in sorted(kinds):
             name = job if len(kinds) == 1 else f"{job}{path.replace('/', '_')}"
             config: dict[str, Any] = {
                 "job_name": name if scheme == "http" or len(kinds) == 1 else f"{name}_https",
                 "metrics_path": path,
             }
+            if params:
+                config["params"] = {key: [value] for key, value in params}
             if scheme == "https":
                 # Whether the server answers its metrics, as the health gate asks: the target
                 # is the host's local address, which the certificate need not name.
@@ -140,7 +171,7 @@ def prometheus_config(
             config["static_configs"] = [
                 {"targets": [t.address], "labels": t.labels}
                 for t in mine
-                if (t.path, t.scheme) == (path, scheme)
+                if (t.path, t.scheme, t.params) == (path, scheme, params)
             ]
             jobs.append(config)
     return {

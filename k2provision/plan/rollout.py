@@ -50,6 +50,10 @@ class RolloutWave:
     alone_in_pool: str = ""
     """The pool the wave takes wholly out (its only instance), else empty: meanwhile the
     router has no worker of that pool, and requests needing it wait or fail."""
+    down_s: int = 0
+    """Seconds between stopping the wave's containers and starting the new ones (or, on a
+    rollback, the previous ones): the longest its instances' peers take to drop what they
+    cached of them (WorkerRegistration.peers_forget_s; a PD prefill instance's decode peers)."""
 
 
 def fleet_instances(plan: Plan) -> tuple[PoolPlan, ...]:
@@ -164,6 +168,10 @@ def _wave(plan: Plan, group: Sequence[PoolPlan], alone_in_pool: str) -> RolloutW
         workers=tuple(body(i) for i in group),
         smoke_urls=tuple(i.url for i in group if alone(i)),
         alone_in_pool=alone_in_pool,
+        down_s=max(
+            (i.router_worker.peers_forget_s for i in group if i.router_worker is not None),
+            default=0,
+        ),
     )
 
 
@@ -172,9 +180,12 @@ def rollout_lines(waves: Sequence[RolloutWave]) -> list[str]:
     lines = []
     for n, w in enumerate(waves, start=1):
         checked = "smoke-tested" if len(w.smoke_urls) == len(w.instances) else "health-checked"
+        down = (
+            f", down {w.down_s} s (until its peers drop what they cached of it)" if w.down_s else ""
+        )
         line = (
             f"{n}. {', '.join(w.instances)} on {', '.join(w.hosts)}: out of the router, "
-            f"drained, replaced, {checked}, back in"
+            f"drained{down}, replaced, {checked}, back in"
         )
         if w.alone_in_pool:
             line += (

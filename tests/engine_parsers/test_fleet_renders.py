@@ -67,7 +67,7 @@ def test_fleet_router_is_accepted_with_every_instance(launch: Launch) -> None:
         assert r.parsed["worker_urls"] == _instances(TP_FLEET, "nodes")
         assert len(r.parsed["worker_urls"]) == 4
         assert r.parsed["policy"] == "cache_aware"
-    assert r.parsed["health_check_endpoint"] == "/health"
+    assert r.parsed["health_check_endpoint"] == "/ready"
     assert r.parsed["request_timeout_secs"] > 1800
 
 

@@ -5,6 +5,7 @@ exporters' list."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
 from types import ModuleType
@@ -49,6 +50,35 @@ def test_the_routers_grpc_only_metrics_are_not_taken_for_http_ones() -> None:
     assert {"smg_router_requests_total", "smg_worker_health"} <= http
 
 
+def _load_route_names(sglang_site: Path) -> set[str]:
+    """What sglang 0.5.23's /v1/loads?format=prometheus serves: `sglang_<field>` for each
+    numeric core field of LoadSnapshot (srt/managers/load_snapshot.py;
+    srt/entrypoints/v1_loads.py _format_loads_prometheus)."""
+    source = sglang_site / "sglang" / "srt" / "managers" / "load_snapshot.py"
+    tree = ast.parse(source.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LoadSnapshot")
+    return {
+        f"sglang_{item.target.id}"
+        for item in cls.body
+        if isinstance(item, ast.AnnAssign)
+        and isinstance(item.target, ast.Name)
+        and isinstance(item.annotation, ast.Name)
+        and item.annotation.id in {"int", "float"}
+        and item.target.id != "dp_rank"
+    }
+
+
+def test_the_every_rank_load_names_are_served_by_the_pinned_load_route() -> None:
+    from k2provision.engines import sglang
+
+    load = sglang.METRICS.rank_load if sglang.METRICS else None
+    assert load is not None
+    served = _load_route_names(site_packages(REPO_ROOT / ".venv-sglang"))
+    assert {load.running, load.queued, load.kv_usage} <= served
+    # dp_rank is each sample's label, not a series.
+    assert "sglang_dp_rank" not in served
+
+
 @pytest.fixture(scope="module")
 def known() -> set[str]:
     sglang_site = site_packages(REPO_ROOT / ".venv-sglang")
@@ -64,6 +94,7 @@ def known() -> set[str]:
     assert {"smg_router_requests_total", "smg_worker_health"} <= router
     return (
         exposed(sglang)
+        | _load_route_names(sglang_site)
         | exposed(vllm)
         | exposed(dict.fromkeys(router, "histogram"))
         | exposed(exporter_metrics())

@@ -122,7 +122,8 @@ def served(state: Any, host: str) -> float:
 # A host that dies takes its in-flight streams with it: the router has already sent their
 # headers, so it can only end them with an error (here a 500, a tenth of a second after the
 # stop). New requests are not lost: one sent to the dead worker before the router takes it out
-# (its circuit breaker after 5 failures, its health checks after 3 x 10 s, FLEET_ROUTER_ARGS)
+# (its circuit breaker after 5 failures, its health checks after 3 x 10 s, fleet_health_args
+# and FLEET_ROUTER_ARGS)
 # is retried on the other (3 retries). So the client loses at most the requests in flight on
 # that instance when it died: at most one per client thread. Measured on the lab: 1 of 131.
 THREADS = 4

@@ -60,6 +60,28 @@ def _engine_cases(names: MetricNames) -> list[Case]:
         Case("K2KvCacheFull", True, _flat(f"{names.kv_usage}{{{gauge}}}", 0.97)),
         Case("K2QueueGrowing", False, _flat(f"{names.queued}{{{gauge}}}", 3)),
         Case("K2QueueGrowing", True, {f"{names.queued}{{{gauge}}}": f"0+5x{STEPS}"}),
+        *_rank_load_cases(names),
+    ]
+
+
+def _rank_load_cases(names: MetricNames) -> list[Case]:
+    """Where the engine reads every rank's load from its instance's first host (rank_load), a
+    rank on another host is full or queueing while the first host's own gauges look calm:
+    the rules must see it, and stay silent while every rank is calm."""
+    load = names.rank_load
+    if load is None:
+        return []
+    first = 'instance="decode", host="gpu-1"'
+    calm = {
+        f"{names.kv_usage}{{{first}}}": f"0.5x{STEPS}",
+        f"{names.queued}{{{first}}}": f"3x{STEPS}",
+    }
+    rank = f'{first}, dp_rank="40"'
+    return [
+        Case("K2KvCacheFull", False, {**calm, f"{load.kv_usage}{{{rank}}}": f"0.5x{STEPS}"}),
+        Case("K2KvCacheFull", True, {**calm, f"{load.kv_usage}{{{rank}}}": f"0.97x{STEPS}"}),
+        Case("K2QueueGrowing", False, {**calm, f"{load.queued}{{{rank}}}": f"3x{STEPS}"}),
+        Case("K2QueueGrowing", True, {**calm, f"{load.queued}{{{rank}}}": f"0+5x{STEPS}"}),
     ]
 
 

@@ -21,6 +21,7 @@ from k2provision.plan.converge import (
     MESH_MODES,
     PHASE_ROLES,
     PHASE_TAGS,
+    Drift,
     HostExpectation,
     difference_lines,
     differences,
@@ -419,3 +420,32 @@ def test_the_cli_shows_each_difference_the_look_found_with_its_host() -> None:
     quiet = parse_event({**raw, "event_data": {**raw["event_data"], "res": {"changed": False}}})
     assert isinstance(quiet, HostResult)
     assert quiet.differences == ()
+
+
+def test_a_change_to_one_rank_replaces_every_rank_of_its_instance(
+    plan: Plan, tmp_path: Path
+) -> None:
+    """gpu-d02's RDMA devices change: only its own command line differs, but every decode rank
+    runs another spec (a lone new rank would wait for a group the others left), and the
+    prefill instance, untouched, keeps its containers."""
+    text = (ROOT / "inventory" / "prod.ini").read_text()
+    line = "gpu-d02 ansible_host=10.10.0.22 k2_ib_devices=mlx5_0,mlx5_1,mlx5_2,mlx5_3,"
+    assert line in text
+    changed = tmp_path / "prod.ini"
+    changed.write_text(text.replace(line, "gpu-d02 ansible_host=10.10.0.22 k2_ib_devices="))
+    new = build_plan(load_cluster(changed))
+    argv_changed = [
+        h.name
+        for h in new.hosts
+        if [p.argv for p in h.processes] != [p.argv for p in plan.host(h.name).processes]
+    ]
+    assert argv_changed == ["gpu-d02"]
+    respecced = {}
+    for host in new.hosts:
+        seen = converged(expected_state(plan, host.name))
+        found = differences(expected_state(new, host.name), seen)["launch"]
+        respecced[host.name] = [
+            d.name for d in found if d.subject == "container" and d.drift is Drift.OTHER_SPEC
+        ]
+    decode = next(p for p in new.pools if p.name == "decode").hosts
+    assert {h: c for h, c in respecced.items() if c} == {host: ["k2-sglang"] for host in decode}

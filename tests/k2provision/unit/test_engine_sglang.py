@@ -149,7 +149,7 @@ def test_tp_only_rank_zero_is_gated() -> None:
     plan = build_plan(tp_cluster(nodes=2))
     first, second = servers(plan, "nodes")
     assert first.health is not None
-    assert first.health.url == "http://10.1.0.1:30000/health"
+    assert first.health.url == "http://10.1.0.1:30000/ready"
     assert first.health.timeout_s == 3600
     assert second.health is None
     assert plan.endpoint == "http://10.1.0.1:30000"
@@ -328,7 +328,7 @@ def test_prod_gates_on_each_pool_master(prod: Plan) -> None:
     for pool, master in (("prefill", "10.10.0.11"), ("decode", "10.10.0.21")):
         first, *rest = servers(prod, pool)
         assert first.health is not None
-        assert first.health.url == f"http://{master}:30000/health"
+        assert first.health.url == f"http://{master}:30000/ready"
         assert all(p.health is None for p in rest)
 
 
@@ -465,7 +465,7 @@ def test_pd_cluster_addresses_use_local_ip() -> None:
     assert flag(router.argv, "--decode") == "http://192.168.3.1:30000"
     first = servers(plan, "decode")[0]
     assert first.health is not None
-    assert first.health.url == "http://192.168.3.1:30000/health"
+    assert first.health.url == "http://192.168.3.1:30000/ready"
 
 
 def test_pd_dedicated_router_host() -> None:
@@ -649,3 +649,45 @@ def test_tp_server_serves_tls_on_rank_0_and_its_gate_and_endpoint_are_https(
     plain = build_plan(tp_cluster())
     assert "--ssl-certfile" not in procs(plain, "n0")["sglang"].argv
     assert plain.endpoint.startswith("http://")
+
+
+# ---------------------------------------------------------------- what the checks ask
+
+
+def _router_flag(router: Process, flag: str) -> str:
+    return router.argv[router.argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize("case", ["sglang-tp", "sglang-pd-1p1d", "sglang-pd-fleet-32"])
+def test_server_checks_ask_liveness_and_never_queue_a_generation(case: str) -> None:
+    """sglang 0.5.23's /health runs a generation unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
+    is false; the gates ask /ready, which queues none, and /health is made liveness too."""
+    plan = build_plan(load_cluster(GOLDEN / case / "inventory.ini"))
+    servers = [p for p in all_processes(plan) if "sglang.launch_server" in p.argv]
+    assert servers
+    for server in servers:
+        assert server.env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "false"
+        if server.health is not None:
+            assert server.health.url is not None
+            assert server.health.url.endswith(":30000/ready")
+
+
+def test_a_fleet_router_checks_each_worker_on_its_engines_liveness_route() -> None:
+    examples = GOLDEN.parents[1] / "inventory" / "examples"
+    pd = build_plan(load_cluster(examples / "sglang-pd-fleet-32.ini"))
+    (router,) = [p for p in all_processes(pd) if p.name == "sglang-router"]
+    assert _router_flag(router, "--health-check-endpoint") == "/ready"
+    assert _router_flag(router, "--health-check-timeout-secs") == "5"
+
+
+def test_nixl_gets_the_ib_devices_and_no_mooncake_or_ucx_override_environment() -> None:
+    """sglang 0.5.23's NIXL (UCX) path reads --disaggregation-ib-device per GPU; a set
+    UCX_NET_DEVICES would override it, and MC_TE_METRIC is Mooncake's alone."""
+    nixl = build_plan(pd_cluster(pd_transfer_backend="nixl"))
+    for proc in servers(nixl, "prefill") + servers(nixl, "decode"):
+        assert _router_flag(proc, "--disaggregation-transfer-backend") == "nixl"
+        assert _router_flag(proc, "--disaggregation-ib-device") == ",".join(IB)
+        assert "MC_TE_METRIC" not in proc.env
+        assert not any(name.startswith("UCX_") for name in proc.env)
+    mooncake = build_plan(pd_cluster())
+    assert all(p.env["MC_TE_METRIC"] == "true" for p in servers(mooncake, "decode"))

@@ -395,3 +395,25 @@ def test_a_key_or_certificate_trtllm_serve_cannot_take_is_refused(
     assert "fix: choose k2_engine=sglang" in problem
     assert "proxy of your own" in problem
     assert not [w for w in plan().warnings if "k2_api_key_file" in w]
+
+
+def test_the_prometheus_route_stays_off_with_the_switches_the_docs_name() -> None:
+    """trtllm-serve mounts /prometheus/metrics only with return_perf_metrics (and feeds its load
+    gauges only with enable_iter_perf_stats): both are 1.2.1 options, off by default, and the
+    render leaves them off, so no rank is scraped and status says so."""
+    from k2provision.engines.trtllm_schema import ExtraLlmApiOptions
+    from k2provision.plan.monitoring import scrape_targets, where_line
+
+    fields = ExtraLlmApiOptions.model_fields
+    assert fields["return_perf_metrics"].default is False
+    assert fields["enable_iter_perf_stats"].default is False
+    p = plan()
+    options = next(
+        text for h in p.hosts for path, text in h.files.items() if path.endswith("api-config.yml")
+    )
+    parsed = yaml.safe_load(options)
+    assert "return_perf_metrics" not in parsed
+    assert "enable_iter_perf_stats" not in parsed
+    assert trtllm.METRICS_PATH is None
+    assert {t.job for t in scrape_targets(p)} == {"node", "dcgm"}
+    assert "TensorRT-LLM metrics: none" in where_line(p, [])

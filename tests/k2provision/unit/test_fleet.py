@@ -187,6 +187,9 @@ def test_a_vllm_fleet_is_replicas_behind_the_router_on_the_private_address(
     assert "--worker-urls" not in router.argv
     assert router.health is not None
     assert router.health.url == "http://10.20.1.5:8000/health"
+    # The router checks vLLM workers on vLLM's own liveness route, not SGLang's /ready.
+    checks = router.argv[router.argv.index("--health-check-endpoint") + 1]
+    assert checks == "/health"
     assert launch_registrations(plan.model_dump(mode="json")) == [
         {"url": url, "model_id": "kimi-k2"} for url in urls
     ]

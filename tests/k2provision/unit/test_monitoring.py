@@ -66,6 +66,50 @@ def test_pd_targets_every_serving_rank_the_router_and_the_exporters() -> None:
     )
 
 
+def test_instances_on_several_hosts_are_scraped_for_every_ranks_load() -> None:
+    """sglang 0.5.23 serves /metrics on an instance's first host only; every DP rank's load
+    reaches that host, and /v1/loads serves it as Prometheus text: scraped there (job loads),
+    once per instance, with the query that asks for that text."""
+    plan = plan_of("sglang-pd-4p12d")
+    loads = [t for t in scrape_targets(plan) if t.job == "loads"]
+    assert [(t.host, t.address, t.instance, t.path) for t in loads] == [
+        ("gpu-p01", "10.10.0.11:30000", "prefill", "/v1/loads"),
+        ("gpu-d01", "10.10.0.21:30000", "decode", "/v1/loads"),
+    ]
+    (job,) = [j for j in prometheus_config(plan)["scrape_configs"] if j["job_name"] == "loads"]
+    assert job["metrics_path"] == "/v1/loads"
+    assert job["params"] == {"format": ["prometheus"], "include": ["core"]}
+    assert [j["job_name"] for j in prometheus_config(plan)["scrape_configs"]][:2] == [
+        "engine",
+        "loads",
+    ]
+    fleet = [t for t in scrape_targets(plan_of("sglang-pd-fleet-32")) if t.job == "loads"]
+    assert [t.instance for t in fleet] == ["prefill-1", "prefill-2", "decode-1", "decode-2"]
+    # One host per instance, or no DP attention (TP's one scheduler batch is on rank 0):
+    # /metrics covers every rank.
+    for case in ("sglang-pd-1p1d", "sglang-tp", "vllm-dp16-ep"):
+        assert not [t for t in scrape_targets(plan_of(case)) if t.job == "loads"], case
+    warning = next(w for w in plan.warnings if w.startswith("metrics of the"))
+    assert "[decode] (12 hosts each)" in warning
+    assert "/v1/loads" in warning
+
+
+def test_load_panels_and_rules_read_every_rank_where_it_is_scraped() -> None:
+    queries: dict[str, str] = {}
+    for _, title, expr in panel_queries():
+        queries[title] = f"{queries.get(title, '')} {expr}"
+    assert "sglang_num_running_reqs" in queries["Running and queued requests"]
+    assert "sglang_num_waiting_reqs" in queries["Running and queued requests"]
+    assert "sglang_token_usage" in queries["KV cache usage"]
+    rules = {r["alert"]: r for g in alert_rules()["groups"] for r in g["rules"]}
+    assert "sglang_token_usage" in rules["K2KvCacheFull"]["expr"]
+    assert "sglang_num_waiting_reqs" in rules["K2QueueGrowing"]["expr"]
+    assert "fullest rank" in rules["K2KvCacheFull"]["annotations"]["summary"]
+    transfer = [t for t in queries if t.startswith(("KV transfer", "KV bootstrap"))]
+    assert len(transfer) == 3
+    assert all(t.endswith("(ranks on each instance's first host)") for t in transfer)
+
+
 def test_an_engine_without_metrics_still_gets_its_exporters() -> None:
     plan = plan_of("trtllm-tp16-ep8")
     jobs = {t.job for t in scrape_targets(plan)}

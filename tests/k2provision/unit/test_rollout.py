@@ -14,6 +14,7 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filt
 )
 from k2provision.commands.restart import rolling_lines
 from k2provision.core.records import Plan
+from k2provision.engines import sglang
 from k2provision.errors import InventoryError
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
@@ -289,7 +290,10 @@ def test_a_pools_only_instance_rolls_and_its_line_says_the_pool_pauses(tmp_path:
     waves = rollout_waves(plan, changed, plan.fleet.max_unavailable)
     assert [w.alone_in_pool for w in waves] == ["", "decode"]
     first, second = rollout_lines(waves)
-    assert first.endswith("replaced, health-checked, back in")
+    assert first.endswith(
+        "drained, down 25 s (until its peers drop what they cached of it), replaced, "
+        "health-checked, back in"
+    )
     assert second.endswith(
         "back in (the only instance of [decode]: requests that need it wait or fail meanwhile)"
     )
@@ -325,3 +329,33 @@ def test_no_rollout_or_repair_decision_depends_on_the_words(
     monkeypatch.setattr(converge, "DRIFT_WORDS", dict.fromkeys(converge.DRIFT_WORDS, "?"))
     assert Difference("container", "k2-x", Drift.MISSING).text == "container k2-x: ?"
     assert decisions() == before
+
+
+def test_a_replaced_prefill_instance_stays_down_until_its_decode_peers_forget_it() -> None:
+    """sglang 0.5.23's decode instances cache a prefill instance's endpoints by its bootstrap
+    address and drop them only after SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE missed
+    heartbeats: a successor behind the same URL and port that answers sooner would leave
+    them on the old endpoints. The prefill wave waits that long between stop and start (and
+    again before a rollback); decode and replica waves do not wait."""
+    plan = _plan(PD_FLEET)
+    document = plan.model_dump(mode="json")
+    order = restart_rollout(document, restart_set(document, "prefill-2,decode-1"), 1)
+    prefill, decode = order["waves"]
+    heartbeats = sglang.PD_HEARTBEAT_MAX_FAILURE * (sglang.PD_HEARTBEAT_INTERVAL_S + 5)
+    assert prefill["down_s"] == heartbeats + sglang.PD_HEARTBEAT_INTERVAL_S == 25
+    assert decode["down_s"] == 0
+    env = next(p.env for h in plan.hosts for p in h.processes if p.name == "sglang-decode")
+    assert env["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == str(sglang.PD_HEARTBEAT_INTERVAL_S)
+    assert env["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == str(
+        sglang.PD_HEARTBEAT_MAX_FAILURE
+    )
+    lines = order["lines"]
+    assert "drained, down 25 s (until its peers drop" in lines[0]
+    assert "down" not in lines[1]
+    replicas = _plan(TP_FLEET).model_dump(mode="json")
+    tp = restart_rollout(replicas, restart_set(replicas, "replica-1"), 1)
+    assert [w["down_s"] for w in tp["waves"]] == [0]
+    # The role waits the wave's down_s after stopping and before a rollback's restart.
+    role = Path(__file__).resolve().parents[3] / "roles" / "k2_rollout" / "tasks"
+    for task_file in ("wave.yml", "rollback.yml"):
+        assert "_k2_rollout_wave.down_s" in (role / task_file).read_text()

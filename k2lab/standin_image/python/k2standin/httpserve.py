@@ -203,6 +203,8 @@ class ModelServer:
             # 0.33.0 serves /server_info only with VLLM_SERVER_DEV_MODE
             # (entrypoints/launchers/api_server/routers.py) and no /model_info, so its
             # stand-in serves neither and a fleet's router meets vLLM's real surface.
+            # SGLang's /ready (its launch gate and a fleet router's health checks).
+            g["/ready"] = self.health
             g["/server_info"] = self.server_info
             g["/get_server_info"] = self.server_info
             g["/get_model_info"] = self.model_info

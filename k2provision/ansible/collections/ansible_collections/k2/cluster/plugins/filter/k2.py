@@ -183,6 +183,7 @@ def _rollout_document(waves: tuple[RolloutWave, ...]) -> dict[str, Any]:
                 "stages": list(w.stages),
                 "workers": [dict(body) for body in w.workers],
                 "smoke_urls": list(w.smoke_urls),
+                "down_s": w.down_s,
             }
             for w in waves
         ],
