@@ -43,6 +43,10 @@ BASE_HOSTS = (
 AUTHORIZED_KEYS = "/etc/ssh/k2lab_authorized_keys"
 IMAGES_MOUNT = "/var/lib/k2lab-images"
 NATIVE_OVERLAY_FS = ("ext4", "xfs", "btrfs")
+# Debian's directory for Python packages of every python3 on the host, and the lab's bytecode
+# cache for modules imported from zip files, which a .pth line there loads (host_python/).
+HOST_DIST_PACKAGES = "usr/lib/python3/dist-packages"
+ZIPCACHE = Path(__file__).resolve().parent / "host_python" / "k2lab_zipcache.py"
 
 
 def storage_driver(cfg: LabConfig) -> str:
@@ -132,6 +136,9 @@ def write_host_files(
         "etc/ssh/sshd_config.d/00-k2lab.conf": (sshd_dropin(cfg.ssh_port), 0o644),
         AUTHORIZED_KEYS.lstrip("/"): (public_key, 0o644),
         "etc/containers/storage.conf": (storage_conf(storage_driver(cfg)), 0o644),
+        # The hosts' Python keeps what it compiles from zip files (Ansible's module payloads).
+        f"{HOST_DIST_PACKAGES}/{ZIPCACHE.name}": (ZIPCACHE.read_text(), 0o644),
+        f"{HOST_DIST_PACKAGES}/k2lab_zipcache.pth": ("import k2lab_zipcache\n", 0o644),
     }
     if not (upper / "etc" / "machine-id").exists():
         files["etc/machine-id"] = (uuid.uuid4().hex + "\n", 0o444)  # one per host, kept
