@@ -80,6 +80,7 @@ __all__ = [
     "selected",
     "skipped_phases",
     "smoke_host",
+    "whole_instances",
 ]
 
 LOOKED_PHASES = ("prepare", "ssh_mesh", "weights", "launch")
@@ -632,24 +633,32 @@ def instance_repairs(plan: Plan, found: Mapping[str, Sequence[Difference]]) -> I
     """What the launch recreates on each host, the whole instance at once: each host's own
     :func:`repairs`, and when any rank of an instance on several hosts needs its container
     started or recreated (missing, stopped, exited, another spec), every rank of that
-    instance, on every one of its hosts. NCCL and torch.distributed take no new rank into a
-    running group, so a rank started alone would wait for peers that never rejoin; the
-    launch starts them all again stage by stage, in rank order, behind its gates.
+    instance, on every one of its hosts (:func:`whole_instances`). `found` is, per looked-at
+    host, its launch differences (the look's typed records)."""
+    return whole_instances(
+        plan, {host: repairs(diffs)["containers"] for host, diffs in found.items()}
+    )
 
-    `found` is, per looked-at host, its launch differences (the look's typed records); a
+
+def whole_instances(plan: Plan, recreate: Mapping[str, Sequence[str]]) -> InstanceRepairs:
+    """`recreate` (host -> the containers a host needs started or recreated, for each host
+    the run reaches), grown to whole instances: a rank of an instance on several hosts takes
+    every other rank of its instance with it. NCCL and torch.distributed take no new rank
+    into a running group, so a rank started alone would wait for peers that never rejoin;
+    the launch starts them all again stage by stage, in rank order, behind its gates. A
     single-host instance, the router and the other instances are left as they are."""
-    recreate = {host: set(repairs(diffs)["containers"]) for host, diffs in found.items()}
+    grown = {host: set(names) for host, names in recreate.items()}
     outside: dict[str, tuple[str, ...]] = {}
     for name, ranks in _rank_groups(plan):
-        if not any(container in recreate.get(host, ()) for host, container in ranks):
+        if not any(container in grown.get(host, ()) for host, container in ranks):
             continue
         for host, container in ranks:
-            recreate.setdefault(host, set()).add(container)
-        missed = tuple(dict.fromkeys(host for host, _ in ranks if host not in found))
+            grown.setdefault(host, set()).add(container)
+        missed = tuple(dict.fromkeys(host for host, _ in ranks if host not in recreate))
         if missed:
             outside[name] = missed
     return InstanceRepairs(
-        containers={host: tuple(sorted(names)) for host, names in recreate.items()},
+        containers={host: tuple(sorted(names)) for host, names in grown.items()},
         outside=outside,
     )
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
+    instance_containers,
     whole_instances,
     with_instance_repairs,
 )
@@ -571,3 +572,23 @@ def test_the_look_play_hands_each_host_its_share_of_the_instance(plan: Plan) -> 
         {**looked["gpu-d01"], "launch_selected": False}, decided, "gpu-d01"
     )
     assert "launch" in untagged["skipped_phases"]
+
+
+def test_without_a_look_the_launch_grows_each_hosts_stale_containers_to_whole_instances(
+    plan: Plan,
+) -> None:
+    """Under --full the launch asks each host itself (stale_containers) and then hands every
+    host the ranks its instance's other hosts need: the same decision as after a look."""
+    stale: dict[str, list[str]] = {h.name: [] for h in plan.hosts}
+    stale["gpu-d09"] = ["k2-sglang"]
+    decided = instance_containers(plan.model_dump(mode="json"), stale)
+    decode = next(p for p in plan.pools if p.name == "decode").hosts
+    recreated = {h: tuple(c) for h, c in decided["containers"].items() if c}
+    assert recreated == dict.fromkeys(decode, ("k2-sglang",))
+    stale["gpu-p01"] = ["k2-router"]
+    del stale["gpu-d03"]
+    decided = instance_containers(plan.model_dump(mode="json"), stale)
+    assert decided["containers"]["gpu-p01"] == ["k2-router"]
+    assert decided["containers"]["gpu-p02"] == []
+    assert decided["refusal"].startswith("[decode]: ")
+    assert "on gpu-d03 are outside this run" in decided["refusal"]

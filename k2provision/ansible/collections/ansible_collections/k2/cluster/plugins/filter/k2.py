@@ -12,7 +12,14 @@ from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
-from k2provision.plan.converge import Difference, everywhere, file_mode, instance_repairs
+from k2provision.plan.converge import (
+    Difference,
+    InstanceRepairs,
+    everywhere,
+    file_mode,
+    instance_repairs,
+)
+from k2provision.plan.converge import whole_instances as grown_to_instances
 from k2provision.plan.host_questions import hq, state_question
 from k2provision.plan.rollout import (
     RolloutWave,
@@ -296,16 +303,26 @@ def _launch_found(looked: dict[str, Any]) -> dict[str, list[Difference]]:
     }
 
 
+def _instances_document(decided: InstanceRepairs) -> dict[str, Any]:
+    return {
+        "containers": {host: list(names) for host, names in decided.containers.items()},
+        "refusal": decided.refusal(),
+    }
+
+
 def whole_instances(plan: dict[str, Any], looked: dict[str, Any]) -> dict[str, Any]:
     """What the launch recreates once every host's look is in (plan/converge.py
     instance_repairs): {containers: {host: [container, ...]}, refusal: "" or why the run
     stops (a recreated instance has ranks outside the run)}. `looked` is each play host's
     k2_converge."""
-    decided = instance_repairs(Plan.model_validate(plan), _launch_found(looked))
-    return {
-        "containers": {host: list(names) for host, names in decided.containers.items()},
-        "refusal": decided.refusal(),
-    }
+    return _instances_document(instance_repairs(Plan.model_validate(plan), _launch_found(looked)))
+
+
+def instance_containers(plan: dict[str, Any], stale: dict[str, Any]) -> dict[str, Any]:
+    """As whole_instances, without a look: `stale` is, per play host, the containers it
+    found missing, stopped or of another spec itself (stale_containers' names)."""
+    recreate = {host: [str(name) for name in names or ()] for host, names in stale.items()}
+    return _instances_document(grown_to_instances(Plan.model_validate(plan), recreate))
 
 
 def with_instance_repairs(
@@ -329,6 +346,7 @@ class FilterModule:
         funcs = (
             converge_skips,
             whole_instances,
+            instance_containers,
             with_instance_repairs,
             host_plan,
             docker_run_argv,
