@@ -31,7 +31,10 @@ every host (:func:`everywhere`), whose idempotent tasks change only the drifted 
 launch runs per host. Preflight and validate are checks, not state: they run on every host
 when any looked-at phase runs on any host (nothing changes otherwise, so there is nothing to
 guard), and not at all on a converged cluster unless the tags name them. Verify runs as
-always: the smoke test, once, from one host.
+always: the smoke test, once, from one host. The launch's containers are decided per host
+(:func:`repairs`) and then per instance (:func:`instance_repairs`): the ranks of an instance
+on several hosts are one group, so a rank whose container needs starting or recreating
+brings every other rank of its instance with it.
 
 Each phase's play first ends the hosts whose look named the phase in ``skipped_phases``
 (:func:`skipped_phases`): a host skips a phase its tags leave out, a looked-at phase it holds

@@ -489,9 +489,16 @@ def test_one_rank_needing_its_container_recreates_its_whole_instance(plan: Plan,
     """One decode rank missing, stopped or exited: every decode rank is recreated (a rank
     started alone would wait for a group the others left); the prefill instance and the
     router on its first host are left as they are."""
-    decided = instance_repairs(plan, _looked(plan, {"gpu-d05": ("k2-sglang", how)}))
+    looked = _looked(plan, {"gpu-d05": ("k2-sglang", how)})
+    decided = instance_repairs(plan, looked)
     decode = next(p for p in plan.pools if p.name == "decode").hosts
     assert _recreated(decided) == dict.fromkeys(decode, ("k2-sglang",))
+    # Decided on the typed drifts: other words decide the same.
+    reworded = {
+        host: [Difference(d.subject, d.name, d.drift, "reworded") for d in found]
+        for host, found in looked.items()
+    }
+    assert instance_repairs(plan, reworded) == decided
     assert decided.outside == {}
     assert decided.refusal() == ""
 
