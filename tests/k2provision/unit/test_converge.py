@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
-    instance_containers,
-    whole_instances,
+    whole_instance_containers,
+    whole_instance_repairs,
     with_instance_repairs,
 )
 from k2provision.core.records import Plan
@@ -567,7 +567,7 @@ def test_the_look_play_hands_each_host_its_share_of_the_instance(plan: Plan) -> 
         }
         for host, found in _looked(plan, {"gpu-d05": ("k2-sglang", "exited")}).items()
     }
-    decided = whole_instances(plan.model_dump(mode="json"), looked)
+    decided = whole_instance_repairs(plan.model_dump(mode="json"), looked)
     assert decided["refusal"] == ""
     peer = with_instance_repairs(looked["gpu-d01"], decided, "gpu-d01")
     assert peer["containers"] == ["k2-sglang"]
@@ -588,13 +588,13 @@ def test_without_a_look_the_launch_grows_each_hosts_stale_containers_to_whole_in
     host the ranks its instance's other hosts need: the same decision as after a look."""
     stale: dict[str, list[str]] = {h.name: [] for h in plan.hosts}
     stale["gpu-d09"] = ["k2-sglang"]
-    decided = instance_containers(plan.model_dump(mode="json"), stale)
+    decided = whole_instance_containers(plan.model_dump(mode="json"), stale)
     decode = next(p for p in plan.pools if p.name == "decode").hosts
     recreated = {h: tuple(c) for h, c in decided["containers"].items() if c}
     assert recreated == dict.fromkeys(decode, ("k2-sglang",))
     stale["gpu-p01"] = ["k2-router"]
     del stale["gpu-d03"]
-    decided = instance_containers(plan.model_dump(mode="json"), stale)
+    decided = whole_instance_containers(plan.model_dump(mode="json"), stale)
     assert decided["containers"]["gpu-p01"] == ["k2-router"]
     assert decided["containers"]["gpu-p02"] == []
     assert decided["refusal"].startswith("[decode]: ")

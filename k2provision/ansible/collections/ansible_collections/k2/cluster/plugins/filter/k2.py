@@ -18,8 +18,8 @@ from k2provision.plan.converge import (
     everywhere,
     file_mode,
     instance_repairs,
+    whole_instances,
 )
-from k2provision.plan.converge import whole_instances as grown_to_instances
 from k2provision.plan.host_questions import hq, state_question
 from k2provision.plan.rollout import (
     RolloutWave,
@@ -310,7 +310,7 @@ def _instances_document(decided: InstanceRepairs) -> dict[str, Any]:
     }
 
 
-def whole_instances(plan: dict[str, Any], looked: dict[str, Any]) -> dict[str, Any]:
+def whole_instance_repairs(plan: dict[str, Any], looked: dict[str, Any]) -> dict[str, Any]:
     """What the launch recreates once every host's look is in (plan/converge.py
     instance_repairs): {containers: {host: [container, ...]}, refusal: "" or why the run
     stops (a recreated instance has ranks outside the run)}. `looked` is each play host's
@@ -318,18 +318,18 @@ def whole_instances(plan: dict[str, Any], looked: dict[str, Any]) -> dict[str, A
     return _instances_document(instance_repairs(Plan.model_validate(plan), _launch_found(looked)))
 
 
-def instance_containers(plan: dict[str, Any], stale: dict[str, Any]) -> dict[str, Any]:
-    """As whole_instances, without a look: `stale` is, per play host, the containers it
+def whole_instance_containers(plan: dict[str, Any], stale: dict[str, Any]) -> dict[str, Any]:
+    """As whole_instance_repairs, without a look: `stale` is, per play host, the containers it
     found missing, stopped or of another spec itself (stale_containers' names)."""
     recreate = {host: [str(name) for name in names or ()] for host, names in stale.items()}
-    return _instances_document(grown_to_instances(Plan.model_validate(plan), recreate))
+    return _instances_document(whole_instances(Plan.model_validate(plan), recreate))
 
 
 def with_instance_repairs(
     look: dict[str, Any], decided: dict[str, Any], host: str
 ) -> dict[str, Any]:
     """`host`'s look (k2_converge) with the containers its launch recreates once every host's
-    look is in (`decided`: whole_instances' answer): its own, and the ranks of an instance
+    look is in (`decided`: whole_instance_repairs' answer): its own, and the ranks of an instance
     another host of which recreates them. A host with such ranks and no difference of its
     own no longer skips the launch, where the tags run it."""
     containers = list((decided.get("containers") or {}).get(host) or look.get("containers") or ())
@@ -345,8 +345,8 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         funcs = (
             converge_skips,
-            whole_instances,
-            instance_containers,
+            whole_instance_repairs,
+            whole_instance_containers,
             with_instance_repairs,
             host_plan,
             docker_run_argv,
