@@ -54,6 +54,7 @@ PLAYBOOK_VARS = (
     "k2_converge",
     "k2_rollout",
     "k2_rollout_replaced",
+    "k2_instance_repairs",
     "k2_full_converge",
 )
 # A host list longer than this is shown by its ends and its count.

@@ -213,8 +213,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     )
 
 
-def _instance_ranks(
-    hosts: list[HostPlan], instance: PoolPlan
+def instance_ranks(
+    hosts: Sequence[HostPlan], instance: PoolPlan
 ) -> list[tuple[HostPlan, int, Process]]:
     """(host, index in its processes, process) of each engine rank of a pool instance: the
     GPU processes on its hosts that serve it (a fleet's name it; a single instance owns every
@@ -240,7 +240,7 @@ def with_instance_specs(
         for instance in pool.members():
             if len(instance.hosts) < 2:
                 continue
-            ranks = _instance_ranks(hosts, instance)
+            ranks = instance_ranks(hosts, instance)
             doc = sorted((h.name, n, spec_hash(container, p, dict(h.files))) for h, n, p in ranks)
             digest = hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
             specs.update({(h.name, n): digest for h, n, _ in ranks})

@@ -31,7 +31,10 @@ every host (:func:`everywhere`), whose idempotent tasks change only the drifted 
 launch runs per host. Preflight and validate are checks, not state: they run on every host
 when any looked-at phase runs on any host (nothing changes otherwise, so there is nothing to
 guard), and not at all on a converged cluster unless the tags name them. Verify runs as
-always: the smoke test, once, from one host.
+always: the smoke test, once, from one host. The launch's containers are decided per host
+(:func:`repairs`) and then per instance (:func:`instance_repairs`): the ranks of an instance
+on several hosts are one group, so a rank whose container needs starting or recreating
+brings every other rank of its instance with it.
 
 Each phase's play first ends the hosts whose look named the phase in ``skipped_phases``
 (:func:`skipped_phases`): a host skips a phase its tags leave out, a looked-at phase it holds
@@ -50,7 +53,7 @@ from typing import Any, TypeVar
 
 from k2provision.core.records import HealthGate, HostPlan, Plan
 from k2provision.core.ssh_mesh import mesh_ssh_configs
-from k2provision.plan.assemble import plan_digest
+from k2provision.plan.assemble import instance_ranks, plan_digest
 from k2provision.plan.containers import exec_pid_path, spec_hash
 from k2provision.plan.host_questions import gate_question, hq, state_question
 
@@ -66,18 +69,21 @@ __all__ = [
     "Difference",
     "Drift",
     "HostExpectation",
+    "InstanceRepairs",
     "difference_lines",
     "differences",
     "everywhere",
     "expected_state",
     "file_mode",
     "inputs_digest",
+    "instance_repairs",
     "look_questions",
     "look_request",
     "repairs",
     "selected",
     "skipped_phases",
     "smoke_host",
+    "whole_instances",
 ]
 
 LOOKED_PHASES = ("prepare", "ssh_mesh", "weights", "launch")
@@ -581,6 +587,83 @@ def repairs(launch: Sequence[Difference]) -> dict[str, list[str]]:
             {d.name for d in launch if d.subject == "container" and d.drift in REPAIRED}
         ),
     }
+
+
+def _rank_groups(plan: Plan) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Each instance on several hosts, named (its pool, and its name in a fleet), with the
+    (host, container) of each of its engine ranks in rank order: the containers that form
+    one group (an exec'd process lives in one of them, the router in none)."""
+    groups = []
+    for pool in plan.pools:
+        for instance in pool.members():
+            if len(instance.hosts) < 2:
+                continue
+            ranks = instance_ranks(plan.hosts, instance)
+            order = {host: n for n, host in enumerate(instance.hosts)}
+            members = sorted(
+                {(h.name, p.container) for h, _, p in ranks if not p.exec_in},
+                key=lambda rank: (order[rank[0]], rank[1]),
+            )
+            name = f"[{pool.name}] {instance.instance}".rstrip()
+            groups.append((name, members))
+    return groups
+
+
+@dataclass(frozen=True)
+class InstanceRepairs:
+    """The containers the launch recreates once every host's look is in."""
+
+    containers: Mapping[str, tuple[str, ...]]
+    """host -> the containers its launch recreates (every looked-at host, and any host
+    outside the look an instance's repair reaches)."""
+    outside: Mapping[str, tuple[str, ...]]
+    """instance -> the hosts of its ranks the run does not reach (not looked at: outside
+    --limit) although another of its ranks is recreated: a lone new rank cannot join them."""
+
+    def refusal(self) -> str:
+        """Why the run stops before the launch when a recreated instance reaches past the
+        hosts it runs on, and the fix ("" when it does not)."""
+        return "; ".join(
+            f"{instance}: a rank of this instance needs its container started or recreated, "
+            f"and a rank started alone cannot join the group of the others; its ranks on "
+            f"{', '.join(hosts)} are outside this run (--limit): include them, or run "
+            "without --limit, so that the whole instance is recreated"
+            for instance, hosts in self.outside.items()
+        )
+
+
+def instance_repairs(plan: Plan, found: Mapping[str, Sequence[Difference]]) -> InstanceRepairs:
+    """What the launch recreates on each host, the whole instance at once: each host's own
+    :func:`repairs`, and when any rank of an instance on several hosts needs its container
+    started or recreated (missing, stopped, exited, another spec), every rank of that
+    instance, on every one of its hosts (:func:`whole_instances`). `found` is, per looked-at
+    host, its launch differences (the look's typed records)."""
+    return whole_instances(
+        plan, {host: repairs(diffs)["containers"] for host, diffs in found.items()}
+    )
+
+
+def whole_instances(plan: Plan, recreate: Mapping[str, Sequence[str]]) -> InstanceRepairs:
+    """`recreate` (host -> the containers a host needs started or recreated, for each host
+    the run reaches), grown to whole instances: a rank of an instance on several hosts takes
+    every other rank of its instance with it. NCCL and torch.distributed take no new rank
+    into a running group, so a rank started alone would wait for peers that never rejoin;
+    the launch starts them all again stage by stage, in rank order, behind its gates. A
+    single-host instance, the router and the other instances are left as they are."""
+    grown = {host: set(names) for host, names in recreate.items()}
+    outside: dict[str, tuple[str, ...]] = {}
+    for name, ranks in _rank_groups(plan):
+        if not any(container in grown.get(host, ()) for host, container in ranks):
+            continue
+        for host, container in ranks:
+            grown.setdefault(host, set()).add(container)
+        missed = tuple(dict.fromkeys(host for host, _ in ranks if host not in recreate))
+        if missed:
+            outside[name] = missed
+    return InstanceRepairs(
+        containers={host: tuple(sorted(names)) for host, names in grown.items()},
+        outside=outside,
+    )
 
 
 def selected(tag: str, run_tags: Sequence[str], skip_tags: Sequence[str]) -> bool:

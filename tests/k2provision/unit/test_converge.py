@@ -8,11 +8,17 @@ nowhere."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
+    whole_instance_containers,
+    whole_instance_repairs,
+    with_instance_repairs,
+)
 from k2provision.core.records import Plan
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.converge import (
@@ -21,14 +27,17 @@ from k2provision.plan.converge import (
     MESH_MODES,
     PHASE_ROLES,
     PHASE_TAGS,
+    Difference,
     Drift,
     HostExpectation,
+    InstanceRepairs,
     difference_lines,
     differences,
     everywhere,
     expected_state,
     file_mode,
     inputs_digest,
+    instance_repairs,
     look_questions,
     look_request,
     repairs,
@@ -449,3 +458,144 @@ def test_a_change_to_one_rank_replaces_every_rank_of_its_instance(
         ]
     decode = next(p for p in new.pools if p.name == "decode").hosts
     assert {h: c for h, c in respecced.items() if c} == {host: ["k2-sglang"] for host in decode}
+
+
+def _looked(
+    plan: Plan, spoil: dict[str, tuple[str, str]], hosts: Sequence[str] | None = None
+) -> dict[str, list[Difference]]:
+    """Each host's launch differences (of `hosts`, else every host): converged, except the
+    containers `spoil` names (host -> (container, "missing" | "stopped" | "exited"))."""
+    found = {}
+    for host in hosts or [h.name for h in plan.hosts]:
+        expected = expected_state(plan, host)
+        seen = converged(expected)
+        if host in spoil:
+            container, how = spoil[host]
+            key = state_key(expected, container)
+            if how == "missing":
+                seen["answers"][key] = None
+            else:
+                seen["answers"][key].update(running=False, status=how)
+        found[host] = differences(expected, seen)["launch"]
+    return found
+
+
+def _recreated(decided: InstanceRepairs) -> dict[str, tuple[str, ...]]:
+    return {host: names for host, names in decided.containers.items() if names}
+
+
+@pytest.mark.parametrize("how", ["missing", "stopped", "exited"])
+def test_one_rank_needing_its_container_recreates_its_whole_instance(plan: Plan, how: str) -> None:
+    """One decode rank missing, stopped or exited: every decode rank is recreated (a rank
+    started alone would wait for a group the others left); the prefill instance and the
+    router on its first host are left as they are."""
+    looked = _looked(plan, {"gpu-d05": ("k2-sglang", how)})
+    decided = instance_repairs(plan, looked)
+    decode = next(p for p in plan.pools if p.name == "decode").hosts
+    assert _recreated(decided) == dict.fromkeys(decode, ("k2-sglang",))
+    # Decided on the typed drifts: other words decide the same.
+    reworded = {
+        host: [Difference(d.subject, d.name, d.drift, "reworded") for d in found]
+        for host, found in looked.items()
+    }
+    assert instance_repairs(plan, reworded) == decided
+    assert decided.outside == {}
+    assert decided.refusal() == ""
+
+
+def test_only_the_fleet_instance_of_the_missing_rank_is_recreated() -> None:
+    plan = build_plan(load_cluster(ROOT / "inventory" / "examples" / "sglang-pd-fleet-32.ini"))
+    decided = instance_repairs(plan, _looked(plan, {"gpu-d07": ("k2-sglang", "missing")}))
+    decode_1 = next(i for p in plan.pools for i in p.members() if i.instance == "decode-1")
+    assert _recreated(decided) == dict.fromkeys(decode_1.hosts, ("k2-sglang",))
+
+
+def test_a_lone_router_or_single_host_instance_is_repaired_alone(
+    plan: Plan, tmp_path: Path
+) -> None:
+    decided = instance_repairs(plan, _looked(plan, {"gpu-p01": ("k2-router", "missing")}))
+    assert _recreated(decided) == {"gpu-p01": ("k2-router",)}
+    fleet = tmp_path / "fleet.ini"
+    source = (ROOT / "inventory" / "examples" / "sglang-tp-fleet.ini").read_text()
+    assert "k2_instances=4" in source
+    fleet.write_text(source.replace("k2_instances=4", "k2_instances=8\nk2_context_length=32768"))
+    single = build_plan(load_cluster(fleet))
+    assert all(len(i.hosts) == 1 for p in single.pools if p.name == "nodes" for i in p.members())
+    decided = instance_repairs(single, _looked(single, {"node-03": ("k2-sglang", "missing")}))
+    assert _recreated(decided) == {"node-03": ("k2-sglang",)}
+
+
+def test_a_converged_cluster_recreates_nothing(plan: Plan) -> None:
+    assert _recreated(instance_repairs(plan, _looked(plan, {}))) == {}
+
+
+def test_mpirun_and_ray_worlds_recreate_every_container_rank_not_the_execd_process() -> None:
+    for example, host in (("trtllm-tp-ep.ini", "node-02"), ("vllm-tp-pp.ini", "node-01")):
+        plan = build_plan(load_cluster(ROOT / "inventory" / "examples" / example))
+        container = sorted(expected_state(plan, host).containers)[0]
+        decided = instance_repairs(plan, _looked(plan, {host: (container, "stopped")}))
+        assert _recreated(decided) == {
+            h.name: tuple(sorted({p.container for p in h.processes if not p.exec_in}))
+            for h in plan.hosts
+        }
+
+
+def test_a_recreated_instance_with_ranks_outside_the_run_is_refused(plan: Plan) -> None:
+    """Under --limit the look sees only some hosts: recreating the rank it sees alone would
+    leave it waiting, so the run stops naming the instance, the hosts left out and the fix."""
+    looked = _looked(plan, {"gpu-d02": ("k2-sglang", "missing")}, ["gpu-d02", "gpu-p01"])
+    decided = instance_repairs(plan, looked)
+    decode = next(p for p in plan.pools if p.name == "decode").hosts
+    assert decided.outside == {"[decode]": tuple(h for h in decode if h != "gpu-d02")}
+    refusal = decided.refusal()
+    assert refusal.startswith("[decode]: a rank of this instance needs its container started")
+    assert "gpu-d01, gpu-d03" in refusal
+    assert "--limit" in refusal
+    assert instance_repairs(plan, _looked(plan, {}, ["gpu-d02"])).refusal() == ""
+
+
+def test_the_look_play_hands_each_host_its_share_of_the_instance(plan: Plan) -> None:
+    """The filters look.yml applies: every play host's look in, the decode ranks whose own
+    look found nothing run the launch (no longer skip it) and recreate their container."""
+    looked = {
+        host: {
+            "full": False,
+            "found": {"launch": [d.as_json() for d in found]},
+            "containers": repairs(found)["containers"],
+            "skipped_phases": ["prepare", "launch"] if not found else ["prepare"],
+            "launch_selected": True,
+        }
+        for host, found in _looked(plan, {"gpu-d05": ("k2-sglang", "exited")}).items()
+    }
+    decided = whole_instance_repairs(plan.model_dump(mode="json"), looked)
+    assert decided["refusal"] == ""
+    peer = with_instance_repairs(looked["gpu-d01"], decided, "gpu-d01")
+    assert peer["containers"] == ["k2-sglang"]
+    assert peer["skipped_phases"] == ["prepare"]
+    prefill = with_instance_repairs(looked["gpu-p02"], decided, "gpu-p02")
+    assert prefill["containers"] == []
+    assert prefill["skipped_phases"] == ["prepare", "launch"]
+    untagged = with_instance_repairs(
+        {**looked["gpu-d01"], "launch_selected": False}, decided, "gpu-d01"
+    )
+    assert "launch" in untagged["skipped_phases"]
+
+
+def test_without_a_look_the_launch_grows_each_hosts_stale_containers_to_whole_instances(
+    plan: Plan,
+) -> None:
+    """Under --full the launch asks each host itself (stale_containers) and then hands every
+    host the ranks its instance's other hosts need: the same decision as after a look."""
+    stale: dict[str, list[str]] = {h.name: [] for h in plan.hosts}
+    stale["gpu-d09"] = ["k2-sglang"]
+    decided = whole_instance_containers(plan.model_dump(mode="json"), stale)
+    decode = next(p for p in plan.pools if p.name == "decode").hosts
+    recreated = {h: tuple(c) for h, c in decided["containers"].items() if c}
+    assert recreated == dict.fromkeys(decode, ("k2-sglang",))
+    stale["gpu-p01"] = ["k2-router"]
+    del stale["gpu-d03"]
+    decided = whole_instance_containers(plan.model_dump(mode="json"), stale)
+    assert decided["containers"]["gpu-p01"] == ["k2-router"]
+    assert decided["containers"]["gpu-p02"] == []
+    assert decided["refusal"].startswith("[decode]: ")
+    assert "on gpu-d03 are outside this run" in decided["refusal"]

@@ -11,7 +11,9 @@ list: the phase is converged on this host and skips its tasks there), in words f
 found: {phase: [{subject, name, drift, detail}, ...]}, the same as typed records (what the
 rollout decides on, never the words); differences: the lines, named by phase; files,
 containers: the launch's repairs here (files to write, containers to
-recreate); docker (whether it answered), checkpoint (what the model directory lacks);
+recreate; look.yml then adds the ranks of an instance another host of which recreates its
+own, converge.instance_repairs); docker (whether it answered), checkpoint (what the model
+directory lacks);
 smoke_host: the host the smoke test runs from; launch_selected: whether the tags run the launch
 phase; skipped_phases: the phases whose play ends this host at its start (each phase's play
 begins with meta end_host for a host whose skipped_phases name it; look.yml then keeps the

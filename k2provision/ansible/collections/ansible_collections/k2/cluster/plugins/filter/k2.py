@@ -12,7 +12,14 @@ from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
-from k2provision.plan.converge import Difference, everywhere, file_mode
+from k2provision.plan.converge import (
+    Difference,
+    InstanceRepairs,
+    everywhere,
+    file_mode,
+    instance_repairs,
+    whole_instances,
+)
 from k2provision.plan.host_questions import hq, state_question
 from k2provision.plan.rollout import (
     RolloutWave,
@@ -204,12 +211,7 @@ def rollout_order(
     no waves for a single instance or when no instance differs. Waves are as wide as the
     plan's fleet.max_unavailable unless `max_unavailable` says otherwise."""
     parsed = Plan.model_validate(plan)
-    launch = {
-        host: [
-            Difference.from_json(d) for d in ((found or {}).get("found") or {}).get("launch") or ()
-        ]
-        for host, found in looked.items()
-    }
+    launch = _launch_found(looked)
     waves = rollout_waves(
         parsed, changed_instances(parsed, launch), _wave_width(parsed, max_unavailable)
     )
@@ -290,12 +292,62 @@ def converge_skips(own: list[str], every_host: list[Any]) -> list[str]:
     return everywhere(own, [list(skips or ()) for skips in every_host])
 
 
+def _launch_found(looked: dict[str, Any]) -> dict[str, list[Difference]]:
+    """Each host's launch differences, typed, from its k2_converge (none where its look
+    answered nothing yet)."""
+    return {
+        host: [
+            Difference.from_json(d) for d in ((found or {}).get("found") or {}).get("launch") or ()
+        ]
+        for host, found in looked.items()
+    }
+
+
+def _instances_document(decided: InstanceRepairs) -> dict[str, Any]:
+    return {
+        "containers": {host: list(names) for host, names in decided.containers.items()},
+        "refusal": decided.refusal(),
+    }
+
+
+def whole_instance_repairs(plan: dict[str, Any], looked: dict[str, Any]) -> dict[str, Any]:
+    """What the launch recreates once every host's look is in (plan/converge.py
+    instance_repairs): {containers: {host: [container, ...]}, refusal: "" or why the run
+    stops (a recreated instance has ranks outside the run)}. `looked` is each play host's
+    k2_converge."""
+    return _instances_document(instance_repairs(Plan.model_validate(plan), _launch_found(looked)))
+
+
+def whole_instance_containers(plan: dict[str, Any], stale: dict[str, Any]) -> dict[str, Any]:
+    """As whole_instance_repairs, without a look: `stale` is, per play host, the containers it
+    found missing, stopped or of another spec itself (stale_containers' names)."""
+    recreate = {host: [str(name) for name in names or ()] for host, names in stale.items()}
+    return _instances_document(whole_instances(Plan.model_validate(plan), recreate))
+
+
+def with_instance_repairs(
+    look: dict[str, Any], decided: dict[str, Any], host: str
+) -> dict[str, Any]:
+    """`host`'s look (k2_converge) with the containers its launch recreates once every host's
+    look is in (`decided`: whole_instance_repairs' answer): its own, and the ranks of an instance
+    another host of which recreates them. A host with such ranks and no difference of its
+    own no longer skips the launch, where the tags run it."""
+    containers = list((decided.get("containers") or {}).get(host) or look.get("containers") or ())
+    skipped = list(look.get("skipped_phases") or ())
+    if set(containers) - set(look.get("containers") or ()) and look.get("launch_selected"):
+        skipped = [phase for phase in skipped if phase != "launch"]
+    return {**look, "containers": containers, "skipped_phases": skipped}
+
+
 class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
         funcs = (
             converge_skips,
+            whole_instance_repairs,
+            whole_instance_containers,
+            with_instance_repairs,
             host_plan,
             docker_run_argv,
             docker_spec_hash,
