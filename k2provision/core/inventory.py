@@ -782,7 +782,7 @@ def _check_groups(
 
 # Cluster variables and tunables read only by a fleet's rolling change, or only by a router:
 # set where there is none, they change nothing, which is warned about rather than kept silently.
-FLEET_ONLY_VARS = ("k2_max_unavailable", "k2_drain_timeout", "k2_vllm_port")
+FLEET_ONLY_VARS = ("k2_max_unavailable", "k2_drain_timeout")
 ROUTER_ONLY_VARS = (
     "k2_router_image",
     "k2_router_max_concurrent_requests",

@@ -274,7 +274,6 @@ def test_a_router_of_its_own_is_not_warned_about() -> None:
 IDLE = [
     ("sglang-tp", "k2_max_unavailable", 2, "only a fleet"),
     ("sglang-tp", "k2_drain_timeout", 30, "only a fleet"),
-    ("vllm-tp16", "k2_vllm_port", 8200, "only a fleet"),
     ("sglang-pd-1p1d", "k2_drain_timeout", 30, "only a fleet"),
     ("sglang-tp", "k2_router_image", "lmsysorg/sglang-router:v1", "only a router"),
     ("sglang-tp", "k2_router_queue_size", 5, "only a router"),

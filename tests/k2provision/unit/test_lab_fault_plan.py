@@ -27,16 +27,25 @@ def argvs(tmp_path: Path, fault: str) -> dict[str, list[str]]:
     }
 
 
+def without_hash(argv: list[str]) -> list[str]:
+    return [item for item in argv if not item.startswith("io.k2provision.hash=")]
+
+
 def test_the_fault_reaches_only_its_hosts_containers(tmp_path: Path) -> None:
     plain = argvs(tmp_path, "")
     faulty = argvs(tmp_path, "k2_lab_fault=die_after=20")
     assert "--env" in faulty["d1/sglang-decode"]
     assert "K2_LAB_FAULT=die_after=20" in faulty["d1/sglang-decode"]
     assert faulty["d1/sglang-decode"] != plain["d1/sglang-decode"]  # a new spec: recreated
+    # d2 runs the other rank of d1's decode instance: a new spec of one rank is a new spec of
+    # the whole instance (its hash label changes, nothing else); the prefill is untouched.
+    assert faulty["d2/sglang-decode"] != plain["d2/sglang-decode"]
+    assert without_hash(faulty["d2/sglang-decode"]) == without_hash(plain["d2/sglang-decode"])
     for key in plain:
-        if key != "d1/sglang-decode":
+        if key not in ("d1/sglang-decode", "d2/sglang-decode"):
             assert faulty[key] == plain[key], key
-            assert not any("K2_LAB_FAULT" in item for item in plain[key])
+        if key != "d1/sglang-decode":
+            assert not any("K2_LAB_FAULT" in item for item in faulty[key]), key
 
 
 def test_without_a_fault_the_spec_hash_is_unchanged(tmp_path: Path) -> None:
