@@ -148,3 +148,17 @@ def test_the_standins_export_each_engines_own_names_and_types(
     text = standin.exposition(engine, 3, ready=True)
     scraped = {line.split("{")[0].split()[0] for line in text.splitlines() if line[0] != "#"}
     assert scraped - {"k2_standin_ready"} <= exposed(dict(families))
+
+
+def test_the_standin_serves_the_rank_loads_the_plan_scrapes() -> None:
+    """The sglang stand-in's /v1/loads answers the gauges the monitoring plan reads there."""
+    from k2provision.engines import REGISTRY
+
+    metrics = REGISTRY["sglang"].METRICS
+    assert metrics is not None
+    assert metrics.rank_load is not None
+    wanted = {metrics.rank_load.running, metrics.rank_load.queued, metrics.rank_load.kv_usage}
+    standin = _standin_metrics()
+    scraped = {line.split("{")[0] for line in standin.rank_loads(2).splitlines() if line[0] != "#"}
+    assert scraped == wanted
+    assert 'dp_rank="1"' in standin.rank_loads(2)

@@ -137,7 +137,7 @@ def test_a_rank_that_exits_at_start_stops_its_stage(cluster: Cluster) -> None:
     assert "sglang-decode: exited with code 1" in summary.group(0)
     # The gate it missed and the process's own last log lines.
     assert "gate: GET http://" in out
-    assert ":30000/health answering 200" in out
+    assert ":30000/ready answering 200" in out  # /ready: liveness, no generation queued
     assert "log lines (docker logs k2-sglang):" in out
     assert "fault injected (K2_LAB_FAULT=exit_at_start): exiting 1 at start" in out
     assert "stage 0's containers stopped" in out

@@ -98,12 +98,14 @@ from k2provision.run import cancel
 
 stubborn = subprocess.Popen(
     [sys.executable, "-c",
-     "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"],
+     "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print(flush=True); "
+     "time.sleep(60)"],
     start_new_session=True,
+    stdout=subprocess.PIPE,
 )
 print(stubborn.pid, flush=True)
 state = cancel.Cancellation()
-time.sleep(0.5)
+stubborn.stdout.readline()  # it ignores SIGINT from here on, however loaded the machine
 with cancel.stopping(state, on_abandon=lambda left: print("record:", left, flush=True)):
     with cancel.running_playbook(state):
         cancel.note_playbook(state, stubborn.pid, "site.yml")

@@ -209,6 +209,9 @@ class ModelServer:
             g["/get_server_info"] = self.server_info
             g["/get_model_info"] = self.model_info
             g["/model_info"] = self.model_info
+            # SGLang 0.5.23's per-DP-rank load route (entrypoints/v1_loads.py), which the
+            # monitoring plan scrapes on the first host of an instance spread over several.
+            g["/v1/loads"] = self.loads
         g["/version"] = self.version
         g["/metrics"] = self.metrics
         p["/v1/chat/completions"] = self.chat
@@ -301,6 +304,13 @@ class ModelServer:
 
     def version(self) -> Response:
         return json_response(200, {"version": "stand-in", "engine": self.engine})
+
+    def loads(self) -> Response:
+        """The Prometheus form of /v1/loads (`format=prometheus`, what the plan scrapes): the
+        core gauges, one sample per DP rank, as sglang's `_format_loads_prometheus` writes
+        them (the stand-in holds no queue: idle values)."""
+        text = metrics.rank_loads()
+        return Response(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def metrics(self) -> Response:
         text = metrics.exposition(self.engine, self.answered, ready=self.ready.is_set())

@@ -67,3 +67,17 @@ def exposition(engine: str, requests: int, *, ready: bool) -> str:
         else:
             lines.append(f"{name} 0")
     return "\n".join(lines) + "\n"
+
+
+# The core gauges of SGLang 0.5.23's /v1/loads in its Prometheus form (entrypoints/v1_loads.py
+# `_format_loads_prometheus`: `sglang_<field>{dp_rank="N"}`, each a gauge).
+RANK_LOAD_GAUGES = ("sglang_num_running_reqs", "sglang_num_waiting_reqs", "sglang_token_usage")
+
+
+def rank_loads(ranks: int = 1) -> str:
+    """/v1/loads?format=prometheus of an idle server of `ranks` DP ranks."""
+    lines: list[str] = []
+    for name in RANK_LOAD_GAUGES:
+        lines.append(f"# TYPE {name} gauge")
+        lines.extend(f'{name}{{dp_rank="{rank}"}} 0' for rank in range(ranks))
+    return "\n".join(lines) + "\n"
