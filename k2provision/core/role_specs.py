@@ -99,30 +99,34 @@ def expectation(spec: dict[str, Any]) -> str:
     return words
 
 
-def value_problem(variable: str, value: Any) -> str | None:
-    """Why Ansible's argument validation would refuse `value` for a role variable, or None."""
+def _validation(variable: str, value: Any) -> Any:
+    """Ansible's argument validation of `value` for a role variable (its ValidationResult), or
+    None where there is nothing to check: not a role option, or a template (only the run can
+    say)."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
     spec = option(variable)
     if spec is None or is_template(value):
         return None
-    validator = ArgumentSpecValidator({variable: _checked(spec)})
-    if validator.validate({variable: value}).error_messages:
-        return expectation(spec)
-    return None
+    return ArgumentSpecValidator({variable: _checked(spec)}).validate({variable: value})
+
+
+def value_problem(variable: str, value: Any) -> str | None:
+    """Why Ansible's argument validation would refuse `value` for a role variable, or None."""
+    result = _validation(variable, value)
+    if result is None or not result.error_messages:
+        return None
+    spec = option(variable)
+    assert spec is not None  # validated above
+    return expectation(spec)
 
 
 def validated(variable: str, value: Any) -> Any:
     """`value` as the role receives it after Ansible's argument validation converts it
     ("false" to False, "22,2222" to [22, 2222]); None when it is a template (only the run
     can say) or validation refuses it (value_problem's line)."""
-    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-
-    spec = option(variable)
-    if spec is None or is_template(value):
-        return None
-    result = ArgumentSpecValidator({variable: _checked(spec)}).validate({variable: value})
-    if result.error_messages:
+    result = _validation(variable, value)
+    if result is None or result.error_messages:
         return None
     return result.validated_parameters.get(variable)
 
