@@ -130,3 +130,31 @@ def test_identical_processes_on_two_hosts_hash_each_hosts_own_files() -> None:
         docker_spec_hash(process, doc)
     assert first.name in str(refused.value)
     assert second.name in str(refused.value)
+
+
+def test_a_failed_stage_names_its_containers_on_the_hosts_left_out_of_the_run() -> None:
+    """stop_stage.yml stops, from a host in the run, the failed stage's containers on the hosts
+    the look left out: exactly those of that stage on those hosts, no exec'd process (its
+    container is the one stopped), no other stage's container, no other host's."""
+    from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter import (
+        k2 as k2_filters,
+    )
+
+    plan = build_plan(load_cluster(ROOT / "inventory" / "prod.ini")).model_dump(mode="json")
+    hosts = [h["name"] for h in plan["hosts"]]
+    by_stage: dict[int, list[dict[str, str]]] = {}
+    for stage in k2_filters.plan_stages(plan):
+        by_stage[stage] = k2_filters.stage_containers_on(plan, str(stage), hosts[1:])
+    expected = {
+        stage: [
+            {"host": h["name"], "container": p["container"]}
+            for h in plan["hosts"][1:]
+            for p in h["processes"]
+            if p["stage"] == stage and not p["exec_in"]
+        ]
+        for stage in by_stage
+    }
+    assert by_stage == expected
+    assert all(pair["host"] != hosts[0] for pairs in by_stage.values() for pair in pairs)
+    assert sum(map(len, by_stage.values())) > 0
+    assert k2_filters.stage_containers_on(plan, 0, []) == []

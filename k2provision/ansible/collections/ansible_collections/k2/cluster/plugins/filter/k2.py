@@ -161,6 +161,19 @@ def plan_stages(plan: dict[str, Any]) -> list[int]:
     return sorted({p.stage for h in Plan.model_validate(plan).hosts for p in h.processes})
 
 
+def stage_containers_on(plan: dict[str, Any], stage: Any, hosts: list[str]) -> list[dict[str, str]]:
+    """The containers of `stage` on `hosts`, as {host, container} pairs in plan order: what a
+    failed stage stops on the hosts its run left alone (their part was already converged)."""
+    wanted = set(hosts)
+    return [
+        {"host": h.name, "container": p.container}
+        for h in Plan.model_validate(plan).hosts
+        if h.name in wanted
+        for p in h.processes
+        if p.stage == int(stage) and not p.exec_in
+    ]
+
+
 def restart_set(plan: dict[str, Any], names: Any = None) -> dict[str, Any]:
     """What restarting `names` restarts (k2provision/ops/restart.py): {hosts: [...], containers:
     {host: [container, ...]}}. `names` is a comma-separated string or a list of hosts, pools or
@@ -359,6 +372,7 @@ class FilterModule:
             found_containers,
             stopped_processes,
             plan_stages,
+            stage_containers_on,
             restart_set,
             rollout_order,
             restart_rollout,
