@@ -1,4 +1,5 @@
 pytest_plugins = [
+    "tests.cpu_accounting",
     "tests.lab_support",
     "tests.main_install",
     "tests.pd_lab",

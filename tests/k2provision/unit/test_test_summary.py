@@ -76,3 +76,36 @@ def test_a_stage_cut_short_is_named_and_the_rest_still_summed(tmp_path: Path) ->
         for line in lines
     )
     assert lines[-1] == "pytest: 2 passed, 1 failed, 0 skipped"
+
+
+CPU_XML = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="3">
+<testcase classname="tests.k2lab.test_c" name="test_light" file="tests/k2lab/test_c.py"
+  line="1" time="300.000"><properties><property name="cpu_s" value="12.5"/></properties>
+</testcase>
+<testcase classname="tests.k2lab.test_c" name="test_heavy" file="tests/k2lab/test_c.py"
+  line="5" time="100.000"><properties><property name="cpu_s" value="180.0"/></properties>
+</testcase>
+<testcase classname="tests.k2lab.test_c" name="test_unmeasured" file="tests/k2lab/test_c.py"
+  line="9" time="1.000"/>
+</testsuite></testsuites>
+"""
+
+
+def test_tests_are_ranked_by_their_cpu_where_it_was_measured(tmp_path: Path) -> None:
+    """A test that waits long but computes little ranks below one that burns CPU: the CPU
+    table orders by the cpu_s property, sums it, and leaves out tests without one."""
+    (tmp_path / "junit").mkdir()
+    (tmp_path / "junit" / "lab.xml").write_text(CPU_XML)
+    lines = summary(tmp_path)
+    head = next(i for i, line in enumerate(lines) if "tests with the most CPU" in line)
+    assert "192 CPU s over 2 tests" in lines[head]
+    assert lines[head + 2].split() == ["180.0", "lab", "tests/k2lab/test_c.py::test_heavy"]
+    assert lines[head + 3].split() == ["12.5", "lab", "tests/k2lab/test_c.py::test_light"]
+    assert not any("test_unmeasured" in line for line in lines[head:])
+
+
+def test_without_a_measured_test_there_is_no_cpu_table(tmp_path: Path) -> None:
+    (tmp_path / "junit").mkdir()
+    (tmp_path / "junit" / "lab.xml").write_text(LAB_XML)
+    assert not any("most CPU" in line for line in summary(tmp_path))
