@@ -13,6 +13,8 @@ import yaml
 
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.monitoring import (  # noqa: E501
     monitoring_setup,
+    monitoring_starts,
+    monitoring_writes,
 )
 from k2provision.core.records import Plan
 from k2provision.plan.alert_rules import alert_rules
@@ -227,6 +229,65 @@ def test_the_roles_filter_places_the_server_and_the_exporters() -> None:
     assert decode["exporters"][1]["image"].startswith("nvcr.io/nvidia/k8s/dcgm-exporter:")
     # A [monitoring] host wins over the endpoint's host:
     assert monitoring_setup(doc, "pd-d01", ["pd-d01"])["server"] is True
+
+
+def test_each_host_writes_its_monitoring_files_in_one_list_naming_who_rereads_them() -> None:
+    """The role writes a host's monitoring files in one k2.cluster.write_files call: the DCGM
+    exporter's counters on a GPU host (restarting that exporter), and on the monitoring host the
+    plan's files (restarting Prometheus and Grafana) and Grafana's provisioning (Grafana)."""
+    doc = plan_of("sglang-pd-1p1d").model_dump(mode="json")
+    conf = "/etc/k2provision/monitoring"
+    decode = monitoring_writes(monitoring_setup(doc, "pd-d01"), conf)
+    assert [(w["path"], w["restarts"]) for w in decode] == [
+        (f"{conf}/exporters/k2-dcgm-exporter/{DCGM_COUNTERS_PATH.rsplit('/', 1)[1]}",
+         ["k2-dcgm-exporter"]),
+    ]  # fmt: skip
+    assert decode[0]["content"] == dcgm_counters_csv()
+    assert decode[0]["mode"] == "0644"
+    setup = monitoring_setup(doc, "pd-router")
+    server = {w["path"]: w for w in monitoring_writes(setup, conf)}
+    for name, content in setup["files"].items():
+        assert server[f"{conf}/{name}"]["content"] == content
+        assert server[f"{conf}/{name}"]["restarts"] == ["k2-prometheus", "k2-grafana"]
+    source = yaml.safe_load(server[f"{conf}/grafana/datasources/k2.yml"]["content"])
+    assert source["datasources"][0]["url"] == f"http://localhost:{setup['prometheus_port']}"
+    assert server[f"{conf}/grafana/dashboards/k2.yml"]["restarts"] == ["k2-grafana"]
+    assert len(server) == len(setup["files"]) + 2  # the router's host has no GPU exporter
+
+
+def test_a_monitoring_container_restarts_only_when_it_must() -> None:
+    """Missing, stopped, on another image, or one of its files just written: (re)started.
+    Running its image with its files as they were: left alone."""
+    node = {"name": "k2-node-exporter", "image": "prom/node-exporter:v1"}
+    dcgm = {"name": "k2-dcgm-exporter", "image": "dcgm:v4"}
+    writes = [{"path": "/etc/m/exporters/k2-dcgm-exporter/c.csv", "restarts": ["k2-dcgm-exporter"]}]
+
+    def answers(**states: dict[str, object]) -> dict[str, object]:
+        return {f"container {name}": state for name, state in states.items()}
+
+    running = {"found": True, "running": True, "image": "prom/node-exporter:v1"}
+    dcgm_running = {"found": True, "running": True, "image": "dcgm:v4"}
+    both = answers(**{"k2-node-exporter": running, "k2-dcgm-exporter": dcgm_running})
+
+    def names(found: dict[str, object], written: list[str] | None = None) -> list[str]:
+        return [c["name"] for c in monitoring_starts([node, dcgm], found, writes, written)]
+
+    assert names(both) == []
+    assert names(both, ["/etc/m/exporters/k2-dcgm-exporter/c.csv"]) == ["k2-dcgm-exporter"]
+    assert names(both, ["/etc/m/prometheus.yml"]) == []
+    assert names(answers(**{"k2-dcgm-exporter": dcgm_running})) == ["k2-node-exporter"]
+    stopped = {**running, "running": False}
+    assert names(answers(**{"k2-node-exporter": stopped, "k2-dcgm-exporter": dcgm_running})) == [
+        "k2-node-exporter"
+    ]
+    other = {**running, "image": "prom/node-exporter:v0"}
+    assert names(answers(**{"k2-node-exporter": other, "k2-dcgm-exporter": dcgm_running})) == [
+        "k2-node-exporter"
+    ]
+    missing = {"found": False}
+    assert names(answers(**{"k2-node-exporter": running, "k2-dcgm-exporter": missing})) == [
+        "k2-dcgm-exporter"
+    ]
 
 
 def test_lab_exporters_are_the_stand_ins() -> None:
