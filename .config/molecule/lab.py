@@ -6,9 +6,11 @@ store and stand-in engine image.
         --inventory INV --group prefill=1 --group decode=1 --var k2_engine=sglang ...
     python .config/molecule/lab.py down --name mrdma --subnet 10.83.0.0/24
 
-`up` writes the inventory (connection variables, [all:vars] with k2_lab=true and the --var
-pairs) and builds the stand-in image the lab plan runs (`localhost/k2-standin:lab`) unless it
-is current. Root is required, as for every lab operation.
+`up` starts from fresh hosts: it takes down what an earlier run of the instance left (a run
+cut short), so the scenario's sequence needs no destroy before its create. It writes the
+inventory (connection variables, [all:vars] with k2_lab=true and the --var pairs) and builds
+the stand-in image the lab plan runs (`localhost/k2-standin:lab`) unless it is current. Root
+is required, as for every lab operation.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def main(argv: list[str]) -> int:
             k: parse_var_value(v) for k, v in parse_pairs(args.var, "--var").items()
         } or None
         args.inventory.parent.mkdir(parents=True, exist_ok=True)
+        lab.down(cfg=cfg)  # hosts of an earlier run cut short: never reused
         lab.up(args.hosts, inventory=args.inventory, groups=groups, all_vars=all_vars, cfg=cfg)
         build_standin(cfg)
     except LabError as exc:
