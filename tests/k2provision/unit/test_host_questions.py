@@ -430,5 +430,5 @@ def test_the_roles_ask_through_the_registry_and_read_its_records() -> None:
         {"name": "k2-a", "image": "img:1", "running": True}
     ]
     for role in ("k2_launch/tasks/stage.yml", "k2_stop/tasks/main.yml",
-                 "k2_monitoring/tasks/container.yml"):  # fmt: skip
+                 "k2_monitoring/tasks/main.yml"):  # fmt: skip
         assert "k2.cluster.host_ask:" in (ROOT / "roles" / role).read_text(), role
