@@ -13,8 +13,9 @@ phase whose list is empty is converged on that host and its tasks are skipped th
 the look does not cover is never called converged (it runs every task, as without the look).
 
 The same call reads what the other phases left: prepare, ssh_mesh and weights each write, at
-their end, a stamp (``STAMP_DIR/<phase>.json``) with the digest of their inputs (the plan and
-the inventory's variables of their roles, :func:`inputs_digest`) and what they hold: prepare
+their end, a stamp (``STAMP_DIR/<phase>.json``) with the digest of their inputs (what they
+read of the plan, :func:`stamped_plan`, and the inventory's variables of their roles,
+:func:`inputs_digest`: a changed spec is the launch's alone) and what they hold: prepare
 the packages its roles installed, the images (by ID) and the kernel modules they loaded,
 weights the manifest it distributed, ssh_mesh where the controller keeps the cluster's key
 pair. The look answers each stamp; whether each of those packages is installed, each image
@@ -53,7 +54,7 @@ from typing import Any, TypeVar
 
 from k2provision.core.records import HealthGate, HostPlan, Plan
 from k2provision.core.ssh_mesh import mesh_ssh_configs
-from k2provision.plan.assemble import instance_ranks, plan_digest
+from k2provision.plan.assemble import instance_ranks
 from k2provision.plan.containers import exec_pid_path, spec_hash
 from k2provision.plan.host_questions import gate_question, hq, state_question
 
@@ -83,6 +84,7 @@ __all__ = [
     "selected",
     "skipped_phases",
     "smoke_host",
+    "stamped_plan",
     "whole_instances",
 ]
 
@@ -242,10 +244,37 @@ class HostExpectation:
     """How many hosts known_hosts pins."""
 
 
+LAUNCH_ONLY_PLAN_FIELDS = frozenset({"pools", "fit", "warnings", "fleet"})
+"""Plan fields no stamped phase reads (the engines' tunables, the memory fit, the rolling
+settings): a changed spec or rolling setting runs the launch, not prepare, ssh_mesh or weights."""
+
+STAMPED_PROCESS_FIELDS = ("name", "container", "image", "gpus", "exec_in")
+"""What the stamped phases read of a planned process: the images prepare pulls, the container
+the mesh's sshd may live in. Its argv, environment and health gate are the launch's."""
+
+
+def stamped_plan(plan: Plan) -> dict[str, Any]:
+    """The part of the plan the stamped phases' roles and filters read: the plan less
+    :data:`LAUNCH_ONLY_PLAN_FIELDS`, each process cut to :data:`STAMPED_PROCESS_FIELDS` and
+    each host's files to the mesh's configurations (the launch renders the rest)."""
+    data = plan.model_dump(mode="json", exclude=set(LAUNCH_ONLY_PLAN_FIELDS))
+    mesh_dir = f"{plan.config_dir}/ssh/"
+    for host in data["hosts"]:
+        host["processes"] = [
+            {name: process[name] for name in STAMPED_PROCESS_FIELDS}
+            for process in host["processes"]
+        ]
+        host["files"] = {
+            path: text for path, text in host["files"].items() if path.startswith(mesh_dir)
+        }
+    return data
+
+
 def inputs_digest(plan: Plan, phase: str, variables: Mapping[str, Any]) -> str:
-    """The digest of a stamped phase's inputs: the plan, and the variables of its roles the
-    inventory or the command line set (`variables`: the host's variables, unrendered); for the
-    mesh also the inventory file's name, which names the cluster's key pair."""
+    """The digest of a stamped phase's inputs: what it reads of the plan (:func:`stamped_plan`),
+    and the variables of its roles the inventory or the command line set (`variables`: the
+    host's variables, unrendered); for the mesh also the inventory file's name, which names the
+    cluster's key pair."""
     own = {
         name: value
         for name, value in variables.items()
@@ -255,7 +284,7 @@ def inputs_digest(plan: Plan, phase: str, variables: Mapping[str, Any]) -> str:
         # The cluster's key pair on the controller is named after the inventory file.
         sources = variables.get("ansible_inventory_sources") or ()
         own["inventory"] = [PurePath(str(source)).stem for source in sources]
-    inputs = {"phase": phase, "plan": plan_digest(plan), "variables": own}
+    inputs = {"phase": phase, "plan": stamped_plan(plan), "variables": own}
     text = json.dumps(inputs, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

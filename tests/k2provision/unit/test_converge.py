@@ -44,6 +44,7 @@ from k2provision.plan.converge import (
     selected,
     skipped_phases,
     smoke_host,
+    stamped_plan,
 )
 from k2provision.plan.host_questions import hq
 from k2provision.plan.inventory import load_cluster
@@ -209,6 +210,42 @@ def test_a_phase_s_inputs_are_the_plan_and_its_roles_variables_only(plan: Plan) 
     other = build_plan(load_cluster(ROOT / "inventory" / "examples" / "vllm-tp-pp.ini"))
     assert inputs_digest(other, "prepare", {}) != digest
     assert set(PHASE_ROLES) == set(CLUSTER_PHASES)
+
+
+def _plan_with(tmp_path: Path, old: str, new: str) -> Plan:
+    text = (ROOT / "inventory" / "prod.ini").read_text()
+    assert old in text
+    changed = tmp_path / "prod.ini"
+    changed.write_text(text.replace(old, new))
+    return build_plan(load_cluster(changed))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "moved"),
+    [
+        # A spec change (the engine's flags, the fit) is the launch's alone.
+        ("k2_context_length=131072", "k2_context_length=65536", set()),
+        ("k2_context_length=131072", "k2_context_length=131072\nk2_drain_timeout=60", set()),
+        # What the stamped phases read: the image prepare pulls, the mesh's port, the weights.
+        ("k2_gpu=h200", "k2_gpu=h200\nk2_image=reg/sglang:other", {"prepare"}),
+        ("k2_context_length=131072", "k2_context_length=131072\nk2_ssh_port=2244", {"ssh_mesh"}),
+        ("k2_model_dir=/models/Kimi-K2-Instruct", "k2_model_dir=/data/k2", {"prepare", "weights"}),
+    ],
+)
+def test_a_spec_change_leaves_the_stamped_phases_alone_and_their_inputs_move_them(
+    plan: Plan, tmp_path: Path, old: str, new: str, moved: set[str]
+) -> None:
+    changed = _plan_with(tmp_path, old, new)
+    assert changed != plan
+    differ = {
+        phase
+        for phase in PHASE_ROLES
+        if inputs_digest(changed, phase, {}) != inputs_digest(plan, phase, {})
+    }
+    assert moved <= differ, differ
+    if not moved:
+        assert differ == set()
+    assert "pools" not in stamped_plan(plan)
 
 
 def test_no_weights_are_looked_at_where_the_phase_places_none(plan: Plan) -> None:
