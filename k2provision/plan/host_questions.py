@@ -8,6 +8,9 @@ are. The launch gate, ``status``, ``logs`` and the look (plan/converge.py) ask t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.module_utils import (
     host_questions as hq,
 )
@@ -16,6 +19,8 @@ from k2provision.core.records import HealthGate, Process
 from k2provision.plan.containers import LABEL_HASH, exec_log_path, exec_pid_path
 
 __all__ = [
+    "container_key",
+    "container_states",
     "gate_ca_file",
     "gate_question",
     "hq",
@@ -60,3 +65,22 @@ def log_question(
     return hq.LogQuestion(
         process.container, exec_log_path(process) if process.exec_in else "", tail, since
     )
+
+
+CONTAINER_KEY = "container "
+
+
+def container_key(name: str) -> str:
+    """The key a container's state question is asked under (``container NAME``)."""
+    return f"{CONTAINER_KEY}{name}"
+
+
+def container_states(answers: Mapping[str, Any]) -> dict[str, hq.ContainerState]:
+    """The answers to container state questions (keys of :func:`container_key`), by container
+    name; other keys, and answers that are no container's state, are left out."""
+    states = {}
+    for key, data in answers.items():
+        state = hq.record_from_json(hq.ContainerState, data)
+        if key.startswith(CONTAINER_KEY) and state is not None:
+            states[key.removeprefix(CONTAINER_KEY)] = state
+    return states

@@ -20,7 +20,7 @@ from k2provision.plan.converge import (
     instance_repairs,
     whole_instances,
 )
-from k2provision.plan.host_questions import hq, state_question
+from k2provision.plan.host_questions import container_key, container_states, hq, state_question
 from k2provision.plan.rollout import (
     RolloutWave,
     changed_instances,
@@ -85,7 +85,7 @@ def state_questions(processes: list[dict[str, Any]]) -> dict[str, Any]:
 def container_questions(names: list[str]) -> dict[str, Any]:
     """The registry's question of each named container's state, by key ``container NAME``."""
     return {
-        f"container {name}": hq.question_json(hq.ContainerQuestion(str(name), LABEL_HASH))
+        container_key(str(name)): hq.question_json(hq.ContainerQuestion(str(name), LABEL_HASH))
         for name in names
     }
 
@@ -93,15 +93,11 @@ def container_questions(names: list[str]) -> dict[str, Any]:
 def found_containers(answers: dict[str, Any]) -> list[dict[str, Any]]:
     """The containers k2.cluster.host_ask found of `container_questions`' keys, each as
     ``{name, image, running}``."""
-    found = []
-    for key, data in sorted(answers.items()):
-        state = hq.record_from_json(hq.ContainerState, data)
-        if key.startswith("container ") and state is not None and state.found:
-            found.append(
-                {"name": key.removeprefix("container "), "image": state.image,
-                 "running": state.running}
-            )  # fmt: skip
-    return found
+    return [
+        {"name": name, "image": state.image, "running": state.running}
+        for name, state in sorted(container_states(answers).items())
+        if state.found
+    ]
 
 
 def _state(answers: dict[str, Any], process: dict[str, Any]) -> Any:

@@ -15,7 +15,7 @@ from k2provision.core.inventory import plain_value
 from k2provision.core.records import Plan
 from k2provision.plan import monitoring
 from k2provision.plan.assemble import LAB_IMAGE
-from k2provision.plan.host_questions import hq
+from k2provision.plan.host_questions import container_states
 
 
 def monitoring_setup(
@@ -122,11 +122,7 @@ def monitoring_starts(
     """The `containers` to (re)start: missing, stopped, running another image, or reading a
     file of `writes` that this run `written` (k2.cluster.write_files' list). `answers`:
     k2.cluster.host_ask's to container_questions of their names."""
-    states = {
-        key.removeprefix("container "): hq.record_from_json(hq.ContainerState, data)
-        for key, data in plain_value(answers).items()
-        if key.startswith("container ")
-    }
+    states = container_states(plain_value(answers))
     changed = set(plain_value(written or []))
     touched = {name for w in plain_value(writes) if w["path"] in changed for name in w["restarts"]}
     starts = []
