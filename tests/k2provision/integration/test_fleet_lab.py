@@ -58,7 +58,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]
 def edited(inventory: Path, tmp_path: Path, old: str, new: str) -> Path:
     text = inventory.read_text()
     assert old in text
-    path = tmp_path / "inventory.ini"
+    # The same file name: the mesh's key pair is named after it, so an edited copy keeps the
+    # mesh as the user's edited file would.
+    path = tmp_path / inventory.name
     path.write_text(text.replace(old, new))
     return path
 

@@ -59,7 +59,7 @@ def test_a_changed_spec_rolls_each_pd_instance_and_the_router_takes_each_half_ba
     state, inventory = pd_fleet
     text = inventory.read_text()
     assert "k2_context_length=32768" in text
-    changed = tmp_path / "inventory.ini"
+    changed = tmp_path / inventory.name  # the mesh's key pair is named after the file
     changed.write_text(text.replace("k2_context_length=32768", "k2_context_length=16384"))
     with Traffic(fleet_endpoint(state)) as client:
         run = k2("apply", str(changed), runs=tmp_path / "runs")
