@@ -191,10 +191,20 @@ def shape_cmd(rate: Annotated[str, typer.Argument(help="Mbit/s per host link, or
 
 
 @lab_app.command("stop")
-def stop_cmd(host: Annotated[str, typer.Argument(help="e.g. lab2")]) -> None:
+def stop_cmd(
+    host: Annotated[str, typer.Argument(help="e.g. lab2")],
+    cut_link: Annotated[
+        bool,
+        typer.Option(
+            "--cut-link",
+            help="Also take its link down and its addresses away: nothing answers for it "
+            "(a floating address it held is then another host's alone).",
+        ),
+    ] = False,
+) -> None:
     """Kill one host at once (its disk is kept), as a fault."""
     try:
-        core.stop_host(host)
+        core.stop_host(host, cut_link=cut_link)
     except LabError as exc:
         raise _fail(exc) from exc
 

@@ -111,6 +111,12 @@ class LabConfig:
             raise LabError(f"host index {index} out of range 1..{MAX_HOSTS}")
         return str(ipaddress.ip_network(self.subnet).network_address + 10 + index)
 
+    def floating_address(self) -> str:
+        """An address of the subnet that no host takes (they are .11 to .210), with its prefix:
+        a front's floating address (k2_front_address) on the lab."""
+        network = ipaddress.ip_network(self.subnet)
+        return f"{network.network_address + 250}/{self.prefix_len}"
+
     def netns(self, index: int) -> str:
         return f"{self.name}-lab{index}"
 

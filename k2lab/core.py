@@ -36,6 +36,7 @@ from k2lab.inventory import (
     render_inventory,
 )
 from k2lab.net import (
+    cut_host_link,
     delete_bridge,
     delete_host_net,
     ensure_bridge,
@@ -385,13 +386,21 @@ def down(cfg: LabConfig | None = None, log: Log = stderr_log) -> None:
         log(f"lab {cfg.name} is down")
 
 
-def stop_host(name: str, cfg: LabConfig | None = None, log: Log = stderr_log) -> LabState:
-    """Kill one host at once, as if it lost power; its disk (upper dir) is kept."""
+def stop_host(
+    name: str, cfg: LabConfig | None = None, log: Log = stderr_log, *, cut_link: bool = False
+) -> LabState:
+    """Kill one host at once, as if it lost power; its disk (upper dir) is kept. Its network
+    namespace stays, so its kernel still refuses connections and answers ARP for its
+    addresses; `cut_link` takes that away too (the link down, its addresses gone, as a dead
+    machine's), so an address another host takes over (a front's floating address) is that
+    host's alone. start_host gives the host its link and own address back."""
     cfg = _cfg(cfg)
     require_root()
     with _locked(cfg):
         state = _require_state(cfg)
         host = state.host(name)
+        if cut_link:  # first: its dying processes send no reset, as a dead machine's do not
+            cut_host_link(cfg, host.index)
         hostmod.stop(host)
         state = state.with_host(host.model_copy(update={"outer": None, "init": None}))
         save_state(cfg.state_file, state)

@@ -91,6 +91,13 @@ def ensure_host_net(cfg: LabConfig, index: int) -> None:
     run(["ip", "-n", ns, "route", "replace", "default", "via", cfg.controller_ip])
 
 
+def cut_host_link(cfg: LabConfig, index: int) -> None:
+    """Host `index`'s link down and its eth0 without addresses, as a machine without power:
+    nothing answers for it (ensure_host_net gives both back)."""
+    run(["ip", "link", "set", cfg.veth(index), "down"])
+    run(["ip", "-n", cfg.netns(index), "addr", "flush", "dev", "eth0"])
+
+
 def delete_host_net(netns: str, veth: str) -> None:
     """Remove a host's namespace (its eth0 goes with it) and the controller-side veth."""
     if netns_exists(netns):

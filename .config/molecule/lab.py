@@ -3,7 +3,8 @@ beside the default `k2lab` instance and any other scenario's, sharing the lab's 
 store and stand-in engine image.
 
     python .config/molecule/lab.py up --name mrdma --subnet 10.83.0.0/24 --hosts 2 \
-        --inventory INV --group prefill=1 --group decode=1 --var k2_engine=sglang ...
+        --inventory INV --group prefill=1 --group decode=1 --var k2_engine=sglang ... \
+        [--child router=nodes]
     python .config/molecule/lab.py down --name mrdma --subnet 10.83.0.0/24
 
 `up` starts from fresh hosts: it takes down what an earlier run of the instance left (a run
@@ -40,6 +41,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--inventory", type=Path)
     parser.add_argument("--group", action="append", default=[], help="NAME=COUNT, in order")
     parser.add_argument("--var", action="append", default=[], help="KEY=VALUE for [all:vars]")
+    parser.add_argument(
+        "--child", action="append", default=[], help="PARENT=GROUP: [PARENT:children] GROUP"
+    )
     args = parser.parse_args(argv)
     cfg = LabConfig(lab_dir=LAB_DIR, name=args.name, subnet=args.subnet)
     try:
@@ -52,9 +56,19 @@ def main(argv: list[str]) -> int:
         all_vars = {
             k: parse_var_value(v) for k, v in parse_pairs(args.var, "--var").items()
         } or None
+        children: dict[str, list[str]] = {}
+        for parent, group in parse_pairs(args.child, "--child").items():
+            children.setdefault(parent, []).append(group)
         args.inventory.parent.mkdir(parents=True, exist_ok=True)
         lab.down(cfg=cfg)  # hosts of an earlier run cut short: never reused
-        lab.up(args.hosts, inventory=args.inventory, groups=groups, all_vars=all_vars, cfg=cfg)
+        lab.up(
+            args.hosts,
+            inventory=args.inventory,
+            groups=groups,
+            children=children or None,
+            all_vars=all_vars,
+            cfg=cfg,
+        )
         build_standin(cfg)
     except LabError as exc:
         for problem in exc.problems:
