@@ -82,6 +82,7 @@ SITE_TAGS = (
     "weights",
     "nccl",
     "launch",
+    "front",
     "verify",
     "monitoring",
 )

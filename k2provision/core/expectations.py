@@ -145,7 +145,9 @@ def planned_ports(
     left out: they are its own."""
     ports: dict[str, int] = {}
     for binding in plan.host(host).ports:
-        if binding.container in running_containers:
+        # A host daemon's port (the front's HAProxy: container "") is role k2_front_tier's, which
+        # runs after this check and holds it from its first run on.
+        if not binding.container or binding.container in running_containers:
             continue
         setting = binding.setting
         if ports.get(setting, binding.port) != binding.port:

@@ -23,6 +23,7 @@ from k2provision.core import (
     address_rules,
     bounded_read,
     connection,
+    front_rules,
     network,
     role_specs,
     safety_gates,
@@ -434,6 +435,10 @@ def cluster_from_groups(
     else:
         fleet = str(values.get("k2_instances", 1)) not in ("1", "")
         problems.extend(_check_groups(source, engine, chosen, groups, engines, fleet))
+        problems.extend(
+            f"{source}: {line}"
+            for line in front_rules.count_problems(router_hosts, values.get("k2_front_address"))
+        )
 
     hosts, host_problems = _hosts(members, pools, hv)
     problems.extend(host_problems)
@@ -455,6 +460,7 @@ def cluster_from_groups(
         "gpus_per_node": values.get("k2_gpus_per_node", 8),
         "hosts": tuple(hosts),
         "router": router,
+        "routers": tuple(router_hosts) or ((router,) if router else ()),
         "monitoring": tuple(groups.get("monitoring", [])),
         "tunables": tunables,
         # The rest as the inventory sets them; each unset one takes Cluster's default.
@@ -494,6 +500,7 @@ def cluster_from_groups(
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)
     problems += address_rules.cluster_rule_problems(cluster, {**hv[members[0]], **values}, hv)
+    problems += front_rules.front_problems(cluster)
     if problems:
         raise InventoryError(problems)
     return cluster
@@ -753,25 +760,14 @@ def _check_groups(
                 f"{source}: [{extra}] is only for layout {owners}, but k2_layout={layout.name}; "
                 f"fix: set k2_layout={owners} or move the hosts into [nodes]"
             )
-    if layout.disaggregated and len(routers) > 1:
-        problems.append(
-            f"{source}: [router] has {len(routers)} hosts ({shorten_hosts(routers)}); "
-            "expected one, the host that runs the PD router; fix: keep one host in [router]"
-        )
-    elif not layout.disaggregated:
+    if not layout.disaggregated and routers and not fleet:
         routed = ", ".join(layouts_with_pool(engines, "prefill"))
-        if routers and not fleet:
-            problems.append(
-                f"{source}: [router] ({shorten_hosts(routers)}) is only for layout {routed} and "
-                f"fleets (k2_instances above 1), and one {engine} {layout.name} instance runs "
-                "no router; fix: remove the [router] group, or set k2_instances"
-            )
-        elif len(routers) > 1:
-            problems.append(
-                f"{source}: [router] has {len(routers)} hosts ({shorten_hosts(routers)}); "
-                "expected one, the host that runs the fleet's router; fix: keep one host in "
-                "[router]"
-            )
+        problems.append(
+            f"{source}: [router] ({shorten_hosts(routers)}) is only for layout {routed} and "
+            f"fleets (k2_instances above 1), and one {engine} {layout.name} instance runs "
+            "no router; fix: remove the [router] group, or set k2_instances"
+        )
+    # Several [router] hosts are the front tier: core/front_rules.py checks them.
     if layout.one_host and len(groups.get("nodes", [])) != 1:
         problems.append(
             f"{source}: {engine} runs on exactly one host, [nodes] has "
@@ -790,6 +786,9 @@ ROUTER_ONLY_VARS = (
     "k2_router_queue_timeout_s",
     "k2_router_metrics_port",
 )
+# Read only by the front tier (two or more [router] hosts); k2_front_address is required there
+# and refused elsewhere (core/front_rules.py).
+FRONT_ONLY_VARS = ("k2_router_port", "k2_front_vrid", "k2_front_interface")
 
 
 def _idle_setting_notes(cluster: Cluster, layout: Layout) -> list[str]:
@@ -797,7 +796,7 @@ def _idle_setting_notes(cluster: Cluster, layout: Layout) -> list[str]:
     settings with one instance per pool, router settings with no router."""
     given = {
         name: value
-        for name in (*FLEET_ONLY_VARS, *ROUTER_ONLY_VARS)
+        for name in (*FLEET_ONLY_VARS, *ROUTER_ONLY_VARS, *FRONT_ONLY_VARS)
         if (value := _set_value(cluster, name)) is not None
     }
     counts = " and ".join(f"{INSTANCE_VARS[pool]}=1" for pool in layout.pools)
@@ -810,7 +809,13 @@ def _idle_setting_notes(cluster: Cluster, layout: Layout) -> list[str]:
                 f"fleet (several instances of a pool) reads it, and this cluster has one "
                 f"instance per pool ({counts}); remove {name}, or set {counts.split('=')[0]}"
             )
-        elif name in ROUTER_ONLY_VARS and not routed:
+        elif name in FRONT_ONLY_VARS and routed and not cluster.front:
+            notes.append(
+                f"{cluster.inventory}: {name}={show(value)} has nothing to act on: only the "
+                f"front tier reads it, and one router ({cluster.router}) serves the endpoint; "
+                "remove it, or list two or more hosts in [router] with k2_front_address"
+            )
+        elif name in (*ROUTER_ONLY_VARS, *FRONT_ONLY_VARS) and not routed:
             notes.append(
                 f"{cluster.inventory}: {name}={show(value)} has nothing to act on: only a "
                 f"router reads it, and one {cluster.engine} {cluster.layout} instance runs "

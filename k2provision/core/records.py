@@ -171,6 +171,29 @@ class Tunables(Record):
     ssh_port: Port = Field(
         default=2233, description="sshd inside engine containers, for mpirun (TensorRT-LLM)"
     )
+    router_port: Port = Field(
+        default=8080,
+        description="each router's HTTP port on its k2_local_ip behind the front (two or more "
+        "[router] hosts); a router alone serves the endpoint on k2_api_port",
+    )
+    front_address: Word | None = Field(
+        default=None,
+        description="the endpoint's floating address with its prefix (e.g. 10.10.0.100/24), "
+        "held by one [router] host at a time (keepalived); needed with two or more [router] "
+        "hosts, in the network of each one's address",
+    )
+    front_vrid: int = Field(
+        default=51,
+        ge=1,
+        le=255,
+        description="the front's VRRP virtual router id, unique among the VRRP instances of "
+        "its network",
+    )
+    front_interface: Word | None = Field(
+        default=None,
+        description="the interface the front's address is added to (default: on each [router] "
+        "host, the interface that holds its address, found at apply)",
+    )
     served_model_name: Word = Field(
         default="kimi-k2", description="the model id clients send and /v1/models lists"
     )
@@ -404,6 +427,10 @@ class Cluster(Record):
     drain_timeout: int = Field(default=300, ge=1, le=3600)
     hosts: tuple[HostSpec, ...]
     router: str | None = None
+    """The host of the first (or only) router."""
+    routers: tuple[str, ...] = ()
+    """Every router's host, the first being `router`: [router]'s hosts (two or more: behind
+    the front, k2_front_address), else the default router's host; () without a router."""
     monitoring: tuple[str, ...] = ()
     """The inventory's [monitoring] hosts: Prometheus and Grafana run on the first (none: on
     the endpoint's host)."""
@@ -430,6 +457,16 @@ class Cluster(Record):
         return {"prefill": self.prefill_instances, "decode": self.decode_instances}.get(
             name, self.instances
         )
+
+    @property
+    def router_hosts(self) -> tuple[str, ...]:
+        """Every router's host: `routers`, else `router` alone (a record built without it)."""
+        return self.routers or ((self.router,) if self.router else ())
+
+    @property
+    def front(self) -> bool:
+        """Several routers share the endpoint behind a floating address."""
+        return len(self.router_hosts) > 1
 
     @property
     def fleet(self) -> bool:
@@ -932,6 +969,47 @@ class FleetSettings(Record):
     """Seconds a stopping instance may take to answer its in-flight requests."""
 
 
+class RouterRef(Record):
+    """One router of the plan: its host and the URL its API answers on (where the launch
+    registers workers and a rolling change takes them out and back)."""
+
+    host: str
+    url: str
+
+
+class FrontHost(Record):
+    """A host of the front: it runs HAProxy and keepalived beside its router."""
+
+    name: str
+    address: str
+    priority: int
+    """Its VRRP priority: the highest healthy one holds the address."""
+
+
+class FrontPlan(Record):
+    """The front tier: one floating address (keepalived, VRRP) held by one of `hosts` at a
+    time, whose HAProxy spreads requests over every router of `routers` that answers its
+    health check."""
+
+    address: str
+    """The floating address, without its prefix."""
+    prefix: int
+    vrid: int
+    interface: str | None
+    """None: on each host, the interface that holds its address (found at apply)."""
+    port: int
+    """The endpoint's port HAProxy listens on, on every address of its host."""
+    hosts: tuple[FrontHost, ...]
+    routers: tuple[RouterRef, ...]
+    """Every router behind the front, each on its k2_local_ip and k2_router_port."""
+    router_health_path: str
+    """What HAProxy asks each router (its liveness)."""
+    request_timeout_s: int
+    """How long HAProxy lets one request run (the routers' own limit)."""
+    maxconn: int
+    """Connections each HAProxy holds at once."""
+
+
 class AccessFiles(Record):
     """The endpoint's API key and TLS files as the roles use them: each inventory file on the
     controller (k2_api_key_file, k2_tls_cert_file, k2_tls_key_file, k2_tls_ca_file; None where
@@ -976,6 +1054,11 @@ class Plan(Record):
     weights: WeightsInfo
     warnings: tuple[str, ...]
     hosts: tuple[HostPlan, ...]
+    routers: tuple[RouterRef, ...] = ()
+    """Every router, where the launch registers workers and a rolling change takes them out
+    and back; () without a router."""
+    front: FrontPlan | None = None
+    """The front tier in front of several routers; None with one router or none."""
 
     def host(self, name: str) -> HostPlan:
         """The plan of host `name` (KeyError if absent)."""

@@ -31,6 +31,7 @@ from k2provision.core.records import (
     Cluster,
     EngineRelease,
     EngineSupport,
+    HealthGate,
     HostSpec,
     LaunchValue,
     MemoryReserve,
@@ -606,10 +607,26 @@ def _pd_listeners(
 
 
 def router_host(deployment: Deployment) -> HostSpec:
-    """The host the router runs on: [router], else the first pool's first master."""
+    """The host the (first) router runs on: [router], else the first pool's first master."""
+    return router_hosts(deployment)[0]
+
+
+def router_hosts(deployment: Deployment) -> tuple[HostSpec, ...]:
+    """Every router's host: [router]'s (several: behind the front), else the first pool's
+    first master."""
     cluster = deployment.cluster
     first: PoolName = "prefill" if cluster.layout == "pd" else "nodes"
-    return cluster.host(cluster.router or deployment.pool(first).master)
+    names = cluster.router_hosts or (deployment.pool(first).master,)
+    return tuple(cluster.host(name) for name in names)
+
+
+def router_url(deployment: Deployment, host: HostSpec) -> str:
+    """Where the router on `host` answers: the endpoint when it is the only router, else its
+    k2_local_ip and k2_router_port behind the front (plain HTTP: front_rules.py)."""
+    t = deployment.cluster.tunables
+    if deployment.cluster.front:
+        return http_url(host.local_ip, t.router_port)
+    return endpoint_url(t, host.address, t.api_port)
 
 
 def _pool_urls(deployment: Deployment, name: PoolName) -> list[str]:
@@ -690,9 +707,11 @@ def _registered_later(instance: PoolPlan) -> bool:
     return instance.router_worker is not None and instance.router_worker.at_launch
 
 
-def _router(deployment: Deployment, worker_health_path: str) -> Process:
+def _router(deployment: Deployment, worker_health_path: str, router: HostSpec) -> Process:
+    """The router on `router`: alone, the endpoint on every interface; behind the front, on
+    its k2_local_ip and k2_router_port, where the front's HAProxy reaches it."""
     t = deployment.cluster.tunables
-    router = router_host(deployment)
+    front = deployment.cluster.front
     guard, resolve = _router_guard(deployment)
     argv = (
         *LAUNCH_ROUTER,
@@ -703,9 +722,9 @@ def _router(deployment: Deployment, worker_health_path: str) -> Process:
             else ()
         ),
         "--host",
-        any_address(deployment.cluster),
+        router.local_ip if front else any_address(deployment.cluster),
         "--port",
-        str(t.api_port),
+        str(t.router_port if front else t.api_port),
         # Prometheus: sglang-router 0.3.2 binds 0.0.0.0:29000 unless told otherwise
         # (router_args.py --prometheus-host / --prometheus-port).
         "--prometheus-host",
@@ -718,7 +737,12 @@ def _router(deployment: Deployment, worker_health_path: str) -> Process:
     # is gated on /health (liveness), and the registration waits for the workers instead.
     later = any(_registered_later(i) for p in deployment.pools for i in p.members())
     path = ROUTER_LIVENESS_PATH if later else ROUTER_HEALTH_PATH
-    health = endpoint_gate(t, router.address, t.api_port, path)
+    if front:
+        health = HealthGate(
+            url=http_url(router.local_ip, t.router_port, path), timeout_s=t.health_timeout_s
+        )
+    else:
+        health = endpoint_gate(t, router.address, t.api_port, path)
     return Process(
         name="sglang-router",
         container=ROUTER_CONTAINER,
@@ -768,32 +792,30 @@ def add_router(
     fleets use it too: sglang-router fronts any OpenAI-compatible server in regular mode, and
     checks each worker on `worker_health_path` (its engine's liveness route)."""
     t = deployment.cluster.tunables
-    host = router_host(deployment)
-    router = _router(deployment, worker_health_path)
+    front = deployment.cluster.front
     what = "the PD router" if deployment.cluster.layout == "pd" else "the fleet's router"
-    mine = (
-        listener(
-            router,
-            "k2_api_port",
-            what,
-            t.api_port,
-            bind=any_address(deployment.cluster),
-            public=True,
-        ),
-        listener(
-            router,
-            "k2_router_metrics_port",
-            f"{what}'s metrics",
-            t.router_metrics_port,
+    for host in router_hosts(deployment):
+        router = _router(deployment, worker_health_path, host)
+        if front:
+            serves = listener(
+                router, "k2_router_port", f"{what} behind the front", t.router_port,
+                bind=host.local_ip,
+            )  # fmt: skip
+        else:
+            serves = listener(
+                router, "k2_api_port", what, t.api_port,
+                bind=any_address(deployment.cluster), public=True,
+            )  # fmt: skip
+        metrics = listener(
+            router, "k2_router_metrics_port", f"{what}'s metrics", t.router_metrics_port,
             bind=host.local_ip,
-        ),
-    )
-    before = out.get(host.name, HostRender())
-    out[host.name] = HostRender(
-        processes=(*before.processes, router),
-        files=before.files,
-        listeners=(*before.listeners, *mine),
-    )
+        )  # fmt: skip
+        before = out.get(host.name, HostRender())
+        out[host.name] = HostRender(
+            processes=(*before.processes, router),
+            files=before.files,
+            listeners=(*before.listeners, serves, metrics),
+        )
 
 
 # ---------------------------------------------------------------- interface
@@ -838,8 +860,17 @@ def endpoint(deployment: Deployment) -> str:
     """The OpenAI-compatible base URL: the router (pd, fleets) or rank 0's server (tp)."""
     t = deployment.cluster.tunables
     if deployment.cluster.layout == "pd" or deployment.cluster.fleet:
-        return endpoint_url(t, router_host(deployment).address, t.api_port)
+        return routed_endpoint(deployment)
     return endpoint_url(t, deployment.pool("nodes").master_address, t.sglang_port)
+
+
+def routed_endpoint(deployment: Deployment) -> str:
+    """The endpoint of a routed deployment: the front's floating address with several
+    routers, else the router's host."""
+    t = deployment.cluster.tunables
+    if deployment.cluster.front and t.front_address:
+        return http_url(t.front_address.split("/")[0], t.api_port)
+    return endpoint_url(t, router_host(deployment).address, t.api_port)
 
 
 # ---------------------------------------------------------------- what the plan asks

@@ -112,7 +112,7 @@ from k2provision.engines.memory import (
     kv_bytes_per_token,
     weights_per_gpu,
 )
-from k2provision.engines.sglang import add_router, router_host
+from k2provision.engines.sglang import add_router, routed_endpoint
 
 CONTAINER = "k2-vllm"
 
@@ -153,7 +153,7 @@ def endpoint(deployment: Deployment) -> str:
     """The OpenAI-compatible base URL: the head's API server, or a fleet's router."""
     t = deployment.cluster.tunables
     if deployment.cluster.fleet:
-        return endpoint_url(t, router_host(deployment).address, t.api_port)
+        return routed_endpoint(deployment)
     return endpoint_url(t, deployment.pool("nodes").master_address, t.api_port)
 
 

@@ -36,13 +36,15 @@ from k2provision.core.records import (
 from k2provision.core.templating import host_values_path, host_values_script, launch_script
 from k2provision.core.variables import INSTANCE_VARS as INSTANCE_VARIABLES
 from k2provision.engines import REGISTRY, layout_of
-from k2provision.engines.base import Deployment
-from k2provision.engines.common import multi_host, socket_warnings
+from k2provision.engines.base import Deployment, HostRender, Listener
+from k2provision.engines.common import any_address, multi_host, socket_warnings
+from k2provision.engines.sglang import ROUTER_LIVENESS_PATH, ROUTER_REQUEST_TIMEOUT_S
 from k2provision.errors import InventoryError, K2Error, PlanError
 from k2provision.plan.caches import compile_cache_dir, with_compile_caches
 from k2provision.plan.containers import spec_hash
 from k2provision.plan.fit import edge_warnings
 from k2provision.plan.fixes import fixes
+from k2provision.plan.front import front_plan, router_refs
 from k2provision.plan.ports import host_ports, port_clashes
 from k2provision.plan.shapes import PoolShape, choices, evaluate, nodes_text, pool_names
 from k2provision.plan.support import engine_setting_problems, model_problems, resolve_model
@@ -139,13 +141,20 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         multimodal=c.multimodal,
         language_model_only=c.language_model_only,
     )
-    rendered = with_compile_caches(cluster, engine.render(deployment))
+    rendered = with_front_listeners(
+        cluster, with_compile_caches(cluster, engine.render(deployment))
+    )
     listeners = {name: out.listeners for name, out in rendered.items()}
     endpoint = engine.endpoint(deployment)
-    endpoint_host = next(
-        (h.name for h in cluster.hosts if h.address.lower() == urlsplit(endpoint).hostname),
-        pools[0].master,
+    endpoint_host = (
+        cluster.router_hosts[0]
+        if cluster.front
+        else next(
+            (h.name for h in cluster.hosts if h.address.lower() == urlsplit(endpoint).hostname),
+            pools[0].master,
+        )
     )
+    routers = router_refs(cluster, endpoint, endpoint_host, routed)
     if clashes := port_clashes(cluster, listeners, endpoint_host):
         raise InventoryError(clashes)
     host_plans = []
@@ -210,7 +219,34 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         ),
         warnings=tuple(warnings),
         hosts=tuple(host_plans),
+        routers=routers,
+        front=front_plan(cluster, routers, ROUTER_LIVENESS_PATH, ROUTER_REQUEST_TIMEOUT_S),
     )
+
+
+def with_front_listeners(
+    cluster: Cluster, rendered: dict[str, HostRender]
+) -> dict[str, HostRender]:
+    """Each front host's HAProxy on the endpoint's port (every address, the one public port
+    there), beside what the engine renders for the host: the plan checks it against the
+    host's other ports and the firewall opens it. A host daemon of role k2_front_tier, in no
+    container."""
+    if not cluster.front:
+        return rendered
+    out = dict(rendered)
+    for name in cluster.router_hosts:
+        before = out.get(name, HostRender())
+        haproxy = Listener(
+            setting="k2_api_port",
+            what="the front's HAProxy",
+            port=cluster.tunables.api_port,
+            process="haproxy",
+            container="",
+            bind=any_address(cluster),
+            public=True,
+        )
+        out[name] = before.model_copy(update={"listeners": (*before.listeners, haproxy)})
+    return out
 
 
 def instance_ranks(

@@ -126,6 +126,7 @@ PHASE_TAGS = {
     "weights": "weights",
     "validate": "nccl",
     "launch": "launch",
+    "front": "front",
     "verify": "verify",
 }
 """Each phase of site.yml (playbooks/<phase>.yml) and the tag its play carries."""

@@ -124,21 +124,36 @@ def instance_table(plan: Plan) -> Table:
     return table
 
 
-def router_line(plan: Plan) -> Text | None:
-    """A fleet's router and its command line, which lists every instance (None: no fleet)."""
+def router_lines(plan: Plan) -> list[Text]:
+    """Each of a fleet's routers with its command line, which lists every instance (none: no
+    fleet)."""
     urls = [i.url for p in plan.pools for i in p.instances]
     if not urls:
+        return []
+    return [
+        Text.assemble(
+            "router: ", (f"{process.name} on {host.name}", "bold"), ": ", " ".join(process.argv)
+        )
+        for host in plan.hosts
+        for process in host.processes
+        if all(url in process.argv for url in urls)
+    ]
+
+
+def front_line(plan: Plan) -> Text | None:
+    """The front tier: the floating address, who may hold it (VRRP priority, highest first)
+    and the routers every HAProxy spreads requests over (None: one router or none)."""
+    front = plan.front
+    if front is None:
         return None
-    for host in plan.hosts:
-        for process in host.processes:
-            if all(url in process.argv for url in urls):
-                return Text.assemble(
-                    "router: ",
-                    (f"{process.name} on {host.name}", "bold"),
-                    ": ",
-                    " ".join(process.argv),
-                )
-    return None
+    holders = ", ".join(f"{h.name} ({h.priority})" for h in front.hosts)
+    routers = ", ".join(f"{r.host} {r.url}" for r in front.routers)
+    return Text.assemble(
+        "front: ",
+        (f"{front.address}/{front.prefix}", "bold"),
+        f" (VRRP id {front.vrid}) held by one of {holders}; HAProxy on :{front.port} of each "
+        f"sends to every healthy router: {routers}",
+    )
 
 
 def fit_table(plan: Plan) -> Table:
@@ -227,9 +242,12 @@ def print_plan(plan: Plan) -> None:
     console.print(plan_table(plan))
     console.print(fit_table(plan))
     console.print(reserve_table(plan))
-    if router := router_line(plan):
+    if routers := router_lines(plan):
         console.print(instance_table(plan))
-        console.print(router, soft_wrap=True)
+        for router in routers:
+            console.print(router, soft_wrap=True)
+    if front := front_line(plan):
+        console.print(front, soft_wrap=True)
     console.print(Text.assemble("endpoint: ", (plan.endpoint, "bold")))
     if plan.container.compile_cache:
         console.print(

@@ -41,8 +41,9 @@ def _instances(case: str, pool: str) -> list[str]:
     return [i.url for p in goldens.plan(case).pools if p.name == pool for i in p.instances]
 
 
-def test_each_fleet_has_one_router_and_the_sampled_servers() -> None:
-    assert [r.case for r in ROUTERS] == [PD_FLEET, TP_FLEET]
+def test_each_fleet_has_its_routers_and_the_sampled_servers() -> None:
+    # The PD example has two routers behind its front; each is checked by the real parser.
+    assert [r.case for r in ROUTERS] == [PD_FLEET, PD_FLEET, TP_FLEET]
     assert len(SERVERS) == len(SAMPLED)
 
 
@@ -133,9 +134,11 @@ def test_every_fleet_shapes_router_passes_the_routers_own_validation(
     path = tmp_path / "inventory.ini"
     path.write_text(text)
     plan = build_plan(load_cluster(path))
-    (router,) = [p for h in plan.hosts for p in h.processes if p.argv[:3] == goldens.SGLANG_ROUTER]
-    proc = with_host_values(router, goldens.SAMPLE_HOST_VALUES)
-    r = check("sglang-router", list(proc.argv), dict(proc.env))
-    assert r.ok, f"{shape}: {r.stage}: {r.error}"
-    assert r.warnings == []
-    assert (r.parsed["policy"], r.parsed["decode_policy"]) == (policy, decode_policy)
+    routers = [p for h in plan.hosts for p in h.processes if p.argv[:3] == goldens.SGLANG_ROUTER]
+    assert routers
+    for router in routers:
+        proc = with_host_values(router, goldens.SAMPLE_HOST_VALUES)
+        r = check("sglang-router", list(proc.argv), dict(proc.env))
+        assert r.ok, f"{shape}: {r.stage}: {r.error}"
+        assert r.warnings == []
+        assert (r.parsed["policy"], r.parsed["decode_policy"]) == (policy, decode_policy)

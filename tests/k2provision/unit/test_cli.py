@@ -112,7 +112,7 @@ def test_apply_refuses_a_tag_no_phase_carries(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stdout + out.stderr
     said = " ".join(out.stderr.split())
     assert "--tags lanch: no phase carries that tag" in said
-    assert "preflight, prepare, ssh_mesh, weights, nccl, launch, verify, monitoring" in said
+    assert "preflight, prepare, ssh_mesh, weights, nccl, launch, front, verify, monitoring" in said
     assert not (tmp_path / "runs").exists()
 
 

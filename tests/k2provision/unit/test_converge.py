@@ -390,7 +390,7 @@ def test_a_host_skips_the_phases_the_tags_leave_out_and_the_converged_ones() -> 
         "preflight", "prepare", "ssh_mesh", "weights", "validate", "launch",
     ]  # fmt: skip
     tagged = skipped_phases(drifted, run_tags=["launch", "verify"], skip_tags=[], endpoint=True)
-    assert tagged == ["preflight", "prepare", "ssh_mesh", "weights", "validate"]
+    assert tagged == ["preflight", "prepare", "ssh_mesh", "weights", "validate", "front"]
     # The launch left out by the tags: a drifted launch is no change to guard, but a check the
     # tags name runs.
     mesh_only = skipped_phases(drifted, run_tags=["ssh_mesh", "nccl"], skip_tags=[], endpoint=True)

@@ -675,9 +675,11 @@ def test_server_checks_ask_liveness_and_never_queue_a_generation(case: str) -> N
 def test_a_fleet_router_checks_each_worker_on_its_engines_liveness_route() -> None:
     examples = GOLDEN.parents[1] / "inventory" / "examples"
     pd = build_plan(load_cluster(examples / "sglang-pd-fleet-32.ini"))
-    (router,) = [p for p in all_processes(pd) if p.name == "sglang-router"]
-    assert _router_flag(router, "--health-check-endpoint") == "/ready"
-    assert _router_flag(router, "--health-check-timeout-secs") == "5"
+    routers = [p for p in all_processes(pd) if p.name == "sglang-router"]
+    assert len(routers) == 2  # behind the example's front
+    for router in routers:
+        assert _router_flag(router, "--health-check-endpoint") == "/ready"
+        assert _router_flag(router, "--health-check-timeout-secs") == "5"
 
 
 def test_nixl_gets_the_ib_devices_and_no_mooncake_or_ucx_override_environment() -> None:

@@ -46,7 +46,7 @@ def _flag_values(argv: tuple[str, ...], flag: str, width: int) -> list[tuple[str
     return [argv[i + 1 : i + 1 + width] for i, a in enumerate(argv) if a == flag]
 
 
-def test_the_32_node_example_is_two_prefill_and_two_decode_instances_behind_one_router() -> None:
+def test_the_32_node_example_is_two_prefill_and_two_decode_instances_behind_its_routers() -> None:
     plan = _plan(PD_FLEET)
     prefill, decode = (next(p for p in plan.pools if p.name == n) for n in ("prefill", "decode"))
     assert [i.instance for i in prefill.instances] == ["prefill-1", "prefill-2"]
@@ -55,7 +55,15 @@ def test_the_32_node_example_is_two_prefill_and_two_decode_instances_behind_one_
     # Consecutive groups in inventory order.
     assert prefill.instances[1].hosts == tuple(f"gpu-p{n:02d}" for n in range(5, 9))
     assert decode.instances[1].master == "gpu-d13"
-    (router,) = _routers(plan)
+    # Two routers behind the front (tests/k2provision/unit/test_front.py), each with the
+    # same workers.
+    first, second = _routers(plan)
+    # The same but for their own addresses (--host, --prometheus-host).
+    assert first.argv.count("10.10.0.5") == 2
+    assert [a for a in first.argv if a != "10.10.0.5"] == [
+        a for a in second.argv if a != "10.10.0.6"
+    ]
+    router = first
     assert _flag_values(router.argv, "--prefill", 2) == [
         ("http://10.10.0.11:30000", "8998"),
         ("http://10.10.0.15:30000", "8998"),
@@ -73,7 +81,7 @@ def test_the_32_node_example_is_two_prefill_and_two_decode_instances_behind_one_
     assert "--pd-disaggregation" in router.argv
     # sglang 0.5.23 reports dp_size 1 under --attn-dp-size: dp-aware would pin DP rank 0.
     assert "--dp-aware" not in router.argv
-    assert plan.endpoint == "http://10.10.0.5:8000"
+    assert plan.endpoint == "http://10.10.0.100:8000"
 
 
 def test_each_instance_ranks_meet_at_their_own_master() -> None:
@@ -249,7 +257,7 @@ def test_each_pd_pools_routing_policy_follows_its_instance_count(
     text = text.replace("k2_decode_instances=2", f"k2_decode_instances={decode}")
     path = tmp_path / "inventory.ini"
     path.write_text(text)
-    (router,) = _routers(_plan(path))
+    router, _ = _routers(_plan(path))  # the example's two routers, alike
     assert _flag_values(router.argv, "--policy", 1) == [policies[:1]]
     assert _flag_values(router.argv, "--decode-policy", 1) == [policies[1:]]
     assert "cache_aware" not in router.argv

@@ -53,7 +53,12 @@ def test_every_listener_but_the_endpoint_binds_the_private_address(case: str) ->
 def test_the_endpoint_is_the_one_public_listener(case: str) -> None:
     plan = _plan(case)
     public = [(h.name, p.port) for h in plan.hosts for p in h.ports if p.public]
-    assert public == [(plan.endpoint_host, urlsplit(plan.endpoint).port)]
+    port = urlsplit(plan.endpoint).port
+    if plan.front is not None:  # the floating address: HAProxy on every front host
+        assert public == [(h.name, port) for h in plan.front.hosts]
+        assert {p.process for h in plan.hosts for p in h.ports if p.public} == {"haproxy"}
+    else:
+        assert public == [(plan.endpoint_host, port)]
 
 
 def test_the_wildcards_the_engines_fix_are_the_ones_named() -> None:

@@ -116,7 +116,9 @@ def test_only_the_registry_builds_a_host_question_or_reads_its_answer(what: str)
 ROLE_ASKERS = {
     "[docker, container, inspect": [],
     "container inspect": [],
-    "kill -0": ["roles/k2_weights/tasks/stop.yml"],  # the weights relay's own pid, not a process
+    # The weights relay's own pid, and on lab hosts the front's daemons' pid files: not
+    # planned processes.
+    "kill -0": ["roles/k2_front_tier/tasks/main.yml", "roles/k2_weights/tasks/stop.yml"],
     "--query-gpu": [],
     "urlopen": [],
 }
