@@ -117,8 +117,10 @@ def applied_fleet(
     state = lab_api.up(sum(groups.values()), inventory=inventory, groups=groups, all_vars=all_vars)
     build_standin()
     remove_engine_containers(state)
-    router, *engine_hosts = state.host_names
-    on_host(state, router, f"rm -rf {MODEL_DIR}")
+    routers = groups.get("router", 1)
+    router_hosts, engine_hosts = state.host_names[:routers], state.host_names[routers:]
+    for router in router_hosts:
+        on_host(state, router, f"rm -rf {MODEL_DIR}")
     for host in engine_hosts:
         on_host(state, host, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json")
     first = k2("apply", str(inventory), runs=tmp_path_factory.mktemp("first"))
@@ -145,15 +147,19 @@ def fleet_endpoint(state: Any) -> str:
     return f"http://{state.host(FLEET_ROUTER).address}:8000"
 
 
-def router_listing(state: Any) -> dict[str, dict[str, Any]]:
-    """The router's `GET /workers`, by worker URL."""
-    listed = json.loads(on_host(state, FLEET_ROUTER, "curl -s http://127.0.0.1:8000/workers"))
+def router_listing(
+    state: Any, host: str = FLEET_ROUTER, url: str = "http://127.0.0.1:8000"
+) -> dict[str, dict[str, Any]]:
+    """The `GET /workers` of the router at `url` (asked on `host`), by worker URL."""
+    listed = json.loads(on_host(state, host, f"curl -s {url}/workers"))
     return {w["url"]: w for w in listed["workers"]}
 
 
-def router_health(state: Any) -> dict[str, bool]:
-    """Whether the router takes each worker (URL) as healthy."""
-    return {url: bool(w["is_healthy"]) for url, w in router_listing(state).items()}
+def router_health(
+    state: Any, host: str = FLEET_ROUTER, url: str = "http://127.0.0.1:8000"
+) -> dict[str, bool]:
+    """Whether the router at `url` (asked on `host`) takes each worker (URL) as healthy."""
+    return {u: bool(w["is_healthy"]) for u, w in router_listing(state, host, url).items()}
 
 
 def metric_sum(state: Any, url: str, name: str) -> float:
@@ -168,28 +174,37 @@ def container_id(state: Any, host: str, name: str) -> str:
 
 
 def restart_rolls_replica_1(
-    state: Any, inventory: Path, tmp_path: Path, engine_container: str
+    state: Any,
+    inventory: Path,
+    tmp_path: Path,
+    engine_container: str,
+    routers: tuple[str, ...] = (FLEET_ROUTER,),
+    replicas: tuple[str, str] = ("lab2", "lab3"),
+    endpoint: str | None = None,
+    router_urls: tuple[str, ...] = ("http://127.0.0.1:8000",),
 ) -> None:
-    """`restart --limit lab2` on a fleet of two replicas (lab2, lab3) behind the router on
-    lab1, under traffic: replica-1 rolls through the router, every request is answered 200,
-    only replica-1's container is new, and the router takes both workers as healthy again."""
-    hosts = (FLEET_ROUTER, "lab2", "lab3")
+    """`restart --limit REPLICA-1` on a fleet of two replicas behind its routers, under
+    traffic (through `endpoint`, default lab1's router): replica-1 rolls through every router,
+    every request is answered 200, only replica-1's container is new, and each router (at
+    `router_urls`, asked on its host) takes both workers as healthy again."""
+    first, second = replicas
 
     def containers() -> dict[str, str]:
         return {
-            h: container_id(state, h, "k2-router" if h == FLEET_ROUTER else engine_container)
-            for h in hosts
+            h: container_id(state, h, "k2-router" if h in routers else engine_container)
+            for h in (*routers, *replicas)
         }
 
     before = containers()
-    with Traffic(fleet_endpoint(state)) as client:
-        run = k2("restart", str(inventory), "--limit", "lab2", "--yes", runs=tmp_path / "runs")
+    with Traffic(endpoint or fleet_endpoint(state)) as client:
+        run = k2("restart", str(inventory), "--limit", first, "--yes", runs=tmp_path / "runs")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "rolling, the endpoint serving: 1. replica-1 on lab2" in run.stdout
+    assert f"rolling, the endpoint serving: 1. replica-1 on {first}" in run.stdout
     assert client.failures == [], client.counts
     assert client.counts["200"] > 10
     after = containers()
-    assert after["lab2"] != before["lab2"]  # replica-1 runs in a new container
-    assert after["lab3"] == before["lab3"]
-    assert after[FLEET_ROUTER] == before[FLEET_ROUTER]
-    assert list(router_health(state).values()) == [True, True]
+    assert after[first] != before[first]  # replica-1 runs in a new container
+    assert after[second] == before[second]
+    for router, url in zip(routers, router_urls, strict=True):
+        assert after[router] == before[router]
+        assert list(router_health(state, router, url).values()) == [True, True]

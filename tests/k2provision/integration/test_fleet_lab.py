@@ -1,18 +1,24 @@
-"""A fleet's rolling change on real lab hosts (the `lab` stream): two SGLang TP replicas of one
-host each behind the real sglang-router on a third host, stand-ins that drain on SIGTERM. A
-client keeps streaming requests through the router (each ~2 s in flight) while
+"""A fleet behind its front on real lab hosts (the `lab-fleet` stream): two SGLang TP replicas
+of one host each (lab3, lab4) behind two real sglang-routers (lab1, lab2), each router host
+running HAProxy and keepalived from Debian's packages, the endpoint the floating address one of
+them holds; stand-ins that drain on SIGTERM. Clients keep streaming requests through that
+address (each ~2 s in flight) while
 
-- `apply` rolls a changed k2_context_length across both instances: every request is answered
-  200, and each instance's /v1/models reports the new max_model_len;
+- `apply` rolls a changed k2_context_length across both instances, out of and back into both
+  routers: every request is answered 200, and each instance's /v1/models reports the new
+  max_model_len;
 - a new spec that fails (k2_lab_fault=exit_at_start on one instance's host) is rolled back:
   the run fails naming the instance, that instance runs its previous spec again and is back in
-  the router, and every request is still answered 200;
-- `restart --limit lab2` restarts replica-1 through the router the same way: every request
+  both routers, and every request is still answered 200;
+- `restart --limit lab3` restarts replica-1 through both routers the same way: every request
   is answered 200;
 - one instance's host is stopped (`lab stop`): the requests that fail are those the dead
-  instance held and those sent to it before the router took it out; they are counted and
-  bounded (FAILED_BOUND), the router then answers every request from the other instance, and
-  `status` exits 1 naming the instance down.
+  instance held and those sent to it before the routers took it out; they are counted and
+  bounded (FAILED_BOUND), the routers then answer every request from the other instance, and
+  `status` exits 1 naming the instance down;
+- the host that holds the floating address loses power (`lab stop --cut-link`): the other
+  front host takes the address, the first request answered after the stop comes within
+  TAKEOVER_S, and only streams the dead host's HAProxy and router held fail.
 """
 
 from __future__ import annotations
@@ -25,34 +31,50 @@ from typing import Any
 import pytest
 
 import k2lab as lab_api
+from k2lab.config import LabConfig
 from k2lab.traffic import Traffic
 from tests.pd_lab import (
     MODEL_DIR,
     applied_fleet,
-    fleet_endpoint,
     k2,
     max_model_len,
     metric_sum,
     restart_rolls_replica_1,
     router_health,
 )
+from tests.runners import on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet]
 
-ROUTER, REPLICAS = "lab1", ("lab2", "lab3")
+ROUTERS, REPLICAS = ("lab1", "lab2"), ("lab3", "lab4")
+ROUTER = ROUTERS[0]
+FLOATING = LabConfig.default().floating_address()
 VARS: dict[str, lab_api.VarValue] = {
     "k2_engine": "sglang",
     "k2_layout": "tp",
     "k2_instances": 2,
     "k2_model_dir": MODEL_DIR,
     "k2_context_length": 32768,
+    "k2_front_address": FLOATING,
 }
+ENDPOINT = f"http://{FLOATING.split('/')[0]}:8000"
+
+
+def router_url(state: Any, host: str) -> str:
+    """Where the router on `host` serves behind the front (its address, k2_router_port)."""
+    return f"http://{state.host(host).address}:8080"
+
+
+def routers_health(state: Any) -> list[list[bool]]:
+    """Whether each router takes each worker as healthy (asked on the router's host)."""
+    return [list(router_health(state, h, router_url(state, h)).values()) for h in ROUTERS]
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    """3 lab hosts: the router on lab1, replica-1 on lab2, replica-2 on lab3; applied."""
-    yield from applied_fleet(tmp_path_factory, "fleet", {"router": 1, "nodes": 2}, VARS)
+    """4 lab hosts: routers and the front on lab1 and lab2, replica-1 on lab3, replica-2 on
+    lab4; applied."""
+    yield from applied_fleet(tmp_path_factory, "fleet", {"router": 2, "nodes": 2}, VARS)
 
 
 def edited(inventory: Path, tmp_path: Path, old: str, new: str) -> Path:
@@ -73,15 +95,15 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     assert status.returncode == 0, status.stdout[-3000:]
     assert "fleet: 2/2 instances up" in status.stdout
     changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
-    with Traffic(fleet_endpoint(state)) as client:
+    with Traffic(ENDPOINT) as client:
         run = k2("apply", str(changed), runs=tmp_path / "runs")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "rollout order: 1. replica-1 on lab2" in run.stdout
-    assert "rollout order: 2. replica-2 on lab3" in run.stdout
+    assert "rollout order: 1. replica-1 on lab3" in run.stdout
+    assert "rollout order: 2. replica-2 on lab4" in run.stdout
     assert client.failures == [], client.counts
     assert client.counts["200"] > 20
     assert [max_model_len(state, ROUTER, h) for h in REPLICAS] == [16384, 16384]
-    assert list(router_health(state).values()) == [True, True]
+    assert routers_health(state) == [[True, True], [True, True]]
     inventory.write_text(changed.read_text())  # the fleet's inventory from here on
 
 
@@ -89,19 +111,19 @@ def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(
     fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
     state, inventory = fleet
-    before = max_model_len(state, ROUTER, "lab2")
+    before = max_model_len(state, ROUTER, "lab3")
     faulty = edited(
-        inventory, tmp_path, "lab2 ansible_host=", "lab2 k2_lab_fault=exit_at_start ansible_host="
+        inventory, tmp_path, "lab3 ansible_host=", "lab3 k2_lab_fault=exit_at_start ansible_host="
     )
-    with Traffic(fleet_endpoint(state)) as client:
+    with Traffic(ENDPOINT) as client:
         run = k2("apply", str(faulty), runs=tmp_path / "runs")
     assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "rollout stopped at replica-1: lab2: sglang: exited with code 1" in run.stdout
+    assert "rollout stopped at replica-1: lab3: sglang: exited with code 1" in run.stdout
     assert client.failures == [], client.counts
     assert client.counts["200"] > 10
     # replica-1 runs its previous spec again, from its previous launch files, and serves.
-    assert max_model_len(state, ROUTER, "lab2") == before
-    assert list(router_health(state).values()) == [True, True]
+    assert max_model_len(state, ROUTER, "lab3") == before
+    assert routers_health(state) == [[True, True], [True, True]]
     check = k2("apply", str(inventory), "--check", runs=tmp_path / "check")
     assert check.returncode == 0, check.stdout[-4000:]
     assert "rollout order" not in check.stdout
@@ -111,7 +133,10 @@ def test_restarting_one_instance_rolls_it_through_the_router(
     fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
     state, inventory = fleet
-    restart_rolls_replica_1(state, inventory, tmp_path, "k2-sglang")
+    restart_rolls_replica_1(
+        state, inventory, tmp_path, "k2-sglang", routers=ROUTERS, replicas=REPLICAS,
+        endpoint=ENDPOINT, router_urls=tuple(router_url(state, h) for h in ROUTERS),
+    )  # fmt: skip
 
 
 def served(state: Any, host: str) -> float:
@@ -137,24 +162,24 @@ def test_a_stopped_instance_costs_only_its_in_flight_requests(
     fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
     state, inventory = fleet
-    before = served(state, "lab3")
+    before = served(state, "lab4")
     try:
-        with Traffic(fleet_endpoint(state), threads=THREADS, timeout=READ_TIMEOUT) as client:
-            # The router spreads the load over both: wait until lab3 has answered some of it
+        with Traffic(ENDPOINT, threads=THREADS, timeout=READ_TIMEOUT) as client:
+            # The routers spread the load over both: wait until lab4 has answered some of it
             # (a condition, not a timing: under load the first answers take longer).
             deadline = time.monotonic() + 60
-            while served(state, "lab3") <= before and time.monotonic() < deadline:
+            while served(state, "lab4") <= before and time.monotonic() < deadline:
                 time.sleep(1)
-            assert served(state, "lab3") > before, client.counts
+            assert served(state, "lab4") > before, client.counts
             stopped = time.monotonic()  # before the kill: a stream may fail as it happens
-            lab_api.stop_host("lab3")
-            # Past the read timeout of the streams lab3 held and the router's health checks.
+            lab_api.stop_host("lab4")
+            # Past the read timeout of the streams lab4 held and the routers' health checks.
             time.sleep(READ_TIMEOUT + 35)
             settled = time.monotonic()
             time.sleep(10)
         failed = client.failures
         print(
-            f"lab stop lab3: {len(failed)} failed of {sum(client.counts.values())}: "
+            f"lab stop lab4: {len(failed)} failed of {sum(client.counts.values())}: "
             + ", ".join(f"{f.outcome} {f.ended - stopped:.1f} s after the stop" for f in failed)
         )
         assert all(f.ended >= stopped for f in failed), failed
@@ -162,10 +187,70 @@ def test_a_stopped_instance_costs_only_its_in_flight_requests(
         late = [a for a in client.since(settled) if a.started >= settled]
         assert late, client.counts
         assert [a for a in late if a.outcome != "200"] == []
-        assert router_health(state)[f"http://{state.host('lab2').address}:30000"] is True
+        lab3 = f"http://{state.host('lab3').address}:30000"
+        assert [router_health(state, h, router_url(state, h))[lab3] for h in ROUTERS] == [
+            True,
+            True,
+        ]
         status = k2("status", str(inventory), runs=tmp_path / "runs")
         assert status.returncode == 1, status.stdout[-3000:]
         assert "fleet: 1/2 instances up" in status.stdout, status.stdout[-3000:]
-        assert "instance replica-2 (lab3)" in status.stdout
+        assert "instance replica-2 (lab4)" in status.stdout
     finally:
-        lab_api.start_host("lab3")
+        lab_api.start_host("lab4")
+
+
+def holder(state: Any, hosts: tuple[str, ...] = ROUTERS) -> str | None:
+    """Which of `hosts` holds the floating address on its eth0 now (None: none does)."""
+    address = FLOATING.split("/")[0]
+    held = [h for h in hosts if f" {address}/" in on_host(state, h, "ip -o -4 addr show dev eth0")]
+    assert len(held) <= 1, f"split brain: {held} hold {address}"
+    return held[0] if held else None
+
+
+# keepalived's adverts every 0.5 s: a backup takes the address after three missed ones and its
+# skew (about 1.6 s), and HAProxy there already checks both routers. A prober sends short
+# requests with a 1 s timeout beside the streaming clients (whose streams on the dead host
+# hang until their read timeout), so the first answer after the stop shows the takeover.
+TAKEOVER_S = 3.0
+
+
+def test_the_address_moves_when_its_holder_loses_power_and_only_its_streams_fail(
+    fleet: tuple[Any, Path],
+) -> None:
+    state, _ = fleet
+    first = holder(state)
+    assert first in ROUTERS
+    other = next(h for h in ROUTERS if h != first)
+    try:
+        with (
+            Traffic(ENDPOINT, threads=THREADS, timeout=READ_TIMEOUT) as streams,
+            Traffic(ENDPOINT, threads=2, tokens=4, timeout=1.0) as prober,
+        ):
+            deadline = time.monotonic() + 30
+            while streams.counts["200"] < THREADS and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert prober.failures == [], prober.counts
+            stopped = time.monotonic()
+            lab_api.stop_host(first, cut_link=True)
+            time.sleep(READ_TIMEOUT + 5)
+        answered = sorted(a.ended for a in prober.since(stopped) if a.outcome == "200")
+        failed = streams.failures
+        print(
+            f"lab stop --cut-link {first}: first answer {answered[0] - stopped:.2f} s after the "
+            f"stop; streams {len(failed)} failed of {sum(streams.counts.values())}; probes "
+            f"{len(prober.failures)} failed of {sum(prober.counts.values())}"
+            if answered
+            else f"no answer after the stop: {prober.counts}"
+        )
+        assert answered, prober.counts
+        assert answered[0] - stopped <= TAKEOVER_S, answered[:3]
+        # Requests started after the takeover are answered; what fails started before it.
+        late = [a for a in prober.since(stopped) if a.started >= stopped + TAKEOVER_S]
+        assert late, prober.counts
+        assert [a.outcome for a in late if a.outcome != "200"] == []
+        assert len(failed) <= THREADS, (failed, streams.counts)
+        assert all(f.started < stopped + TAKEOVER_S for f in failed), failed
+        assert holder(state, (other,)) == other
+    finally:
+        lab_api.start_host(first)
