@@ -39,6 +39,7 @@ from k2provision.errors import ArgumentError, K2Error
 from k2provision.ops.connect import SshTarget
 from k2provision.ops.endpoint_access import EndpointAccess, endpoint_access
 from k2provision.ops.forward import Dial, connection, endpoint_address, port_forward, reachable
+from k2provision.ops.front_status import front_view
 from k2provision.ops.remote import run_all, ssh_inventory
 from k2provision.ops.status_probe import (
     EndpointStatus,
@@ -175,17 +176,20 @@ def gather(
 
 
 def problem_lines(
-    hosts: list[HostStatus], endpoint: EndpointStatus, fleet: Sequence[InstanceStatus] = ()
+    hosts: list[HostStatus],
+    endpoint: EndpointStatus,
+    fleet: Sequence[InstanceStatus] = (),
+    front: Sequence[str] = (),
 ) -> list[str]:
-    """One line per host with something wrong, then the endpoint's, then each instance of a
-    fleet that is down."""
+    """One line per host with something wrong, then the front's (one holder of its address),
+    the endpoint's, then each instance of a fleet that is down."""
     lines = []
     for host in hosts:
         problems = host.problems
         if problems:
             prefix = f"{host.host}: "
             lines.append(prefix + "; ".join(p.removeprefix(prefix) for p in problems))
-    return lines + endpoint.problems + [i.problem for i in fleet if not i.up]
+    return lines + list(front) + endpoint.problems + [i.problem for i in fleet if not i.up]
 
 
 def document(
@@ -193,7 +197,7 @@ def document(
 ) -> dict[str, Any]:
     """`status --format json` (schema 1; documented in docs/day-two.md)."""
     fleet = fleet_status(plan, hosts, endpoint.workers)
-    problems = problem_lines(hosts, endpoint, fleet)
+    problems = problem_lines(hosts, endpoint, fleet, front_view(plan, hosts)[1])
     return {
         "schema": SCHEMA_VERSION,
         "inventory": str(inventory),
@@ -272,8 +276,10 @@ def print_human(
     endpoint: EndpointStatus,
     record: Path,
     fleet: Sequence[InstanceStatus] = (),
+    front: tuple[list[str], list[str]] = ([], []),
 ) -> None:
-    """The table, the endpoint, then one line per host with a problem, and the verdict."""
+    """The table, the endpoint, the front (`front`: front_view's lines and problems), then
+    one line per host with a problem, and the verdict."""
     console.print(status_table(hosts))
     models = ", ".join(endpoint.models) or "-"
     answer = Text("answers", "green") if endpoint.answers else Text(endpoint.error, "red")
@@ -292,7 +298,9 @@ def print_human(
         )
     if fleet:
         console.print(fleet_line(fleet, endpoint.workers))
-    problems = problem_lines(hosts, endpoint, fleet)
+    for line in front[0]:
+        console.print(line, soft_wrap=True)
+    problems = problem_lines(hosts, endpoint, fleet, front[1])
     for line in problems:
         console.print(Text.assemble(("problem: ", "bold red"), line), soft_wrap=True)
     verdict = Text("ok", "green") if not problems else Text("not ok", "red")
@@ -319,7 +327,13 @@ def check_once(
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
-        print_human(hosts, endpoint, record, fleet_status(plan, hosts, endpoint.workers))
+        print_human(
+            hosts,
+            endpoint,
+            record,
+            fleet_status(plan, hosts, endpoint.workers),
+            front_view(plan, hosts),
+        )
         if monitoring:
             console.print(monitoring, soft_wrap=True)
     sys.stdout.flush()

@@ -20,6 +20,12 @@ from typing import Any
 from k2provision.core.facts import FACTS, FactParseError, parse_ibstat
 from k2provision.core.gpu_health import host_gpu_health
 from k2provision.core.records import HealthGate, HostPlan, Plan, Process
+from k2provision.ops.front_status import (
+    FrontHostStatus,
+    FrontTickets,
+    front_host_status,
+    front_tickets,
+)
 from k2provision.plan.containers import spec_hash
 from k2provision.plan.host_questions import gate_question, hq, log_question, state_question
 
@@ -54,6 +60,7 @@ class StatusProbe:
     nvlink: hq.Ticket[hq.ToolOutput]
     ibstat: hq.Ticket[hq.ToolOutput] | None
     processes: Mapping[str, ProcessTickets]
+    front: FrontTickets | None = None
 
 
 def status_probe(plan: Plan, host: HostPlan) -> StatusProbe:
@@ -84,7 +91,8 @@ def status_probe(plan: Plan, host: HostPlan) -> StatusProbe:
             gate=gate,
             log=batch.add(f"log {p.name}", log_question(p, LOG_TAIL)),
         )
-    return StatusProbe(batch, clock, gpus, xids, smi_xml, nvlink, ibstat, processes)
+    front = front_tickets(plan, host.name, batch)
+    return StatusProbe(batch, clock, gpus, xids, smi_xml, nvlink, ibstat, processes, front)
 
 
 def probe_script(plan: Plan, host: HostPlan) -> str:
@@ -177,6 +185,8 @@ class HostStatus:
     """What the GPU health gate would refuse the host for, now."""
     ib_ports: tuple[str, ...] = ()
     """The host's planned RDMA devices without an Active port, now."""
+    front: FrontHostStatus | None = None
+    """A front host's address, daemons and router's workers (None: no front host)."""
 
     @property
     def problems(self) -> list[str]:
@@ -187,6 +197,7 @@ class HostStatus:
             *self.gpu_health,
             *self.ib_ports,
             *(p for proc in self.processes for p in proc.problems),
+            *(self.front.problems if self.front else ()),
         ]
 
     def as_json(self) -> dict[str, Any]:
@@ -198,6 +209,7 @@ class HostStatus:
             "unreachable": self.unreachable,
             "gpus": None if self.gpus is None else [asdict(g) for g in self.gpus],
             "processes": [asdict(p) for p in self.processes],
+            "front": self.front.as_json() if self.front else None,
             "gpu_health": list(self.gpu_health),
             "ib_ports": list(self.ib_ports),
             "problems": self.problems,
@@ -311,6 +323,7 @@ def host_status(plan: Plan, host: HostPlan, output: str) -> HostStatus:
         ),
         gpu_health=gpu_health_now(host.name, answers, asked),
         ib_ports=ib_ports_now(host, answers[asked.ibstat] if asked.ibstat else None),
+        front=front_host_status(plan, host.name, answers, asked.front) if asked.front else None,
     )
 
 

@@ -380,7 +380,8 @@ def test_questions_travel_to_the_look_module_and_records_back_as_json() -> None:
     assert hq.record_from_json(hq.ContainerState, back) == state
     assert hq.record_from_json(hq.FileDigest, None) is None
     assert set(hq.QUESTIONS) == {
-        "container", "exec", "http", "command", "log", "file", "clock", "tool", "gpu_memory",
+        "container", "exec", "http", "command", "log", "file", "clock", "tool", "http_body",
+        "gpu_memory",
     }  # fmt: skip
 
 
@@ -432,3 +433,40 @@ def test_the_roles_ask_through_the_registry_and_read_its_records() -> None:
     for role in ("k2_launch/tasks/stage.yml", "k2_stop/tasks/main.yml",
                  "k2_monitoring/tasks/main.yml"):  # fmt: skip
         assert "k2.cluster.host_ask:" in (ROOT / "roles" / role).read_text(), role
+
+
+def test_an_http_body_is_read_on_the_host_with_the_key_from_its_file(tmp_path: Path) -> None:
+    """HttpBodyQuestion, asked here (the code a host runs): the body of a GET, the bearer key
+    read from its file on the host; no answer said so."""
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            body = b'{"workers": []}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        key = tmp_path / "api_key"
+        key.write_text("sk-test\n")
+        url = f"http://127.0.0.1:{server.server_port}/workers"
+        batch = hq.Batch()
+        keyed = batch.add("keyed", hq.HttpBodyQuestion(url, str(key)))
+        plain = batch.add("plain", hq.HttpBodyQuestion(url, str(tmp_path / "none")))
+        closed = batch.add("closed", hq.HttpBodyQuestion("http://127.0.0.1:9/workers"))
+        answers = hq.ask_here(batch)
+    finally:
+        server.shutdown()
+    assert answers[keyed] == hq.ToolOutput(True, '{"workers": []}')
+    assert answers[plain].text == '{"workers": []}'
+    assert seen == ["Bearer sk-test", ""]
+    assert answers[closed].text.startswith("no answer")

@@ -64,6 +64,24 @@ certificate that fails the check answers `untrusted <why>`: the server answers, 
 makes it pass."""
 
 
+HTTP_BODY_PROBE = (
+    "import sys, urllib.request as u\n"
+    "url, timeout, key = sys.argv[1], float(sys.argv[2]), sys.argv[3]\n"
+    "h = {}\n"
+    "try:\n"
+    "    with open(key) as f:\n"
+    "        h['Authorization'] = 'Bearer ' + f.read().strip()\n"
+    "except OSError:\n"
+    "    pass\n"
+    "try:\n"
+    "    print(u.urlopen(u.Request(url, headers=h), timeout=timeout).read().decode())\n"
+    "except Exception as e:\n"
+    "    print('no answer', getattr(e, 'reason', e))\n"
+)
+"""What a plain http URL on the host's private network answers (a GET), sent with the bearer
+key in `key` where that file exists (read there, never on a command line)."""
+
+
 # ---------------------------------------------------------------- answers and records
 
 
@@ -413,6 +431,29 @@ class ToolQuestion(Question[ToolOutput]):
 
 
 @dataclass(frozen=True)
+class HttpBodyQuestion(Question[ToolOutput]):
+    """What a plain http URL answers on the host (a GET; :data:`HTTP_BODY_PROBE`): its body,
+    or `no answer <why>`; `key_file`: the bearer key to send, where that file exists."""
+
+    url: str
+    key_file: str = ""
+    python: str = "python3"
+    timeout_s: float = ANSWER_TIMEOUT_S
+    kind: ClassVar[str] = "http_body"
+
+    def command(self) -> str:
+        return (
+            f"{q(self.python)} -c {q(HTTP_BODY_PROBE)} {q(self.url)} {self.timeout_s:g} "
+            f"{q(self.key_file)}"
+        )
+
+    def read(self, answer: Answer) -> ToolOutput:
+        if answer.rc is None:
+            return ToolOutput(False)
+        return ToolOutput(True, "\n".join(answer.out))
+
+
+@dataclass(frozen=True)
 class GpuMemoryQuestion(Question[GpuMemories]):
     """Each GPU's memory in use and in all (nvidia-smi), where the host has nvidia-smi."""
 
@@ -446,6 +487,7 @@ QUESTIONS: dict[str, type[Question[Any]]] = {
         FileQuestion,
         ClockQuestion,
         ToolQuestion,
+        HttpBodyQuestion,
         GpuMemoryQuestion,
     )
 }
