@@ -94,6 +94,13 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     status = k2("status", str(inventory), runs=tmp_path / "status")
     assert status.returncode == 0, status.stdout[-3000:]
     assert "fleet: 2/2 instances up" in status.stdout
+    # The front: one holder (the first router host, the highest priority), both daemons up on
+    # each front host, each router listing both instances healthy.
+    assert f"front {FLOATING.split('/')[0]}: held by lab1" in status.stdout
+    for host in ROUTERS:
+        line = next(x for x in status.stdout.splitlines() if f"front host {host}:" in x)
+        assert "haproxy up, keepalived up" in line, line
+        assert line.endswith("2/2 instances healthy"), line
     changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
     with Traffic(ENDPOINT) as client:
         run = k2("apply", str(changed), runs=tmp_path / "runs")
@@ -216,9 +223,9 @@ TAKEOVER_S = 3.0
 
 
 def test_the_address_moves_when_its_holder_loses_power_and_only_its_streams_fail(
-    fleet: tuple[Any, Path],
+    fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
-    state, _ = fleet
+    state, inventory = fleet
     first = holder(state)
     assert first in ROUTERS
     other = next(h for h in ROUTERS if h != first)
@@ -252,5 +259,10 @@ def test_the_address_moves_when_its_holder_loses_power_and_only_its_streams_fail
         assert len(failed) <= THREADS, (failed, streams.counts)
         assert all(f.started < stopped + TAKEOVER_S for f in failed), failed
         assert holder(state, (other,)) == other
+        status = k2("status", str(inventory), runs=tmp_path / "status")
+        assert status.returncode == 1, status.stdout[-3000:]
+        said = " ".join(status.stdout.split())
+        assert f"front {FLOATING.split('/')[0]}: held by {other}" in said, said[-3000:]
+        assert f"front host {first} is down (unreachable)" in said, said[-3000:]
     finally:
         lab_api.start_host(first)
