@@ -620,15 +620,6 @@ def router_hosts(deployment: Deployment) -> tuple[HostSpec, ...]:
     return tuple(cluster.host(name) for name in names)
 
 
-def router_url(deployment: Deployment, host: HostSpec) -> str:
-    """Where the router on `host` answers: the endpoint when it is the only router, else its
-    k2_local_ip and k2_router_port behind the front (plain HTTP: front_rules.py)."""
-    t = deployment.cluster.tunables
-    if deployment.cluster.front:
-        return http_url(host.local_ip, t.router_port)
-    return endpoint_url(t, host.address, t.api_port)
-
-
 def _pool_urls(deployment: Deployment, name: PoolName) -> list[str]:
     """The HTTP URL of each instance's rank 0 in a pool, on the address its server binds: a
     fleet's instances carry the URL their engine gave them (a vLLM fleet's router fronts

@@ -20,9 +20,9 @@ Choices, each with its reason:
   (``leastconn``; requests are long streams), checking each router's liveness every second,
   out after two failures; a request whose connection fails, or that gets an empty answer, is
   sent to another router (``retry-on``, ``redispatch``); a request may run as long as the
-  routers let it (their ``--request-timeout-secs``). Its runtime API (a UNIX socket) takes a
-  router out before that router stops, since a draining sglang-router still answers
-  ``/health`` 200 (docs/engines.md).
+  routers let it (their ``--request-timeout-secs``). Its runtime API (a UNIX socket, root
+  only) is there to take a router out before that router stops, since a draining
+  sglang-router still answers ``/health`` 200 (docs/engines.md); no change uses it yet.
 """
 
 from __future__ import annotations
@@ -211,13 +211,3 @@ def front_files(plan: Plan, host: str, interface: str) -> dict[str, str]:
         HAPROXY_CONFIG: haproxy_config(plan.front, host),
         KEEPALIVED_CONFIG: keepalived_config(plan.front, host, interface),
     }
-
-
-def backend_server(plan: Plan, host: str) -> str:
-    """HAProxy's name for the router on `host` (``BACKEND/NAME``), for its runtime API."""
-    if plan.front is None:
-        raise ValueError("the plan has no front")
-    for router in plan.front.routers:
-        if router.host == host:
-            return f"{BACKEND}/{_server_name(router)}"
-    raise ValueError(f"{host} runs no router behind the front")
