@@ -17,9 +17,13 @@ Choices, each with its reason:
 - ``track_script`` without a weight: when HAProxy is not running, the instance goes to FAULT and
   gives the address up at once (with nopreempt a lowered priority would not move it).
 - HAProxy in HTTP mode, balancing each request to the router with the fewest in flight
-  (``leastconn``; requests are long streams), checking each router's liveness every second,
-  out after two failures; a request whose connection fails, or that gets an empty answer, is
-  sent to another router (``retry-on``, ``redispatch``); a request may run as long as the
+  (``leastconn``; requests are long streams), checking each router's liveness every second
+  (every quarter second after a failure, each check given 1 s), out after two failed checks or
+  at once when a request cannot connect to it (``observe layer4``, ``on-error mark-down``: a
+  router whose host lost its link would otherwise take requests until its second failed check);
+  connections are given 1 s (routers sit on the same network); a request whose connection
+  fails, or that gets an empty answer, is sent to another router (``retry-on``,
+  ``redispatch``); a request may run as long as the
   routers let it (their ``--request-timeout-secs``). Its runtime API (a UNIX socket, root
   only) is there to take a router out before that router stops, since a draining
   sglang-router still answers ``/health`` 200 (docs/engines.md); no change uses it yet.
@@ -179,7 +183,8 @@ def haproxy_config(front: FrontPlan, host: str) -> str:
         "\n"
         "defaults\n"
         "    mode http\n"
-        "    timeout connect 2s\n"
+        "    timeout connect 1s\n"
+        "    timeout check 1s\n"
         f"    timeout client {timeout}s\n"
         f"    timeout server {timeout}s\n"
         "    timeout http-request 30s\n"
@@ -198,7 +203,8 @@ def haproxy_config(front: FrontPlan, host: str) -> str:
         "    option httpchk\n"
         f"    http-check send meth GET uri {front.router_health_path}\n"
         "    http-check expect status 200\n"
-        "    default-server inter 1s fall 2 rise 2\n"
+        "    default-server inter 1s fastinter 250ms fall 2 rise 2 observe layer4 error-limit 1"
+        " on-error mark-down\n"
         f"{servers}"
     )
 
