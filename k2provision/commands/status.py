@@ -193,11 +193,16 @@ def problem_lines(
 
 
 def document(
-    inventory: Path, plan: Plan, hosts: list[HostStatus], endpoint: EndpointStatus, record: Path
+    inventory: Path,
+    plan: Plan,
+    hosts: list[HostStatus],
+    endpoint: EndpointStatus,
+    record: Path,
+    fleet: Sequence[InstanceStatus],
+    front_problems: Sequence[str],
 ) -> dict[str, Any]:
     """`status --format json` (schema 1; documented in docs/day-two.md)."""
-    fleet = fleet_status(plan, hosts, endpoint.workers)
-    problems = problem_lines(hosts, endpoint, fleet, front_view(plan, hosts)[1])
+    problems = problem_lines(hosts, endpoint, fleet, front_problems)
     return {
         "schema": SCHEMA_VERSION,
         "inventory": str(inventory),
@@ -318,7 +323,9 @@ def check_once(
 ) -> int:
     """One status round: gather, show, record; the exit code."""
     hosts, endpoint = gather(plan, targets, access)
-    doc = document(inventory, plan, hosts, endpoint, record)
+    fleet = fleet_status(plan, hosts, endpoint.workers)
+    front = front_view(plan, hosts)
+    doc = document(inventory, plan, hosts, endpoint, record, fleet, front[1])
     (record / "status.json").write_text(json.dumps(doc, indent=2) + "\n")
     code = EXIT_OK if doc["ok"] else EXIT_FAILED
     summary = {"status": "successful" if doc["ok"] else "failed", "rc": code,
@@ -327,13 +334,7 @@ def check_once(
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
-        print_human(
-            hosts,
-            endpoint,
-            record,
-            fleet_status(plan, hosts, endpoint.workers),
-            front_view(plan, hosts),
-        )
+        print_human(hosts, endpoint, record, fleet, front)
         if monitoring:
             console.print(monitoring, soft_wrap=True)
     sys.stdout.flush()
