@@ -2,8 +2,8 @@
 
 Ansible builds each module's payload (AnsiballZ: the module and every module_utils file it
 imports, found by parsing their sources) once per run, in the run's private temporary
-directory, and deletes it when the run ends. A run of the site playbook uses about thirty
-modules, so every run spends seconds of controller CPU parsing the same sources again. The
+directory, and deletes it when the run ends. A run of the site playbook uses 15 to 30 modules,
+about 0.12 CPU s each to build (benchmarks/module_cache.py), every run again. The
 callback points the run's payload cache at a directory that outlives the run, named by a digest
 of everything a payload is built from: ansible-core's and Python's versions and the path, size
 and modification time of every file in every directory the run loads modules and module_utils
