@@ -116,7 +116,15 @@ def _address_problems(cluster: Cluster, value: str) -> list[str]:
     for name in cluster.router_hosts:
         host = cluster.host(name)
         ip = _ip(host.address)
-        if ip is not None and ip not in network:
+        if ip is None:
+            problems.append(
+                f"{name}: {host.address_setting} is a name, not an address; expected every "
+                f"[router] host of a front (k2_front_address={value}) addressed by its IPv4 "
+                "address in the network the address moves in (keepalived's peers and the "
+                "interface that carries the address are found by it); fix: set "
+                f"{host.address_setting} to that address"
+            )
+        elif ip not in network:
             problems.append(
                 f"{name}: {host.address_setting} is outside {network}, the "
                 f"network of k2_front_address={value}; expected every [router] host in the "

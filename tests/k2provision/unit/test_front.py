@@ -199,6 +199,11 @@ ADDRESS = "k2_front_address=10.10.0.100/24"
             "k2_front_address=10.10.0.100/24",
         ),
         (
+            [("gpu-r02 ansible_host=10.10.0.6", "gpu-r02 ansible_host=r02.example")],
+            "gpu-r02: ansible_host=r02.example is a name, not an address; expected every "
+            "[router] host of a front",
+        ),
+        (
             [(ADDRESS, ADDRESS + "\nk2_front_vrid=256")],
             "k2_front_vrid",
         ),
