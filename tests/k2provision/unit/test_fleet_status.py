@@ -55,8 +55,12 @@ def test_the_json_document_lists_the_instances_and_fails_while_one_is_down(
     endpoint = EndpointStatus(
         url=plan.endpoint, models=("kimi-k2",), router_ready=True, workers=tuple(_healthy(urls))
     )
-    doc = document(TP_FLEET, plan, [], endpoint, tmp_path)
+    doc = document(
+        TP_FLEET, plan, [], endpoint, tmp_path, fleet_status(plan, [], endpoint.workers), []
+    )
     assert doc["ok"]
+    split = document(TP_FLEET, plan, [], endpoint, tmp_path, (), ["front: held by two hosts"])
+    assert (split["ok"], split["problems"]) == (False, ["front: held by two hosts"])
     assert [i["instance"] for i in doc["instances"] if i["up"]] == [
         f"replica-{n}" for n in range(1, 5)
     ]
@@ -64,7 +68,8 @@ def test_the_json_document_lists_the_instances_and_fails_while_one_is_down(
         url=plan.endpoint, models=("kimi-k2",), router_ready=True,
         workers=tuple(_healthy(urls[1:])),
     )  # fmt: skip
-    assert not document(TP_FLEET, plan, [], down, tmp_path)["ok"]
+    fleet = fleet_status(plan, [], down.workers)
+    assert not document(TP_FLEET, plan, [], down, tmp_path, fleet, [])["ok"]
 
 
 def test_a_single_instance_plan_has_no_instances() -> None:
