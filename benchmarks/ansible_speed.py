@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import dp_ep_lab
-from dp_ep_lab import BIN, ROOT, WRITE_CHECKPOINT, ansible_env
+from dp_ep_lab import BIN, ROOT, WRITE_CHECKPOINT, ansible_env, on_host
 from outcome import NotOk
 from outcome import run as run_main
 
@@ -67,14 +67,6 @@ def playbook(inventory: Path, config: Path, *extra: str) -> float:
         raise NotOk(f"ansible-playbook with {config.name} exited {out.returncode}:\n"
                     f"{out.stdout[-3000:]}{out.stderr[-2000:]}")  # fmt: skip
     return elapsed
-
-
-def on_host(state: lab.LabState, host: str, command: str) -> str:
-    """Run `command` on a lab host; its stdout, NotOk if it fails."""
-    out = subprocess.run(lab.ssh_command(state, host, command), capture_output=True, text=True)
-    if out.returncode != 0:
-        raise NotOk(f"{command!r} on {host} exited {out.returncode}: {out.stderr[-1000:]}")
-    return out.stdout
 
 
 DRIFT_FILE = "ls /etc/k2provision/launch/*.sh | head -1"

@@ -7,9 +7,12 @@ tests are using.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from outcome import NotOk
 
 import k2lab as lab
 from k2lab.config import LabConfig, default_lab_dir
@@ -49,3 +52,11 @@ def up(hosts: int, *, name: str, subnet: str) -> tuple[lab.LabState, Path, LabCo
 def ansible_env(config: Path) -> dict[str, str]:
     """The environment Ansible runs in: this ansible.cfg and the project's tools first."""
     return {**os.environ, "ANSIBLE_CONFIG": str(config), "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
+def on_host(state: lab.LabState, host: str, command: str) -> str:
+    """Run `command` on a lab host; its stdout, NotOk if it fails."""
+    out = subprocess.run(lab.ssh_command(state, host, command), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise NotOk(f"{command!r} on {host} exited {out.returncode}: {out.stderr[-1000:]}")
+    return out.stdout

@@ -27,15 +27,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dp_ep_lab import BIN, MODEL_DIR, ROOT, WRITE_CHECKPOINT, ansible_env
+from dp_ep_lab import MODEL_DIR, WRITE_CHECKPOINT, on_host
 from outcome import NotOk, Outcome
 from outcome import run as run_main
+from rolling import apply
 
 import k2lab as lab
 from k2lab.config import LabConfig, default_lab_dir
@@ -70,24 +70,6 @@ def fleet_vars(front: str | None) -> dict[str, lab.VarValue]:
     if front:
         found["k2_front_address"] = front
     return found
-
-
-def on_host(state: lab.LabState, host: str, command: str) -> str:
-    """Run ``command`` on a lab host; its stdout, NotOk if it fails."""
-    out = subprocess.run(lab.ssh_command(state, host, command), capture_output=True, text=True)
-    if out.returncode != 0:
-        raise NotOk(f"{command!r} on {host} exited {out.returncode}: {out.stderr[-1000:]}")
-    return out.stdout
-
-
-def apply(inventory: Path, runs: Path) -> None:
-    """``k2provision apply INVENTORY``; NotOk if it fails."""
-    env = {**ansible_env(ROOT / "ansible.cfg"), "K2_RUNS_DIR": str(runs)}
-    out = subprocess.run([str(BIN / "k2provision"), "apply", str(inventory)], cwd=ROOT, env=env,
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True)  # fmt: skip
-    if out.returncode != 0:
-        raise NotOk(f"apply {inventory.name} exited {out.returncode}:\n"
-                    f"{out.stdout[-4000:]}{out.stderr[-2000:]}")  # fmt: skip
 
 
 def holder(state: lab.LabState, address: str, hosts: tuple[str, ...]) -> str:

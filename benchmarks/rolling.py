@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from dp_ep_lab import BIN, MODEL_DIR, ROOT, WRITE_CHECKPOINT, ansible_env
+from dp_ep_lab import BIN, MODEL_DIR, ROOT, WRITE_CHECKPOINT, ansible_env, on_host
 from outcome import NotOk, Outcome
 from outcome import run as run_main
 
@@ -62,14 +62,6 @@ def fleet_vars(instances: int, context: int) -> dict[str, lab.VarValue]:
         "k2_model_dir": MODEL_DIR,
         "k2_context_length": context,
     }
-
-
-def on_host(state: lab.LabState, host: str, command: str) -> str:
-    """Run ``command`` on a lab host; its stdout, NotOk if it fails."""
-    out = subprocess.run(lab.ssh_command(state, host, command), capture_output=True, text=True)
-    if out.returncode != 0:
-        raise NotOk(f"{command!r} on {host} exited {out.returncode}: {out.stderr[-1000:]}")
-    return out.stdout
 
 
 def apply(inventory: Path, runs: Path) -> tuple[str, float]:
