@@ -27,7 +27,13 @@ from k2provision.commands.verify import VerifyHooks
 from k2provision.core.records import Plan
 from k2provision.errors import K2Error
 from k2provision.ops.restart import NAMED, RestartSet, restart_set
-from k2provision.plan.rollout import restarted_instances, rollout_lines, rollout_waves
+from k2provision.plan.rollout import (
+    restarted_instances,
+    restarted_routers,
+    rollout_lines,
+    rollout_waves,
+    router_lines,
+)
 from k2provision.run.display import console
 
 RESULT_FILE = "restart.json"
@@ -91,10 +97,13 @@ def summary_line(chosen: RestartSet) -> Text:
 
 def rolling_lines(plan: Plan, chosen: RestartSet) -> list[str]:
     """In a fleet, the order the restarted instances roll in behind the router, the plan's
-    fleet.max_unavailable at a time (as playbooks/restart.yml rolls them); empty otherwise."""
+    fleet.max_unavailable at a time, after the restarted routers behind a front, one at a
+    time (as playbooks/restart.yml rolls them); empty otherwise."""
     containers = {host: chosen.containers(host) for host in chosen.hosts}
     instances = restarted_instances(plan, containers)
-    return rollout_lines(rollout_waves(plan, instances, plan.fleet.max_unavailable))
+    routers = restarted_routers(plan, containers)
+    waves = rollout_waves(plan, instances, plan.fleet.max_unavailable)
+    return [*router_lines(routers), *rollout_lines(waves, first=len(routers) + 1)]
 
 
 def confirmed(yes: bool, count: int) -> bool:

@@ -852,6 +852,19 @@ class LaunchValue(Record):
         return "${" + self.name + "}"
 
 
+class RouterRegistrar(Record):
+    """What a router's launch script registers with the router once it answers: the workers
+    it cannot name itself (a vLLM fleet's, by model id), so that a router that starts or
+    restarts serves them without waiting for an apply."""
+
+    url: str
+    """The router's own API, from its host."""
+    workers: tuple[dict[str, str | int], ...]
+    """Each worker's ``POST /workers`` body."""
+    key_file: str = ""
+    """The endpoint's API key file on the host ("" without a key)."""
+
+
 class Process(Record):
     """One thing to run on a host: a container's main command, or a command exec'd inside one."""
 
@@ -874,13 +887,15 @@ class Process(Record):
     # changes them all, and a re-apply replaces the whole instance: a rank started alone
     # waits for peers that left the group long ago.
     instance_spec: str = ""
+    # A fleet's router only: the workers its launch script registers with it once it answers.
+    registrar: RouterRegistrar | None = None
 
     @model_serializer(mode="wrap")
     def _no_empty_resolve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if not self.resolve:
             data.pop("resolve", None)
-        for key in ("lab_fault", "instance"):
+        for key in ("lab_fault", "instance", "registrar"):
             if getattr(self, key) is None:
                 data.pop(key, None)
         if not self.instance_spec:
@@ -975,6 +990,15 @@ class RouterRef(Record):
 
     host: str
     url: str
+    server: str = ""
+    """Its server name in the front's HAProxy backend (behind a front only)."""
+
+    @model_serializer(mode="wrap")
+    def _no_empty_server(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.server:
+            data.pop("server", None)
+        return data
 
 
 class FrontHost(Record):
@@ -1008,6 +1032,11 @@ class FrontPlan(Record):
     """How long HAProxy lets one request run (the routers' own limit)."""
     maxconn: int
     """Connections each HAProxy holds at once."""
+    backend: str
+    """HAProxy's backend of the routers (each a server named as its RouterRef.server)."""
+    admin_socket: str
+    """HAProxy's runtime API on each front host (root only): how a router leaves the front
+    before it changes, and comes back."""
 
 
 class AccessFiles(Record):

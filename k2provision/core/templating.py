@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -15,6 +16,8 @@ from k2provision.core.records import Process
 # the program that finds them, shipped beside the launch scripts.
 HOST_VALUES_SCRIPT = "host-values.py.in"
 HOST_VALUES_FILE = "k2-host-values.py"
+REGISTRAR_SCRIPT = "router-registrar.py.in"
+REGISTRAR_FILE = "k2-router-registrar.py"
 
 
 @cache
@@ -72,17 +75,39 @@ def host_values_path(config_dir: str) -> str:
     return f"{config_dir}/launch/{HOST_VALUES_FILE}"
 
 
+def registrar_script() -> str:
+    """The Python program a router's launch script starts beside the router to register the
+    workers it cannot name itself (Process.registrar)."""
+    env = environment()
+    assert env.loader is not None
+    return env.loader.get_source(env, REGISTRAR_SCRIPT)[0]
+
+
+def registrar_path(config_dir: str) -> str:
+    """Where the registrar lives on a router's host (beside the launch scripts)."""
+    return f"{config_dir}/launch/{REGISTRAR_FILE}"
+
+
 def launch_script(process: Process, config_dir: str) -> str:
-    """A POSIX shell script that finds the process's host values, exports its env and execs
-    its argv."""
+    """A POSIX shell script that finds the process's host values, exports its env, starts its
+    registrar (a router's, where it has one) and execs its argv."""
     names = [v.name for v in process.resolve]
     env = {key: shell_word(value, names) for key, value in process.env.items()}
+    registrar = process.registrar
     return render_template(
         "launch.sh.j2",
         process=process,
         env=env,
         argv=argv_lines(process.argv, names),
         host_values=host_values_path(config_dir),
+        registrar=None
+        if registrar is None
+        else (
+            registrar_path(config_dir),
+            registrar.url,
+            json.dumps([dict(w) for w in registrar.workers], separators=(",", ":")),
+            registrar.key_file,
+        ),
     )
 
 

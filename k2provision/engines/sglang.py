@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
-from k2provision.core.endpoint_guard import API_KEY_YAML, guard_path
+from k2provision.core.endpoint_guard import API_KEY, API_KEY_YAML, guard_path
 from k2provision.core.layouts import Layout
 from k2provision.core.records import (
     Cluster,
@@ -40,6 +40,7 @@ from k2provision.core.records import (
     PoolName,
     PoolPlan,
     Process,
+    RouterRegistrar,
     Tunables,
     WorkerRegistration,
 )
@@ -744,6 +745,29 @@ def _router(deployment: Deployment, worker_health_path: str, router: HostSpec) -
         gpus=False,  # the router only routes HTTP; a dedicated router host may have no GPUs
         health=health,
         resolve=resolve,
+        registrar=_registrar(deployment, router) if later else None,
+    )
+
+
+def _registrar(deployment: Deployment, router: HostSpec) -> RouterRegistrar | None:
+    """What the router's launch script registers with it once it answers: the workers the
+    router cannot name itself, so that a router that restarts serves them at once (the
+    launch registers them too, and waits for them). Plain HTTP only: behind TLS the router's
+    certificate names the endpoint, not the address the script asks, so the launch's
+    registration alone brings its workers back."""
+    t = deployment.cluster.tunables
+    if t.tls_cert_file:
+        return None
+    front = deployment.cluster.front
+    return RouterRegistrar(
+        url=http_url(router.local_ip, t.router_port if front else t.api_port),
+        workers=tuple(
+            dict(i.router_worker.body)
+            for p in deployment.pools
+            for i in p.members()
+            if _registered_later(i) and i.router_worker is not None
+        ),
+        key_file=guard_path(t.config_dir, API_KEY) if t.api_key_file else "",
     )
 
 

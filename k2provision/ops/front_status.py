@@ -1,11 +1,13 @@
 """What `status` asks a front host, and what the front's answers mean. Pure.
 
 Each front host is asked, in its status probe's batch (the registry's tool questions), whether
-it holds the floating address, whether HAProxy and keepalived run, and what its router's
-``GET /workers`` lists (asked on the host, on the router's private address, with the
-endpoint's key where the launch placed it there). :func:`front_host_status` reads one host's
-answers; :func:`front_problems` judges the front as a whole: exactly one holder of the
-address, every front host answering, every router listing every instance healthy.
+it holds the floating address, whether HAProxy and keepalived run, how its HAProxy counts each
+router (``show stat`` on its runtime API: a router left drained by a stopped change gets no
+request), and what its router's ``GET /workers`` lists (asked on the host, on the router's
+private address, with the endpoint's key where the launch placed it there).
+:func:`front_host_status` reads one host's answers; :func:`front_problems` judges the front as
+a whole: exactly one holder of the address, every front host answering, every router listing
+every instance healthy.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class FrontTickets:
 
     address: hq.Ticket[hq.ToolOutput]
     daemons: hq.Ticket[hq.ToolOutput]
+    servers: hq.Ticket[hq.ToolOutput]
     workers: hq.Ticket[hq.ToolOutput] | None
 
 
@@ -56,6 +59,9 @@ class FrontHostStatus:
     router_error: str = ""
     instances: tuple[str, ...] = ()
     """The plan's instance URLs, each of which the router must list healthy."""
+    servers: tuple[tuple[str, str], ...] = ()
+    """(router host, status) of each router of the plan as this host's HAProxy counts it
+    (UP, DOWN, DRAIN, MAINT, or `unknown` where HAProxy did not say)."""
 
     @property
     def problems(self) -> list[str]:
@@ -67,6 +73,16 @@ class FrontHostStatus:
                 ("keepalived", self.keepalived, "address failover"),
             )
             if not running
+        ]
+        found += [
+            f"HAProxy here counts the router on {name} {status}: it sends it no request"
+            + (
+                "; fix: apply again (a router change that stopped left it out)"
+                if status in ("DRAIN", "MAINT")
+                else ""
+            )
+            for name, status in self.servers
+            if self.haproxy and status != "UP"
         ]
         if not self.router:
             return found
@@ -100,6 +116,7 @@ def front_tickets(plan: Plan, host: str, batch: hq.Batch) -> FrontTickets | None
         daemons=batch.add(
             "front daemons", hq.ToolQuestion(("pgrep", "-l", "-x", "haproxy|keepalived"))
         ),
+        servers=batch.add("front servers", hq.HaproxyQuestion(front.admin_socket)),
         workers=None
         if router is None
         else batch.add(
@@ -132,6 +149,13 @@ def front_host_status(
             )
         except (ValueError, AttributeError):
             error = text[:200] or "no answer"
+    counted = (
+        hq.haproxy_servers(answers[asked.servers].text, plan.front.backend) if plan.front else {}
+    )
+    servers = tuple(
+        (r.host, counted[r.server].status if r.server in counted else "unknown")
+        for r in plan.routers
+    )
     return FrontHostStatus(
         holds=bool(answers[asked.address].text.strip()),
         haproxy="haproxy" in daemons,
@@ -140,6 +164,7 @@ def front_host_status(
         workers=workers,
         router_error=error,
         instances=tuple(i.url for pool in plan.pools for i in pool.instances if i.url),
+        servers=servers,
     )
 
 
@@ -196,9 +221,11 @@ def front_view(plan: Plan, hosts: Sequence[HostLike]) -> tuple[list[str], list[s
             if f.workers is not None
             else f"no answer ({f.router_error})"
         )
+        counts = ", ".join(f"{host} {status}" for host, status in f.servers)
         lines.append(
             f"  front host {name}: {'holds the address, ' if f.holds else ''}"
             f"haproxy {'up' if f.haproxy else 'DOWN'}, keepalived "
             f"{'up' if f.keepalived else 'DOWN'}, router {f.router}: {listed}"
+            + (f"; its HAProxy counts the routers {counts}" if f.haproxy and counts else "")
         )
     return lines, front_problems(plan, fronts, reached)

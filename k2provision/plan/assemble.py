@@ -33,7 +33,13 @@ from k2provision.core.records import (
     Process,
     WeightsInfo,
 )
-from k2provision.core.templating import host_values_path, host_values_script, launch_script
+from k2provision.core.templating import (
+    host_values_path,
+    host_values_script,
+    launch_script,
+    registrar_path,
+    registrar_script,
+)
 from k2provision.core.variables import INSTANCE_VARS as INSTANCE_VARIABLES
 from k2provision.engines import REGISTRY, layout_of
 from k2provision.engines.base import Deployment, HostRender, Listener
@@ -170,6 +176,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
             files[f"{config_dir}/launch/{proc.name}.sh"] = launch_script(proc, config_dir)
             if proc.resolve:
                 files[host_values_path(config_dir)] = host_values_script()
+            if proc.registrar is not None:
+                files[registrar_path(config_dir)] = registrar_script()
         host_plans.append(
             HostPlan(
                 name=h.name,

@@ -26,7 +26,9 @@ Choices, each with its reason:
   ``redispatch``); a request may run as long as the
   routers let it (their ``--request-timeout-secs``). Its runtime API (a UNIX socket, root
   only) is there to take a router out before that router stops, since a draining
-  sglang-router still answers ``/health`` 200 (docs/engines.md); no change uses it yet.
+  sglang-router still answers ``/health`` 200 (docs/engines.md): a router that changes is
+  set to ``drain`` there on every front host, and ``ready`` once its successor serves
+  (plan/rollout.py, router waves).
 """
 
 from __future__ import annotations
@@ -72,7 +74,11 @@ def router_refs(
         return (RouterRef(host=endpoint_host, url=endpoint),)
     port = cluster.tunables.router_port
     return tuple(
-        RouterRef(host=name, url=http_url(cluster.host(name).local_ip, port))
+        RouterRef(
+            host=name,
+            url=http_url(cluster.host(name).local_ip, port),
+            server=name.replace(".", "_"),
+        )
         for name in cluster.router_hosts
     )
 
@@ -108,6 +114,8 @@ def front_plan(
         router_health_path=router_health_path,
         request_timeout_s=request_timeout_s,
         maxconn=LAB_HAPROXY_MAXCONN if cluster.lab else HAPROXY_MAXCONN,
+        backend=BACKEND,
+        admin_socket=HAPROXY_SOCKET,
     )
 
 
@@ -162,24 +170,19 @@ def keepalived_config(front: FrontPlan, host: str, interface: str) -> str:
     )
 
 
-def _server_name(router: RouterRef) -> str:
-    return router.host.replace(".", "_")
-
-
 def haproxy_config(front: FrontPlan, host: str) -> str:
     """HAProxy's configuration on `host`: the endpoint's port on every address, each request
     to the least busy router that answers its health check."""
     _front_host(front, host)
     timeout = front.request_timeout_s
     servers = "".join(
-        f"    server {_server_name(r)} {r.url.removeprefix('http://')} check\n"
-        for r in front.routers
+        f"    server {r.server} {r.url.removeprefix('http://')} check\n" for r in front.routers
     )
     return (
         f"# k2provision: the endpoint's front on {host} (role k2_front_tier).\n"
         "global\n"
         f"    maxconn {front.maxconn}\n"
-        f"    stats socket {HAPROXY_SOCKET} mode 600 level admin\n"
+        f"    stats socket {front.admin_socket} mode 600 level admin\n"
         "\n"
         "defaults\n"
         "    mode http\n"
@@ -196,9 +199,9 @@ def haproxy_config(front: FrontPlan, host: str) -> str:
         "\n"
         "frontend k2_endpoint\n"
         f"    bind :{front.port}\n"
-        f"    default_backend {BACKEND}\n"
+        f"    default_backend {front.backend}\n"
         "\n"
-        f"backend {BACKEND}\n"
+        f"backend {front.backend}\n"
         "    balance leastconn\n"
         "    option httpchk\n"
         f"    http-check send meth GET uri {front.router_health_path}\n"

@@ -8,24 +8,41 @@ that runs them, and :func:`rollout_waves` orders those instances into waves of a
 ``k2_max_unavailable`` instances, pool by pool in the plan's order, never taking every
 instance of a pool out at once. A single-instance plan has no rollout (an empty order): its
 launch replaces what differs, as it always has.
+
+Behind a front (plan/front.py) the routers roll too: :func:`router_waves` replaces each router
+whose container runs another spec one at a time, before the instances roll. A draining
+sglang-router still answers ``/health`` 200, so HAProxy would keep sending to it: each router
+is first set to ``drain`` in HAProxy on every front host, and stops only when no request is in
+flight through it there; its successor starts behind its health gate, must list every
+worker of the plan healthy (a vLLM fleet's registered from the plan first), and only then
+is set ``ready`` again. The other routers serve meanwhile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from k2provision.core.records import Plan, PoolPlan
+from k2provision.core.records import Plan, PoolPlan, RouterRef
 from k2provision.plan.converge import Difference, Drift
 
 __all__ = [
+    "GenerationRollout",
     "RolloutWave",
+    "RouterWave",
     "changed_instances",
     "fleet_instances",
+    "generation_lines",
+    "generation_rollout",
+    "mixing_warning",
+    "pd_generation_groups",
     "restarted_instances",
+    "restarted_routers",
     "rollout_lines",
     "rollout_waves",
     "rolls",
+    "router_lines",
+    "router_waves",
 ]
 
 
@@ -54,6 +71,30 @@ class RolloutWave:
     """Seconds between stopping the wave's containers and starting the new ones (or, on a
     rollback, the previous ones): the longest its instances' peers take to drop what they
     cached of them (WorkerRegistration.peers_forget_s; a PD prefill instance's decode peers)."""
+
+
+@dataclass(frozen=True)
+class RouterWave:
+    """One router behind the front, replaced while the others serve: out of HAProxy on every
+    front host, drained, replaced, checked, back."""
+
+    host: str
+    url: str
+    """Its API (where its workers are listed, and a vLLM fleet's registered)."""
+    server: str
+    """Its server name in HAProxy's backend."""
+    containers: tuple[str, ...]
+    """Its containers on `host` (the router's)."""
+    stages: tuple[int, ...]
+    """The launch stages they start in."""
+    front_hosts: tuple[str, ...]
+    """The hosts whose HAProxy sends to it."""
+    worker_urls: tuple[str, ...]
+    """Every worker of the plan, as the router lists it: what it must list healthy before it
+    takes requests again."""
+    registrations: tuple[Mapping[str, str | int], ...] = ()
+    """The ``POST /workers`` bodies of workers the router cannot name itself (a vLLM
+    fleet's), registered with it before the check."""
 
 
 def fleet_instances(plan: Plan) -> tuple[PoolPlan, ...]:
@@ -175,10 +216,82 @@ def _wave(plan: Plan, group: Sequence[PoolPlan], alone_in_pool: str) -> RolloutW
     )
 
 
-def rollout_lines(waves: Sequence[RolloutWave]) -> list[str]:
-    """The rollout order as `apply --check` shows it, one line per wave."""
+def _router_containers(plan: Plan, host: str) -> tuple[str, ...]:
+    """The router's containers on `host`: its processes that join no instance (no GPUs)."""
+    return tuple(p.container for p in plan.host(host).processes if not (p.gpus or p.exec_in))
+
+
+def _router_waves(
+    plan: Plan, rolled: Callable[[str, tuple[str, ...]], bool]
+) -> tuple[RouterWave, ...]:
+    """A wave for each router behind the plan's front that `rolled(host, containers)` picks,
+    in the plan's order; () without a front."""
+    if plan.front is None:
+        return ()
+    members = [i for pool in plan.pools for i in pool.members()]
+    registrations = tuple(
+        dict(i.router_worker.body)
+        for i in members
+        if i.router_worker is not None and i.router_worker.at_launch
+    )
+    waves = []
+    for router in plan.front.routers:
+        containers = _router_containers(plan, router.host)
+        if not containers or not rolled(router.host, containers):
+            continue
+        stages = {p.stage for p in plan.host(router.host).processes if p.container in containers}
+        waves.append(
+            RouterWave(
+                host=router.host,
+                url=router.url,
+                server=router.server,
+                containers=containers,
+                stages=tuple(sorted(stages)),
+                front_hosts=tuple(h.name for h in plan.front.hosts),
+                worker_urls=tuple(i.url for i in members),
+                registrations=registrations,
+            )
+        )
+    return tuple(waves)
+
+
+def router_waves(
+    plan: Plan, differences: Mapping[str, Sequence[Difference]]
+) -> tuple[RouterWave, ...]:
+    """The routers behind the plan's front whose container the look found running another
+    spec, one wave each, in the plan's order; () without a front (one router is replaced in
+    place by the launch)."""
+    return _router_waves(
+        plan,
+        lambda host, containers: bool(
+            set(containers) & _respecced_containers(differences.get(host, ()))
+        ),
+    )
+
+
+def restarted_routers(
+    plan: Plan, containers: Mapping[str, Sequence[str]]
+) -> tuple[RouterWave, ...]:
+    """The routers behind the plan's front a restart of `containers` (host -> names)
+    recreates, one wave each; () without a front."""
+    return _router_waves(plan, lambda host, names: bool(set(names) & set(containers.get(host, ()))))
+
+
+def router_lines(waves: Sequence[RouterWave], first: int = 1) -> list[str]:
+    """The routers' order as `apply --check` shows it, one line per router, numbered from
+    `first`."""
+    return [
+        f"{n}. router on {w.host}: out of HAProxy on {', '.join(w.front_hosts)}, drained, "
+        f"replaced, lists {len(w.worker_urls)} workers healthy, back in"
+        for n, w in enumerate(waves, start=first)
+    ]
+
+
+def rollout_lines(waves: Sequence[RolloutWave], first: int = 1) -> list[str]:
+    """The rollout order as `apply --check` shows it, one line per wave, numbered from
+    `first` (after the routers' lines)."""
     lines = []
-    for n, w in enumerate(waves, start=1):
+    for n, w in enumerate(waves, start=first):
         checked = "smoke-tested" if len(w.smoke_urls) == len(w.instances) else "health-checked"
         down = (
             f", down {w.down_s} s (until its peers drop what they cached of it)" if w.down_s else ""
@@ -193,4 +306,143 @@ def rollout_lines(waves: Sequence[RolloutWave]) -> list[str]:
                 "fail meanwhile)"
             )
         lines.append(line)
+    return lines
+
+
+# ---------------------------------------------------------------- PD generations
+
+WEIGHT_UNIT = 10
+"""HAProxy weight per prefill+decode group a router serves during a generation change."""
+
+
+@dataclass(frozen=True)
+class GenerationRollout:
+    """A PD fleet's change of both pools behind a front, without a request ever prefilled by
+    one generation and decoded by the other.
+
+    sglang-router pairs any prefill it lists with any decode it lists, so each router holds
+    one generation at a time: the last router of the front (`new_router`) is taken out of
+    HAProxy and cleared of the changed instances; then the changed instances move in
+    prefill+decode `groups` (the pools' ratio kept): out of the other routers (`old_routers`),
+    replaced, into the new router alone, which goes back into HAProxy after the first group,
+    weighted by the groups each side serves (`weights`). Before the last group leaves them,
+    the old routers leave HAProxy; at the end each takes every worker of the new generation
+    and comes back. Instances that did not change serve in every router throughout.
+    """
+
+    new_router: RouterRef
+    old_routers: tuple[RouterRef, ...]
+    front_hosts: tuple[str, ...]
+    changed_urls: tuple[str, ...]
+    """The changed instances' URLs: what the new router holds none of at the start."""
+    groups: tuple[RolloutWave, ...]
+    weights: tuple[tuple[tuple[str, int], ...], ...]
+    """After each group but the last: (HAProxy server, weight) of every router."""
+    workers: tuple[Mapping[str, str | int], ...]
+    """Every worker's ``POST /workers`` body, in the plan's order."""
+    worker_urls: tuple[str, ...]
+
+
+def _pool_changed(plan: Plan, pool: str, changed: Sequence[str]) -> list[PoolPlan]:
+    return [i for p in plan.pools if p.name == pool for i in p.instances if i.instance in changed]
+
+
+def _chunks(items: Sequence[PoolPlan], count: int) -> list[list[PoolPlan]]:
+    """`items` in `count` consecutive chunks as even as can be."""
+    return [
+        list(items[n * len(items) // count : (n + 1) * len(items) // count]) for n in range(count)
+    ]
+
+
+def pd_generation_groups(plan: Plan, changed: Sequence[str]) -> int:
+    """How many prefill+decode groups a change of `changed` instances moves in: 0 when it is
+    no PD change of both pools (a change of one pool pairs every request within one
+    generation of the other), else the smaller pool's changed instances."""
+    if plan.layout != "pd":
+        return 0
+    prefill = _pool_changed(plan, "prefill", changed)
+    decode = _pool_changed(plan, "decode", changed)
+    return min(len(prefill), len(decode))
+
+
+def generation_rollout(plan: Plan, changed: Sequence[str]) -> GenerationRollout | None:
+    """The generation-safe order of a PD change of both pools (None when the change is none,
+    or the plan cannot keep generations apart: one router, or one group)."""
+    count = pd_generation_groups(plan, changed)
+    if count < 2 or plan.front is None or len(plan.front.routers) < 2:
+        return None
+    prefill = _chunks(_pool_changed(plan, "prefill", changed), count)
+    decode = _chunks(_pool_changed(plan, "decode", changed), count)
+    groups = tuple(_wave(plan, [*p, *d], "") for p, d in zip(prefill, decode, strict=True))
+    *old, new = plan.front.routers
+    weights = tuple(
+        (
+            *((r.server, WEIGHT_UNIT * (count - moved)) for r in old),
+            (new.server, WEIGHT_UNIT * moved * len(old)),
+        )
+        for moved in range(1, count)
+    )
+    members = [i for pool in plan.pools for i in pool.members()]
+    return GenerationRollout(
+        new_router=new,
+        old_routers=tuple(old),
+        front_hosts=tuple(h.name for h in plan.front.hosts),
+        changed_urls=tuple(u for g in groups for u in g.urls),
+        groups=groups,
+        weights=weights,
+        workers=tuple(
+            dict(i.router_worker.body) if i.router_worker else {"url": i.url} for i in members
+        ),
+        worker_urls=tuple(i.url for i in members),
+    )
+
+
+def mixing_warning(plan: Plan, changed: Sequence[str]) -> str:
+    """What a PD change of both pools risks when :func:`generation_rollout` cannot keep the
+    generations apart ("" when it can, or when nothing risks it)."""
+    count = pd_generation_groups(plan, changed)
+    if count == 0 or generation_rollout(plan, changed) is not None:
+        return ""
+    if count == 1:
+        return (
+            "one prefill and one decode instance change: no group serves while the other "
+            "moves, so requests during the change fail or pair generations; fix: add instances, "
+            "or stop taking traffic for the change"
+        )
+    return (
+        "prefill and decode instances change behind one router, which pairs any prefill with "
+        "any decode: during the rollout a request may be prefilled by one generation and "
+        "decoded by the other; fix: two or more [router] hosts and k2_front_address (the "
+        "front), which roll PD changes generation by generation"
+    )
+
+
+def generation_lines(rollout: GenerationRollout, first: int = 1) -> list[str]:
+    """The generation-safe order as `apply --check` shows it, numbered from `first`."""
+    new = rollout.new_router.host
+    old = ", ".join(r.host for r in rollout.old_routers)
+    fronts = ", ".join(rollout.front_hosts)
+    lines = [
+        f"{first}. the router on {new} (the new generation's): out of HAProxy on {fronts}, "
+        f"drained, the {len(rollout.changed_urls)} changing instances taken out of it"
+    ]
+    last = len(rollout.groups)
+    for n, group in enumerate(rollout.groups, start=1):
+        step = f"{first + n}. {', '.join(group.instances)} on {', '.join(group.hosts)}: "
+        if n == last:
+            step += f"the router(s) on {old} out of HAProxy first; "
+        down = f", down {group.down_s} s" if group.down_s else ""
+        step += (
+            f"out of the router(s) on {old}, drained{down}, replaced, into the router on {new} only"
+        )
+        if n < last:
+            weights = ", ".join(f"{s} {w}" for s, w in rollout.weights[n - 1])
+            step += f"; HAProxy weights {weights}" + (
+                f" ({new} back into HAProxy)" if n == 1 else ""
+            )
+        lines.append(step)
+    lines.append(
+        f"{first + last + 1}. the router(s) on {old}: every worker of the new generation, "
+        "listed healthy, back into HAProxy; every router's weight as before"
+    )
     return lines

@@ -64,6 +64,9 @@ def _differences(res: Mapping[str, Any]) -> tuple[str, ...]:
     order = rollout.get("lines") if isinstance(rollout, Mapping) else None
     if isinstance(order, list):
         found += tuple(f"rollout order: {line}" for line in order)
+    warning = rollout.get("warning") if isinstance(rollout, Mapping) else None
+    if warning:
+        found += (f"rollout warning: {warning}",)
     return found
 
 

@@ -591,6 +591,65 @@ def test_real_router_serves_in_front_of_the_standins(env: Env, procs: list[Proc]
         assert proc.terminate() == 0
 
 
+def test_a_pd_decode_refuses_and_counts_a_prefill_of_another_generation(
+    env: Env, procs: list[Proc]
+) -> None:
+    """sglang-router adds the prefill's bootstrap address to the request it sends a decode
+    server (as the router test above shows); the decode stand-in asks that bootstrap server
+    for its pairing (model, context length, KV dtype and page size) and refuses a request
+    whose prefill differs, counting it (k2_standin_mixed_pairs_total)."""
+    pd = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"}
+    ports = {n: (free_port(), free_port()) for n in ("old", "new")}
+    for name, context in (("old", "32768"), ("new", "16384")):
+        port, boot = ports[name]
+        start(
+            procs,
+            env,
+            sglang_argv(
+                env, port, "--disaggregation-mode", "prefill",
+                "--disaggregation-bootstrap-port", str(boot), "--context-length", context,
+            ),
+            pd,
+        )  # fmt: skip
+    d_port = free_port()
+    decode = start(
+        procs,
+        env,
+        sglang_argv(env, d_port, "--disaggregation-mode", "decode", "--context-length", "16384"),
+        pd,
+    )
+    base = f"http://127.0.0.1:{d_port}"
+    wait_status(f"{base}/health", decode)
+
+    def ask(prefill: str) -> tuple[int, bytes]:
+        return http(
+            f"{base}/v1/chat/completions",
+            {
+                "model": "kimi-k2",
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 4,
+                "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": ports[prefill][1],
+                "bootstrap_room": 7,
+            },
+            timeout=30,
+        )
+
+    def counted(name: str) -> float:
+        text = http(f"{base}/metrics")[1].decode()
+        line = next(x for x in text.splitlines() if x.startswith(f"k2_standin_{name}_total"))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert ask("new")[0] == 200
+    assert (counted("checked_pairs"), counted("mixed_pairs")) == (1, 0)
+    status, body = ask("old")
+    assert status == 500, body
+    assert b"context_length=32768; this decode has context_length=16384" in body
+    assert (counted("checked_pairs"), counted("mixed_pairs")) == (2, 1)
+    assert ask("new")[0] == 200
+    assert (counted("checked_pairs"), counted("mixed_pairs")) == (3, 1)
+
+
 @pytest.mark.parsers
 def test_real_router_is_not_ready_without_workers(env: Env, procs: list[Proc]) -> None:
     r_port = free_port()

@@ -7,6 +7,10 @@ address (each ~2 s in flight) while
 - `apply` rolls a changed k2_context_length across both instances, out of and back into both
   routers: every request is answered 200, and each instance's /v1/models reports the new
   max_model_len;
+- a router flag change (k2_router_max_concurrent_requests) replaces the routers one at a time,
+  each set to drain in both HAProxies first and ready again once it lists both instances
+  healthy: `apply --check` shows that order, every request is answered 200, both routers run
+  the new flags and both HAProxies count both routers UP;
 - a new spec that fails (k2_lab_fault=exit_at_start on one instance's host) is rolled back:
   the run fails naming the instance, that instance runs its previous spec again and is back in
   both routers, and every request is still answered 200;
@@ -37,6 +41,7 @@ from k2lab.traffic import Traffic
 from tests.pd_lab import (
     MODEL_DIR,
     applied_fleet,
+    container_id,
     k2,
     max_model_len,
     metric_sum,
@@ -104,7 +109,7 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     for host in ROUTERS:
         line = next(x for x in status.stdout.splitlines() if f"front host {host}:" in x)
         assert "haproxy up, keepalived up" in line, line
-        assert line.endswith("2/2 instances healthy"), line
+        assert "2/2 instances healthy; its HAProxy counts the routers lab1 UP, lab2 UP" in line
     changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
     with Traffic(ENDPOINT) as client:
         run = k2("apply", str(changed), runs=tmp_path / "runs")
@@ -116,6 +121,46 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     assert [max_model_len(state, ROUTER, h) for h in REPLICAS] == [16384, 16384]
     assert routers_health(state) == [[True, True], [True, True]]
     inventory.write_text(changed.read_text())  # the fleet's inventory from here on
+
+
+def router_command(state: Any, host: str) -> str:
+    """The command the router container on `host` runs (its launch script's)."""
+    return on_host(state, host, "cat /etc/k2provision/launch/sglang-router.sh")
+
+
+def test_a_router_change_replaces_one_router_at_a_time_out_of_haproxy(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    changed = edited(
+        inventory,
+        tmp_path,
+        "k2_context_length=16384",
+        "k2_context_length=16384\nk2_router_max_concurrent_requests=256",
+    )
+    check = k2("apply", str(changed), "--check", runs=tmp_path / "check")
+    assert check.returncode == 0, check.stdout[-4000:]
+    for n, host in enumerate(ROUTERS, start=1):
+        assert (
+            f"rollout order: {n}. router on {host}: out of HAProxy on lab1, lab2, drained, "
+            "replaced, lists 2 workers healthy, back in" in check.stdout
+        ), check.stdout[-4000:]
+    assert "replica-1" not in check.stdout.split("rollout order:", 1)[-1]
+    before = {h: container_id(state, h, "k2-router") for h in ROUTERS}
+    with Traffic(ENDPOINT) as client:
+        run = k2("apply", str(changed), runs=tmp_path / "runs")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert client.failures == [], client.counts
+    assert client.counts["200"] > 10
+    for host in ROUTERS:
+        assert container_id(state, host, "k2-router") != before[host]
+        assert "  --max-concurrent-requests 256 \\\n" in router_command(state, host)
+    status = k2("status", str(changed), runs=tmp_path / "status")
+    assert status.returncode == 0, status.stdout[-3000:]
+    counted = [x for x in status.stdout.splitlines() if "its HAProxy counts the routers" in x]
+    assert len(counted) == 2, status.stdout[-3000:]
+    assert all(x.endswith("lab1 UP, lab2 UP") for x in counted), counted
+    inventory.write_text(changed.read_text())
 
 
 def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(

@@ -9,6 +9,8 @@ goes on without.
   from a vLLM server), the router lists both healthy and /v1/models the served name, `status`
   shows the fleet up, and every request sent through the router is answered 200, by both
   replicas;
+- the router restarted on its own (`docker restart`, no apply) serves both replicas again: its
+  launch script registers them with their model id once it answers;
 - `restart --limit lab2` rolls replica-1 through the router (out, drained, started, smoke-tested
   on its own URL, back in) while a client keeps streaming: every request is answered 200 and
   only replica-1's container is new.
@@ -103,3 +105,27 @@ def test_restarting_one_vllm_instance_rolls_it_through_the_router(
     restart_rolls_replica_1(state, inventory, tmp_path, "k2-vllm")
     # Back in the router under its model id (the rollout posts the plan's registration body).
     assert model_ids(state) == {"kimi-k2"}
+
+
+def test_a_router_that_restarts_serves_both_replicas_without_an_apply(
+    fleet: tuple[Any, Path],
+) -> None:
+    """The router's launch script starts the registrar beside it: after `docker restart`
+    (no apply), the router lists both replicas healthy under their model id again."""
+    state, _ = fleet
+    urls = [f"http://{state.host(h).address}:{VLLM_PORT}" for h in REPLICAS]
+    on_host(state, ROUTER, "docker restart --time 5 k2-router >/dev/null")
+    deadline = time.monotonic() + 90
+    listed: dict[str, bool] = {}
+    while time.monotonic() < deadline:
+        try:
+            listed = router_health(state)
+        except (AssertionError, ValueError):  # the router not answering yet
+            listed = {}
+        if listed == dict.fromkeys(urls, True):
+            break
+        time.sleep(1)
+    assert listed == dict.fromkeys(urls, True), listed
+    assert model_ids(state) == {"kimi-k2"}
+    log = on_host(state, ROUTER, "docker logs --tail 50 k2-router 2>&1")
+    assert f"k2provision registrar: {urls[0]} registered as kimi-k2" in log, log[-2000:]

@@ -201,6 +201,18 @@ def test_a_vllm_fleet_is_replicas_behind_the_router_on_the_private_address(
     assert launch_registrations(plan.model_dump(mode="json")) == [
         {"url": url, "model_id": "kimi-k2"} for url in urls
     ]
+    # The router's launch script registers them too, once the router answers: a router that
+    # restarts serves them without an apply (the key read there from the launch's file).
+    assert router.registrar is not None
+    assert router.registrar.url == "http://10.20.1.5:8000"
+    assert list(router.registrar.workers) == launch_registrations(plan.model_dump(mode="json"))
+    assert router.registrar.key_file == "/etc/k2provision/secrets/api_key"
+    files = plan.host("router-01").files
+    script = str(files["/etc/k2provision/launch/sglang-router.sh"])
+    registrar = "python3 /etc/k2provision/launch/k2-router-registrar.py http://10.20.1.5:8000 '["
+    assert registrar in script
+    assert script.index(registrar) < script.index("exec python3")
+    assert "/etc/k2provision/launch/k2-router-registrar.py" in files
     assert "--api-key" in router.argv
     assert plan.endpoint == "http://10.20.1.5:8000"
     served = [b for h in plan.hosts for b in h.ports if b.setting == "k2_vllm_port"]
@@ -276,3 +288,9 @@ def test_the_plan_says_what_the_pd_routers_power_of_two_compares(tmp_path: Path)
     assert "prefill" not in warning
     single = _edited(tmp_path, path, "k2_decode_instances=2", "k2_decode_instances=1")
     assert not [w for w in _plan(single).warnings if "power_of_two" in w]
+
+
+def test_an_sglang_fleets_router_names_its_workers_itself_and_has_no_registrar() -> None:
+    plan = _plan(PD_FLEET)
+    assert all(r.registrar is None for r in _routers(plan))
+    assert not any(path.endswith("k2-router-registrar.py") for h in plan.hosts for path in h.files)

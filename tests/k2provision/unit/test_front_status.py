@@ -36,8 +36,11 @@ def answer(
     holds: bool = False,
     daemons: tuple[str, ...] = ("haproxy", "keepalived"),
     workers: tuple[str, ...] = INSTANCES,
+    servers: tuple[str, str] = ("UP", "UP"),
 ) -> str:
-    """What the front host's probe prints: its other questions unanswered (rc 1)."""
+    """What the front host's probe prints: its other questions unanswered (rc 1). `servers`:
+    how its HAProxy counts gpu-r01's and gpu-r02's routers (`show stat`, the columns cut to a
+    few of HAProxy's, in its order)."""
     asked = status_probe(plan, plan.host(host))
     front = asked.front
     assert front is not None
@@ -51,6 +54,18 @@ def answer(
         front.daemons.key: hq.Answer(tuple(f"{n} {d}" for n, d in enumerate(daemons, 100)), (), 0),
         front.workers.key: hq.Answer(
             (json.dumps({"workers": [{"url": u, "is_healthy": True} for u in workers]}),), (), 0
+        ),
+        front.servers.key: hq.Answer(
+            (
+                "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status",
+                "k2_endpoint,FRONTEND,,,3,9,4096,120,OPEN",
+                f"k2_routers,gpu-r01,0,0,2,5,,60,{servers[0]}",
+                f"k2_routers,gpu-r02,0,0,1,4,,60,{servers[1]}",
+                "k2_routers,BACKEND,0,0,3,9,410,120,UP",
+                "",
+            ),
+            (),
+            0,
         ),
     }
     text = "".join(
@@ -68,6 +83,7 @@ def test_a_front_host_is_asked_for_the_address_its_daemons_and_its_routers_worke
     script = asked.batch.script()
     assert "ip -o -4 addr show to 10.10.0.100/32" in script
     assert "pgrep -l -x 'haproxy|keepalived'" in script
+    assert "/var/lib/haproxy/k2-admin.sock 'show stat'" in script
     assert "http://10.10.0.6:8080/workers" in script
     assert "/etc/k2provision/secrets/api_key" in script  # the key is read there, on the host
     assert status_probe(plan, plan.host("gpu-p01")).front is None
@@ -82,8 +98,24 @@ def test_a_whole_front_host_has_no_problem(plan: Plan) -> None:
         router="http://10.10.0.5:8080",
         workers=tuple((u, True) for u in INSTANCES),
         instances=INSTANCES,
+        servers=(("gpu-r01", "UP"), ("gpu-r02", "UP")),
     )
     assert status.front.problems == []
+
+
+def test_a_router_its_haproxy_does_not_count_up_is_named(plan: Plan) -> None:
+    text = answer(plan, "gpu-r01", servers=("UP", "DRAIN"))
+    status = host_status(plan, plan.host("gpu-r01"), text)
+    assert status.front is not None
+    assert status.front.problems == [
+        "HAProxy here counts the router on gpu-r02 DRAIN: it sends it no request; fix: apply "
+        "again (a router change that stopped left it out)"
+    ]
+    down = host_status(plan, plan.host("gpu-r01"), answer(plan, "gpu-r01", servers=("UP", "DOWN")))
+    assert down.front is not None
+    assert down.front.problems == [
+        "HAProxy here counts the router on gpu-r02 DOWN: it sends it no request"
+    ]
 
 
 def test_a_stopped_daemon_and_a_router_missing_an_instance_are_named(plan: Plan) -> None:
@@ -113,7 +145,9 @@ def test_the_front_has_one_holder_or_says_what_is_wrong(plan: Plan) -> None:
     assert problems == []
     assert lines[0] == "front 10.10.0.100: held by gpu-r01"
     assert "front host gpu-r02: haproxy up, keepalived up, router" in lines[2]
-    assert lines[2].endswith("4/4 instances healthy")
+    assert lines[2].endswith(
+        "4/4 instances healthy; its HAProxy counts the routers gpu-r01 UP, gpu-r02 UP"
+    )
     (split,) = front_view(plan, _hosts(plan, {"gpu-r01", "gpu-r02"}))[1]
     assert split.startswith("split brain: gpu-r01, gpu-r02 each hold the front's address")
     (nobody,) = front_view(plan, _hosts(plan, set()))[1]

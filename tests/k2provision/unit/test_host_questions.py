@@ -381,7 +381,7 @@ def test_questions_travel_to_the_look_module_and_records_back_as_json() -> None:
     assert hq.record_from_json(hq.FileDigest, None) is None
     assert set(hq.QUESTIONS) == {
         "container", "exec", "http", "command", "log", "file", "clock", "tool", "http_body",
-        "gpu_memory",
+        "haproxy", "gpu_memory",
     }  # fmt: skip
 
 
@@ -470,3 +470,49 @@ def test_an_http_body_is_read_on_the_host_with_the_key_from_its_file(tmp_path: P
     assert answers[plain].text == '{"workers": []}'
     assert seen == ["Bearer sk-test", ""]
     assert answers[closed].text.startswith("no answer")
+
+
+STAT = (
+    "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status\n"
+    "k2_routers,lab1,0,0,2,5,,60,UP\n"
+    "k2_routers,lab2,0,0,0,4,,60,DRAIN\n"
+    "k2_routers,BACKEND,0,0,2,9,410,120,UP\n"
+    "other,lab1,0,0,7,9,,1,DOWN\n"
+)
+
+
+def test_the_haproxy_question_asks_the_runtime_api_on_its_socket(tmp_path: Path) -> None:
+    """Over a real UNIX socket: the request as HAProxy's runtime API reads it (one line), the
+    reply until HAProxy closes; the batch's script and the controller's function alike. The
+    other end is this test's, replying as HAProxy 2.6 does (the CSV of `show stat`)."""
+    path = str(tmp_path / "admin.sock")
+    heard: list[bytes] = []
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+
+    def reply() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                heard.append(conn.recv(4096))
+                conn.sendall(STAT.encode())
+
+    threading.Thread(target=reply, daemon=True).start()
+    try:
+        (asked,) = ask(hq.HaproxyQuestion(path))
+        direct = hq.haproxy_ask(path, "show stat")
+    finally:
+        listener.close()
+    assert heard == [b"show stat\n", b"show stat\n"]
+    assert isinstance(asked, hq.ToolOutput)
+    assert asked.text == STAT.rstrip("\n")
+    assert direct == STAT
+    assert hq.haproxy_servers(asked.text, "k2_routers") == {
+        "lab1": hq.BackendServer("lab1", "UP", 2),
+        "lab2": hq.BackendServer("lab2", "DRAIN", 0),
+    }
+    (gone,) = ask(hq.HaproxyQuestion(str(tmp_path / "none.sock")))
+    assert isinstance(gone, hq.ToolOutput)
+    assert gone.text.startswith("no answer")
+    assert hq.haproxy_servers(gone.text, "k2_routers") == {}

@@ -4,6 +4,7 @@ differing containers, and the waves they are replaced in (k2_max_unavailable).""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from k2provision.plan.rollout import (
     restarted_instances,
     rollout_lines,
     rollout_waves,
+    router_waves,
 )
 from k2provision.run.events import HostResult, parse_event
 from tests.k2provision.unit.test_converge import converged, state_key
@@ -359,3 +361,163 @@ def test_a_replaced_prefill_instance_stays_down_until_its_decode_peers_forget_it
     role = Path(__file__).resolve().parents[3] / "roles" / "k2_rollout" / "tasks"
     for task_file in ("wave.yml", "rollback.yml"):
         assert "_k2_rollout_wave.down_s" in (role / task_file).read_text()
+
+
+def test_behind_a_front_each_changed_router_is_its_own_wave_before_the_instances() -> None:
+    plan = _plan(PD_FLEET)
+    assert plan.front is not None
+    looked = _other_spec(plan, {"gpu-r02", "gpu-d01"})
+    waves = router_waves(plan, looked)
+    assert [(w.host, w.server, w.containers) for w in waves] == [
+        ("gpu-r02", "gpu-r02", ("k2-router",))
+    ]
+    # It must list every instance of both pools healthy before HAProxy sends to it again.
+    assert set(waves[0].worker_urls) == {i.url for p in plan.pools for i in p.members()}
+    assert waves[0].front_hosts == ("gpu-r01", "gpu-r02")
+    assert waves[0].registrations == ()  # SGLang's router names its workers itself
+    order = rollout_order(
+        plan.model_dump(mode="json"),
+        {
+            h: {"full": False, "found": {"launch": [d.as_json() for d in f]}}
+            for h, f in looked.items()
+        },
+    )
+    assert order["routers"][0]["instances"] == ["the router on gpu-r02"]
+    assert order["routers"][0]["containers"] == {"gpu-r02": ["k2-router"]}
+    assert order["lines"][0].startswith("1. router on gpu-r02: out of HAProxy on gpu-r01, gpu-r02")
+    assert order["lines"][1].startswith("2. decode-1 on gpu-d01")
+    # Both routers changed: one at a time, in the plan's order; a converged router is no wave.
+    assert [w.host for w in router_waves(plan, _other_spec(plan, {"gpu-r01", "gpu-r02"}))] == [
+        "gpu-r01",
+        "gpu-r02",
+    ]
+    assert router_waves(plan, _other_spec(plan, {"gpu-d01"})) == ()
+
+
+def test_one_router_without_a_front_has_no_router_wave() -> None:
+    plan = _plan(TP_FLEET)
+    assert plan.front is None
+    assert router_waves(plan, _other_spec(plan, {"router-01"})) == ()
+
+
+def test_a_vllm_fleets_new_router_is_given_its_workers_by_model_id(tmp_path: Path) -> None:
+    text = TP_FLEET.read_text().replace("k2_engine=sglang", "k2_engine=vllm")
+    text = text.replace(
+        "router-01 ansible_host=10.20.1.5",
+        "router-01 ansible_host=10.20.1.5\nrouter-02 ansible_host=10.20.1.6",
+    )
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(text + "k2_front_address=10.20.1.100/24\n")
+    plan = _plan(inventory)
+    waves = router_waves(plan, _other_spec(plan, {"router-01"}))
+    assert [w.host for w in waves] == ["router-01"]
+    assert [b["url"] for b in waves[0].registrations] == list(waves[0].worker_urls)
+    assert all(b["model_id"] == plan.served_model_name for b in waves[0].registrations)
+
+
+def test_restarting_the_routers_behind_a_front_rolls_them_and_recreates_nothing_in_place() -> None:
+    plan = _plan(PD_FLEET)
+    chosen = restart_set(plan.model_dump(mode="json"), "router")
+    order = restart_rollout(plan.model_dump(mode="json"), chosen)
+    assert [r["hosts"] for r in order["routers"]] == [["gpu-r01"], ["gpu-r02"]]
+    assert order["waves"] == []
+    assert order["recreate"] == {}
+    assert rolling_lines(plan, plan_restart_set(plan, ["router"]))[1].startswith(
+        "2. router on gpu-r02: out of HAProxy on gpu-r01, gpu-r02"
+    )
+    # One router, no front: recreated in place as before.
+    tp = _plan(TP_FLEET)
+    alone = restart_rollout(
+        tp.model_dump(mode="json"), restart_set(tp.model_dump(mode="json"), "router")
+    )
+    assert alone["routers"] == []
+    assert alone["recreate"] == {"router-01": ["k2-router"]}
+
+
+def _looked(found: dict[str, list[Difference]]) -> dict[str, Any]:
+    return {
+        h: {"full": False, "found": {"launch": [d.as_json() for d in f]}} for h, f in found.items()
+    }
+
+
+def _simulate(order: dict[str, Any], plan: Plan) -> list[set[str]]:
+    """Each router's workers, by generation, after every step the role takes: what a
+    request could be paired across. Returns the generations each router held at each step."""
+    gen = order["generation"]
+    changed = set(gen["changed_urls"])
+    holds = {r.host: {(u, "old") for u in gen["worker_urls"]} for r in plan.routers}
+    seen: list[set[str]] = []
+
+    def look() -> None:
+        for workers in holds.values():
+            seen.append({g for u, g in workers if u in changed})
+
+    new = gen["new_router"]["host"]
+    holds[new] = {(u, g) for u, g in holds[new] if u not in changed}
+    look()
+    for group in gen["groups"]:
+        for old in gen["old_routers"]:
+            holds[old["host"]] -= {(u, "old") for u in group["urls"]}
+        look()
+        holds[new] |= {(u, "new") for u in group["urls"]}
+        look()
+    for old in gen["old_routers"]:
+        holds[old["host"]] = {(u, "new" if u in changed else "old") for u in gen["worker_urls"]}
+        look()
+    return seen
+
+
+def test_a_pd_change_of_both_pools_behind_a_front_moves_generation_by_generation() -> None:
+    plan = _plan(PD_FLEET)
+    looked = _other_spec(
+        plan, {h.name for h in plan.hosts if h.name.startswith(("gpu-p", "gpu-d"))}
+    )
+    order = rollout_order(plan.model_dump(mode="json"), _looked(looked))
+    gen = order["generation"]
+    assert gen is not None
+    assert order["waves"] == []  # every changed instance moves with its generation
+    assert [g["instances"] for g in gen["groups"]] == [
+        ["prefill-1", "decode-1"],
+        ["prefill-2", "decode-2"],
+    ]
+    assert gen["new_router"]["host"] == "gpu-r02"
+    assert [r["host"] for r in gen["old_routers"]] == ["gpu-r01"]
+    # After the first group, each router serves one group's worth: equal weights.
+    assert gen["weights"] == [
+        [{"server": "gpu-r01", "weight": 10}, {"server": "gpu-r02", "weight": 10}]
+    ]
+    # No router ever holds instances of both generations.
+    assert all(len(gens) <= 1 for gens in _simulate(order, plan))
+    lines = order["lines"]
+    assert lines[0].startswith("1. the router on gpu-r02 (the new generation's): out of HAProxy")
+    assert lines[1].startswith("2. prefill-1, decode-1 on gpu-p01")
+    assert (
+        "into the router on gpu-r02 only; HAProxy weights gpu-r01 10, gpu-r02 10 (gpu-r02 back"
+        in lines[1]
+    )
+    assert "the router(s) on gpu-r01 out of HAProxy first" in lines[2]
+    assert lines[3].startswith("4. the router(s) on gpu-r01: every worker of the new generation")
+    assert order["warning"] == ""
+
+
+def test_a_change_of_one_pd_pool_rolls_as_before() -> None:
+    plan = _plan(PD_FLEET)
+    looked = _other_spec(plan, {h.name for h in plan.hosts if h.name.startswith("gpu-p")})
+    order = rollout_order(plan.model_dump(mode="json"), _looked(looked))
+    assert order["generation"] is None
+    assert [w["instances"] for w in order["waves"]] == [["prefill-1"], ["prefill-2"]]
+    assert order["warning"] == ""
+
+
+def test_a_pd_change_of_both_pools_behind_one_router_is_said_to_risk_mixing(tmp_path: Path) -> None:
+    text = PD_FLEET.read_text().replace("gpu-r02 ansible_host=10.10.0.6\n", "")
+    text = "\n".join(x for x in text.splitlines() if not x.startswith("k2_front_address"))
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(text + "\n")
+    plan = _plan(inventory)
+    looked = _other_spec(plan, {h.name for h in plan.hosts if h.name != "gpu-r01"})
+    order = rollout_order(plan.model_dump(mode="json"), _looked(looked))
+    assert order["generation"] is None
+    assert len(order["waves"]) == 4
+    assert order["warning"].startswith("prefill and decode instances change behind one router")
+    assert "k2_front_address" in order["warning"]

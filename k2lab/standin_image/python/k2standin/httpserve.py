@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from k2standin import faults, metrics, openai_shapes, streaming
-from k2standin.common import StartError
+from k2standin.common import StartError, log
 from k2standin.drain import Drain, decode_time
 
 STANDIN_REPLY = "ready (stand-in)"
@@ -189,6 +189,12 @@ class ModelServer:
         self.reason = "starting"
         self.created = int(time.time())
         self.answered = 0  # generation requests answered, for /metrics
+        # A PD decode server's check of the prefill a request was paired with (None: no
+        # check): None where the request names no prefill that answers, "" for a pair of one
+        # generation, else why the pair is wrong. Checked and refused pairs are counted.
+        self.pair_check: Callable[[dict[str, Any]], str | None] | None = None
+        self.checked_pairs = 0
+        self.mixed_pairs = 0
         self.api = Api(engine)
         g, p = self.api.get, self.api.post
         g["/health"] = self.health
@@ -313,8 +319,28 @@ class ModelServer:
         return Response(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def metrics(self) -> Response:
-        text = metrics.exposition(self.engine, self.answered, ready=self.ready.is_set())
+        text = metrics.exposition(
+            self.engine,
+            self.answered,
+            ready=self.ready.is_set(),
+            pairs=(self.checked_pairs, self.mixed_pairs),
+        )
         return Response(200, text.encode(), "text/plain; version=0.0.4")
+
+    def _mixed(self, doc: dict[str, Any]) -> Response | None:
+        """A request paired with a prefill of another generation: counted and refused (a real
+        decode would fail the KV transfer, or decode another model's cache)."""
+        why = self.pair_check(doc) if self.pair_check is not None else None
+        if why is None:
+            return None
+        self.checked_pairs += 1
+        if not why:
+            return None
+        self.mixed_pairs += 1
+        log(self.engine, f"refused a mixed prefill-decode pair: {why}")
+        return error_response(
+            500, f"mixed prefill-decode generations: {why}", "InternalServerError"
+        )
 
     # ---------------------------------------------------------------- POST
 
@@ -338,7 +364,7 @@ class ModelServer:
             or not all(isinstance(m, dict) and "role" in m for m in messages)
         ):
             return error_response(400, "messages: expected a non-empty list of {role, content}")
-        bad_model = self._check_model(doc)
+        bad_model = self._check_model(doc) or self._mixed(doc)
         if bad_model is not None:
             return bad_model
         if faults.active("wrong_answer"):
@@ -370,7 +396,7 @@ class ModelServer:
             return doc
         if "prompt" not in doc:
             return error_response(400, "prompt is required")
-        bad_model = self._check_model(doc)
+        bad_model = self._check_model(doc) or self._mixed(doc)
         if bad_model is not None:
             return bad_model
         if streaming.wants_stream(doc):
@@ -400,6 +426,9 @@ class ModelServer:
         doc = parse_json(body)
         if isinstance(doc, Response):
             return doc
+        mixed = self._mixed(doc)
+        if mixed is not None:
+            return mixed
         if streaming.wants_stream(doc):
             decode_time(streaming.token_budget(doc))
             return Response(200, streaming.generate_stream(doc), streaming.CONTENT_TYPE)

@@ -45,9 +45,17 @@ def _exposed(name: str, kind: str) -> str:
     return name if kind != "counter" or name.endswith("_total") else name + "_total"
 
 
-def exposition(engine: str, requests: int, *, ready: bool) -> str:
-    """The text /metrics answers after `requests` answered requests (text format 0.0.4)."""
-    lines = [f'k2_standin_ready{{engine="{engine}"}} {int(ready)}']
+def exposition(engine: str, requests: int, *, ready: bool, pairs: tuple[int, int] = (0, 0)) -> str:
+    """The text /metrics answers after `requests` answered requests (text format 0.0.4); a PD
+    decode's `pairs`: the requests whose prefill it checked, and those it refused (a prefill
+    of another generation)."""
+    lines = [
+        f'k2_standin_ready{{engine="{engine}"}} {int(ready)}',
+        "# TYPE k2_standin_checked_pairs counter",
+        f'k2_standin_checked_pairs_total{{engine="{engine}"}} {pairs[0]}',
+        "# TYPE k2_standin_mixed_pairs counter",
+        f'k2_standin_mixed_pairs_total{{engine="{engine}"}} {pairs[1]}',
+    ]
     per_kind = {
         "prompt_tokens": requests * PROMPT_TOKENS,
         "generation_tokens": requests * GENERATION_TOKENS,

@@ -21,9 +21,11 @@ there and then stay in the foreground). A prefill server also listens on its boo
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +112,8 @@ class SglangArgs:
     mode: str | None
     bootstrap_port: int
     context_length: int | None = None
+    kv_cache_dtype: str | None = None
+    page_size: str | None = None
 
     def info(self) -> dict[str, Any]:
         return {
@@ -125,6 +129,18 @@ class SglangArgs:
             "port": self.port,
             "disaggregation_mode": self.mode or "null",
             "disaggregation_bootstrap_port": self.bootstrap_port,
+        }
+
+    def pairing(self) -> dict[str, Any]:
+        """What a prefill and a decode server of one PD pair must agree on: the model and the
+        KV cache's shape (a real decode would fail the transfer, or decode another model's
+        cache). The prefill's bootstrap server says it; the decode compares."""
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "context_length": self.context_length,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "page_size": self.page_size,
         }
 
     def fingerprint(self) -> dict[str, Any]:
@@ -216,15 +232,55 @@ def check(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Sgla
         mode=mode,
         bootstrap_port=bootstrap,
         context_length=c.positive_int(opts, "--context-length"),
+        kv_cache_dtype=opts.value("--kv-cache-dtype"),
+        page_size=opts.value("--page-size"),
     )
 
 
 def _bootstrap_api(args: SglangArgs) -> Api:
     api = Api("sglang-bootstrap")
-    doc = {"bootstrap": True, "disaggregation_mode": args.mode, "standin": True}
+    doc = {
+        "bootstrap": True,
+        "disaggregation_mode": args.mode,
+        "standin": True,
+        "pairing": args.pairing(),
+    }
     api.get["/health"] = lambda: json_response(200, doc)
     api.get["/route"] = lambda: json_response(200, doc)
     return api
+
+
+def _pair_check(args: SglangArgs) -> Callable[[dict[str, Any]], str | None]:
+    """A decode server's check of each request's prefill: sglang-router adds the prefill's
+    `bootstrap_host` and `bootstrap_port` to the request it sends both; the prefill's bootstrap
+    server says its pairing, which must be this server's ("": it is; else why not). A prefill
+    that does not answer is no verdict (None: the request fails or succeeds on its own)."""
+    mine = args.pairing()
+
+    def check(doc: dict[str, Any]) -> str | None:
+        host, port = doc.get("bootstrap_host"), doc.get("bootstrap_port")
+        if not host or not port:
+            return None
+        where = f"{host}:{port}"
+        try:
+            url = f"http://{where}/route"
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                theirs = json.loads(answer.read()).get("pairing")
+        except (OSError, ValueError):
+            return None
+        if theirs is None:
+            return None
+        if theirs == mine:
+            return ""
+        differ = sorted(k for k in mine if theirs.get(k) != mine[k])
+        return (
+            f"the prefill at {where} has "
+            + ", ".join(f"{k}={theirs.get(k)}" for k in differ)
+            + "; this decode has "
+            + ", ".join(f"{k}={mine[k]}" for k in differ)
+        )
+
+    return check
 
 
 def serve(argv: Sequence[str]) -> int:
@@ -248,6 +304,8 @@ def serve(argv: Sequence[str]) -> int:
             rt.drain_on_sigterm(ms.api.drain, None)
             ms.flags = openai_shapes.server_flags("sglang", argv, args.model_path)
             servers.append(listen(ms.api, args.host, args.port))
+            if args.mode == "decode":
+                ms.pair_check = _pair_check(args)
             if args.mode == "prefill":
                 servers.append(
                     listen(

@@ -7,7 +7,7 @@ from typing import Any
 
 from k2provision.ansible.plan_parts import NotInPlanError, host_part
 from k2provision.core.inventory import plain_value
-from k2provision.core.records import ContainerOptions, Plan, Process
+from k2provision.core.records import ContainerOptions, Plan, Process, RouterRef
 from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
@@ -22,11 +22,19 @@ from k2provision.plan.converge import (
 )
 from k2provision.plan.host_questions import container_key, container_states, hq, state_question
 from k2provision.plan.rollout import (
+    GenerationRollout,
     RolloutWave,
+    RouterWave,
     changed_instances,
+    generation_lines,
+    generation_rollout,
+    mixing_warning,
     restarted_instances,
+    restarted_routers,
     rollout_lines,
     rollout_waves,
+    router_lines,
+    router_waves,
 )
 
 
@@ -187,23 +195,74 @@ def restart_set(plan: dict[str, Any], names: Any = None) -> dict[str, Any]:
     }
 
 
-def _rollout_document(waves: tuple[RolloutWave, ...]) -> dict[str, Any]:
-    """Rollout waves as the k2_rollout role reads them: {waves: [...], lines: [...]}."""
+def _wave_json(w: RolloutWave) -> dict[str, Any]:
     return {
-        "waves": [
+        "instances": list(w.instances),
+        "urls": list(w.urls),
+        "hosts": list(w.hosts),
+        "containers": {host: list(names) for host, names in w.containers.items()},
+        "stages": list(w.stages),
+        "workers": [dict(body) for body in w.workers],
+        "smoke_urls": list(w.smoke_urls),
+        "down_s": w.down_s,
+    }
+
+
+def _router_json(r: RouterRef) -> dict[str, Any]:
+    return {"host": r.host, "url": r.url, "server": r.server}
+
+
+def _generation_json(g: GenerationRollout | None) -> dict[str, Any] | None:
+    """A generation-safe PD change as the k2_rollout role reads it (None: none)."""
+    if g is None:
+        return None
+    return {
+        "new_router": _router_json(g.new_router),
+        "old_routers": [_router_json(r) for r in g.old_routers],
+        "front_hosts": list(g.front_hosts),
+        "changed_urls": list(g.changed_urls),
+        "groups": [_wave_json(w) for w in g.groups],
+        "weights": [[{"server": s, "weight": w} for s, w in step] for step in g.weights],
+        "workers": [dict(body) for body in g.workers],
+        "worker_urls": list(g.worker_urls),
+    }
+
+
+def _rollout_document(
+    waves: tuple[RolloutWave, ...],
+    routers: tuple[RouterWave, ...] = (),
+    generation: GenerationRollout | None = None,
+    warning: str = "",
+) -> dict[str, Any]:
+    """Rollout waves as the k2_rollout role reads them: {routers: [...], generation: {...} or
+    None, waves: [...], lines: [...], warning}, the routers' lines first, then the
+    generation's, then the waves'."""
+    lines = router_lines(routers)
+    if generation is not None:
+        lines += generation_lines(generation, first=len(lines) + 1)
+    lines += rollout_lines(waves, first=len(lines) + 1)
+    return {
+        # Each router wave carries a wave's keys too (instances names it, hosts, containers,
+        # stages), so the role starts and rolls it back with the same tasks.
+        "routers": [
             {
-                "instances": list(w.instances),
-                "urls": list(w.urls),
-                "hosts": list(w.hosts),
-                "containers": {host: list(names) for host, names in w.containers.items()},
-                "stages": list(w.stages),
-                "workers": [dict(body) for body in w.workers],
-                "smoke_urls": list(w.smoke_urls),
-                "down_s": w.down_s,
+                "instances": [f"the router on {r.host}"],
+                "hosts": [r.host],
+                "containers": {r.host: list(r.containers)},
+                "stages": list(r.stages),
+                "down_s": 0,
+                "url": r.url,
+                "server": r.server,
+                "front_hosts": list(r.front_hosts),
+                "worker_urls": list(r.worker_urls),
+                "registrations": [dict(body) for body in r.registrations],
             }
-            for w in waves
+            for r in routers
         ],
-        "lines": rollout_lines(waves),
+        "generation": _generation_json(generation),
+        "waves": [_wave_json(w) for w in waves],
+        "lines": lines,
+        "warning": warning,
     }
 
 
@@ -221,10 +280,15 @@ def rollout_order(
     plan's fleet.max_unavailable unless `max_unavailable` says otherwise."""
     parsed = Plan.model_validate(plan)
     launch = _launch_found(looked)
+    changed = changed_instances(parsed, launch)
+    generation = generation_rollout(parsed, changed)
+    moved = {i for g in generation.groups for i in g.instances} if generation else set()
     waves = rollout_waves(
-        parsed, changed_instances(parsed, launch), _wave_width(parsed, max_unavailable)
+        parsed, [i for i in changed if i not in moved], _wave_width(parsed, max_unavailable)
     )
-    return _rollout_document(waves)
+    return _rollout_document(
+        waves, router_waves(parsed, launch), generation, mixing_warning(parsed, changed)
+    )
 
 
 def restart_rollout(
@@ -233,18 +297,22 @@ def restart_rollout(
     """A fleet's restart as a rolling change: the instances `restarting` (restart_set's
     answer) recreates roll wave by wave behind the router ({waves, lines}, as rollout_order),
     and `recreate` ({host: [container, ...]}) is what the launch recreates in place: the rest
-    (the router; every container when the plan does not roll). Waves as in rollout_order."""
+    (a router without a front; every container when the plan does not roll). Behind a front
+    the restarted routers roll one at a time out of HAProxy first (`routers`). Waves as in
+    rollout_order."""
     parsed = Plan.model_validate(plan)
     containers = {h: list(c) for h, c in (restarting.get("containers") or {}).items()}
     waves = rollout_waves(
         parsed, restarted_instances(parsed, containers), _wave_width(parsed, max_unavailable)
     )
+    routers = restarted_routers(parsed, containers)
     rolled = {(h, c) for w in waves for h, names in w.containers.items() for c in names}
+    rolled |= {(r.host, c) for r in routers for c in r.containers}
     recreate = {
         host: [c for c in names if (host, c) not in rolled] for host, names in containers.items()
     }
     return {
-        **_rollout_document(waves),
+        **_rollout_document(waves, routers),
         "recreate": {host: names for host, names in recreate.items() if names},
     }
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import socket
 import subprocess
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Optional, TypeVar
@@ -80,6 +81,68 @@ HTTP_BODY_PROBE = (
 )
 """What a plain http URL on the host's private network answers (a GET), sent with the bearer
 key in `key` where that file exists (read there, never on a command line)."""
+
+HAPROXY_PROBE = (
+    "import socket, sys\n"
+    "c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+    "c.settimeout(float(sys.argv[3]))\n"
+    "try:\n"
+    "    c.connect(sys.argv[1])\n"
+    "    c.sendall(sys.argv[2].encode() + b'\\n')\n"
+    "    while True:\n"
+    "        b = c.recv(65536)\n"
+    "        if not b:\n"
+    "            break\n"
+    "        sys.stdout.write(b.decode(errors='replace'))\n"
+    "except Exception as e:\n"
+    "    print('no answer', e)\n"
+)
+"""One command to HAProxy's runtime API (its admin UNIX socket), and its reply; the same
+exchange as :func:`haproxy_ask`, as a script a batch runs."""
+
+
+def haproxy_ask(path: str, command: str, timeout_s: float = 10) -> str:
+    """One command to HAProxy's runtime API at `path`; its reply (HAProxy closes after it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout_s)
+        conn.connect(path)
+        conn.sendall(command.encode() + b"\n")
+        chunks = []
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class BackendServer:
+    """One server of an HAProxy backend, as ``show stat`` reports it."""
+
+    name: str
+    status: str
+    """UP, DOWN, DRAIN, MAINT, or a transition (``UP 1/2``)."""
+    sessions: int
+    """Requests in flight through it."""
+
+
+def haproxy_servers(stat: str, backend: str) -> dict[str, BackendServer]:
+    """The servers of `backend` in ``show stat``'s CSV (empty where it is no such reply)."""
+    lines = stat.splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    header = lines[0][2:].split(",")
+    servers = {}
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))
+        name = row.get("svname", "")
+        if row.get("pxname") != backend or name in ("FRONTEND", "BACKEND", ""):
+            continue
+        servers[name] = BackendServer(
+            name, row.get("status", ""), _number(row.get("scur", "")) or 0
+        )
+    return servers
 
 
 # ---------------------------------------------------------------- answers and records
@@ -430,6 +493,14 @@ class ToolQuestion(Question[ToolOutput]):
         return ToolOutput(True, "\n".join(answer.out))
 
 
+def _printed(answer: Answer) -> ToolOutput:
+    """What a probe script printed (it prints its own `no answer <why>`); absent where it
+    never ran."""
+    if answer.rc is None:
+        return ToolOutput(False)
+    return ToolOutput(True, "\n".join(answer.out))
+
+
 @dataclass(frozen=True)
 class HttpBodyQuestion(Question[ToolOutput]):
     """What a plain http URL answers on the host (a GET; :data:`HTTP_BODY_PROBE`): its body,
@@ -448,9 +519,28 @@ class HttpBodyQuestion(Question[ToolOutput]):
         )
 
     def read(self, answer: Answer) -> ToolOutput:
-        if answer.rc is None:
-            return ToolOutput(False)
-        return ToolOutput(True, "\n".join(answer.out))
+        return _printed(answer)
+
+
+@dataclass(frozen=True)
+class HaproxyQuestion(Question[ToolOutput]):
+    """HAProxy's reply to `request` on its runtime API at `socket` (:data:`HAPROXY_PROBE`), or
+    `no answer <why>`."""
+
+    socket: str
+    request: str = "show stat"
+    python: str = "python3"
+    timeout_s: float = ANSWER_TIMEOUT_S
+    kind: ClassVar[str] = "haproxy"
+
+    def command(self) -> str:
+        return (
+            f"{q(self.python)} -c {q(HAPROXY_PROBE)} {q(self.socket)} {q(self.request)} "
+            f"{self.timeout_s:g}"
+        )
+
+    def read(self, answer: Answer) -> ToolOutput:
+        return _printed(answer)
 
 
 @dataclass(frozen=True)
@@ -488,6 +578,7 @@ QUESTIONS: dict[str, type[Question[Any]]] = {
         ClockQuestion,
         ToolQuestion,
         HttpBodyQuestion,
+        HaproxyQuestion,
         GpuMemoryQuestion,
     )
 }
