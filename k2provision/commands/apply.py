@@ -6,6 +6,7 @@ import typer
 
 from k2provision.commands.flow import HostRun, run_on_hosts
 from k2provision.commands.params import (
+    AcceptOutageOpt,
     CheckOpt,
     DiffOpt,
     FullOpt,
@@ -25,6 +26,7 @@ def apply(
     tags: TagsOpt = None,
     keep_failed: KeepFailedOpt = False,
     full: FullOpt = False,
+    yes: AcceptOutageOpt = False,
 ) -> None:
     """Plan, then run playbooks/site.yml on the hosts with live progress and a summary."""
     run = HostRun(
@@ -36,6 +38,7 @@ def apply(
         diff=diff,
         keep_failed=keep_failed,
         full=full,
+        accept_outage=yes,
     )
     raise typer.Exit(run_on_hosts(run))
 

@@ -122,6 +122,8 @@ class HostRun:
     """A failed launch stage's containers are left running (k2_launch_keep_failed)."""
     full: bool = False
     """Every task runs, not only those of what the look found off the plan (k2_full_converge)."""
+    accept_outage: bool = False
+    """A change the look finds takes the endpoint down goes ahead (k2_accept_outage)."""
 
 
 class RunHooks:
@@ -268,6 +270,8 @@ def _flow(run: HostRun, hooks: RunHooks, loaded: LoadedPlan | None, record_: lis
             extravars["k2_launch_keep_failed"] = True
         if run.full:
             extravars["k2_full_converge"] = True
+        if run.accept_outage:
+            extravars["k2_accept_outage"] = True
         with hooks.view(plan, record) as view:
 
             def on_event(event: Event) -> None:

@@ -74,6 +74,15 @@ FullOpt = Annotated[
     ),
 ]
 
+AcceptOutageOpt = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        "-y",
+        help="accept a change that takes the endpoint down (one prefill and one decode instance)",
+    ),
+]
+
 
 SITE_TAGS = (
     "preflight",

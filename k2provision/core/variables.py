@@ -56,6 +56,7 @@ PLAYBOOK_VARS = (
     "k2_rollout_replaced",
     "k2_instance_repairs",
     "k2_full_converge",
+    "k2_accept_outage",
 )
 # A host list longer than this is shown by its ends and its count.
 HOSTS_SHOWN = 6

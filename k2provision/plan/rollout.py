@@ -36,6 +36,7 @@ __all__ = [
     "generation_rollout",
     "mixing_warning",
     "pd_generation_groups",
+    "pd_outage",
     "restarted_instances",
     "restarted_routers",
     "rollout_lines",
@@ -343,6 +344,11 @@ class GenerationRollout:
     worker_urls: tuple[str, ...]
 
 
+def _disaggregated(plan: Plan) -> bool:
+    """Whether the plan serves from a prefill and a decode pool."""
+    return {"prefill", "decode"} <= {p.name for p in plan.pools}
+
+
 def _pool_changed(plan: Plan, pool: str, changed: Sequence[str]) -> list[PoolPlan]:
     return [i for p in plan.pools if p.name == pool for i in p.instances if i.instance in changed]
 
@@ -358,7 +364,7 @@ def pd_generation_groups(plan: Plan, changed: Sequence[str]) -> int:
     """How many prefill+decode groups a change of `changed` instances moves in: 0 when it is
     no PD change of both pools (a change of one pool pairs every request within one
     generation of the other), else the smaller pool's changed instances."""
-    if plan.layout != "pd":
+    if not _disaggregated(plan):
         return 0
     prefill = _pool_changed(plan, "prefill", changed)
     decode = _pool_changed(plan, "decode", changed)
@@ -394,6 +400,26 @@ def generation_rollout(plan: Plan, changed: Sequence[str]) -> GenerationRollout 
             dict(i.router_worker.body) if i.router_worker else {"url": i.url} for i in members
         ),
         worker_urls=tuple(i.url for i in members),
+    )
+
+
+def pd_outage(plan: Plan, differences: Mapping[str, Sequence[Difference]]) -> str:
+    """What replacing a single-instance PD plan's changed servers costs ("" when nothing of
+    it runs another spec, or the plan is no single-instance PD): the launch replaces the only
+    prefill and decode instances in place, so the endpoint answers nothing until both pass
+    their gates again, and a prefill of one spec may meet a decode of the other meanwhile."""
+    if not _disaggregated(plan) or rolls(plan):
+        return ""
+    engine_hosts = {h for pool in plan.pools for h in pool.hosts}
+    changed = sorted(h for h in engine_hosts if _respecced_containers(differences.get(h, ())))
+    if not changed:
+        return ""
+    return (
+        f"this change replaces the only prefill and decode instance ({', '.join(changed)} run "
+        "another spec) in place: the endpoint answers nothing until both pass their health "
+        "gates again; fix: apply --yes (k2_accept_outage=true) to accept the outage, or make "
+        "it a fleet (k2_prefill_instances/k2_decode_instances 2 or more, two [router] hosts "
+        "and k2_front_address) whose changes keep serving"
     )
 
 

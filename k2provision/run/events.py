@@ -64,9 +64,10 @@ def _differences(res: Mapping[str, Any]) -> tuple[str, ...]:
     order = rollout.get("lines") if isinstance(rollout, Mapping) else None
     if isinstance(order, list):
         found += tuple(f"rollout order: {line}" for line in order)
-    warning = rollout.get("warning") if isinstance(rollout, Mapping) else None
-    if warning:
-        found += (f"rollout warning: {warning}",)
+    for key in ("warning", "outage"):
+        said = rollout.get(key) if isinstance(rollout, Mapping) else None
+        if said:
+            found += (f"rollout {key}: {said}",)
     return found
 
 

@@ -7,7 +7,9 @@ Cases, in order: the model directory absent on one host (preflight stops the run
 container starts); a decode rank that exits at start (stage stopped; with --keep-failed left
 running); a health gate that never passes (named, after a short cap); SIGTERM while a stage
 waits on its gates (stopped as a failed stage is, then a plain re-run); an endpoint answering
-a wrong chat completion (verify shows it); a rank that dies after a good apply (status 1)."""
+a wrong chat completion (verify shows it); a rank that dies after a good apply (status 1); a
+changed spec of the running instance, refused without --yes (the outage it is) and changing
+nothing."""
 
 from __future__ import annotations
 
@@ -65,8 +67,10 @@ class Cluster:
         directory.mkdir(exist_ok=True)
         (directory / "all.yml").write_text(yaml.safe_dump(variables) if variables else "{}\n")
 
-    def apply(self, *args: str) -> tuple[int, str]:
-        out = k2("apply", str(self.inventory), *args, runs=self.runs)
+    def apply(self, *args: str, yes: bool = True) -> tuple[int, str]:
+        """`apply` with `args`; with --yes unless told otherwise: the cases change the one PD
+        instance's spec, an outage apply runs only when accepted."""
+        out = k2("apply", str(self.inventory), *(("--yes",) if yes else ()), *args, runs=self.runs)
         return out.returncode, out.stdout + out.stderr
 
     def containers(self, host: str, *, running_only: bool = False) -> list[str]:
@@ -239,3 +243,23 @@ def test_a_rank_that_dies_after_a_good_apply_fails_status(cluster: Cluster) -> N
     assert status.returncode == 1, status.stdout[-3000:]
     assert re.search(rf"{host}.*sglang-decode", status.stdout), status.stdout[-3000:]
     cluster.host_vars(host)
+
+
+def test_a_change_of_the_one_pd_instance_runs_only_with_yes(cluster: Cluster) -> None:
+    host = cluster.decode0
+    rc, out = cluster.apply("--tags", "launch")
+    assert rc == 0, out[-4000:]
+    running = {name: cluster.containers(name, running_only=True) for name in cluster.names}
+    assert running[host] == ["k2-sglang"], running
+    ids = on_host(cluster.state, host, "docker inspect --format '{{.Id}}' k2-sglang")
+    cluster.host_vars(host, k2_lab_fault="wrong_answer")  # another spec for decode's ranks
+    try:
+        rc, out = cluster.apply("--tags", "launch", yes=False)
+    finally:
+        cluster.host_vars(host)
+    assert rc == 1, out[-4000:]
+    said = " ".join(out.split())
+    assert "rollout outage: this change replaces the only prefill and decode instance" in said
+    assert "fix: apply --yes (k2_accept_outage=true) to accept the outage" in said
+    assert on_host(cluster.state, host, "docker inspect --format '{{.Id}}' k2-sglang") == ids
+    assert {n: cluster.containers(n, running_only=True) for n in cluster.names} == running

@@ -521,3 +521,43 @@ def test_a_pd_change_of_both_pools_behind_one_router_is_said_to_risk_mixing(tmp_
     assert len(order["waves"]) == 4
     assert order["warning"].startswith("prefill and decode instances change behind one router")
     assert "k2_front_address" in order["warning"]
+
+
+def test_a_single_instance_pd_change_is_an_outage_the_run_needs_accepted() -> None:
+    plan = _plan(
+        Path(__file__).resolve().parents[2] / "golden" / "sglang-pd-1p1d" / "inventory.ini"
+    )
+    engine_hosts = {h for pool in plan.pools for h in pool.hosts}
+    changed = sorted(engine_hosts)[:1]
+    order = rollout_order(plan.model_dump(mode="json"), _looked(_other_spec(plan, set(changed))))
+    assert order["waves"] == []
+    assert order["outage"].startswith(
+        f"this change replaces the only prefill and decode instance ({changed[0]} run another spec)"
+    )
+    assert "fix: apply --yes (k2_accept_outage=true)" in order["outage"]
+    converged_order = rollout_order(plan.model_dump(mode="json"), _looked(_other_spec(plan, set())))
+    assert converged_order["outage"] == ""
+    # A fleet's change is no outage: it rolls.
+    fleet = _plan(PD_FLEET)
+    rolled = rollout_order(fleet.model_dump(mode="json"), _looked(_other_spec(fleet, {"gpu-p01"})))
+    assert rolled["outage"] == ""
+
+
+def test_the_look_fails_an_unaccepted_outage_and_the_cli_accepts_it_with_yes() -> None:
+    look = (Path(__file__).resolve().parents[3] / "playbooks" / "look.yml").read_text()
+    assert "not (k2_accept_outage | default(false) | bool)" in look
+    from k2provision.commands.flow import HostRun
+
+    assert HostRun(command="apply", inventory=Path("x"), accept_outage=True).accept_outage
+    event = parse_event(
+        {
+            "event": "runner_on_ok",
+            "event_data": {
+                "host": "lab1",
+                "task": "The fleet's rolling change",
+                "res": {"ansible_facts": {"k2_rollout": {"lines": [], "outage": "this change"}}},
+            },
+        }
+    )
+    assert isinstance(event, HostResult)
+    assert event.differences == ("rollout outage: this change",)

@@ -29,6 +29,7 @@ from k2provision.plan.rollout import (
     generation_lines,
     generation_rollout,
     mixing_warning,
+    pd_outage,
     restarted_instances,
     restarted_routers,
     rollout_lines,
@@ -275,8 +276,9 @@ def rollout_order(
     plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = None
 ) -> dict[str, Any]:
     """A fleet's rolling change (k2provision/plan/rollout.py): {waves: [{instances, urls,
-    hosts}, ...], lines: [...]}. `looked` is each host's k2_converge (the look's answer);
-    no waves for a single instance or when no instance differs. Waves are as wide as the
+    hosts}, ...], lines: [...], routers, generation, warning, outage}. `looked` is each
+    host's k2_converge (the look's answer); no waves for a single instance or when no
+    instance differs. Waves are as wide as the
     plan's fleet.max_unavailable unless `max_unavailable` says otherwise."""
     parsed = Plan.model_validate(plan)
     launch = _launch_found(looked)
@@ -286,9 +288,10 @@ def rollout_order(
     waves = rollout_waves(
         parsed, [i for i in changed if i not in moved], _wave_width(parsed, max_unavailable)
     )
-    return _rollout_document(
+    document = _rollout_document(
         waves, router_waves(parsed, launch), generation, mixing_warning(parsed, changed)
     )
+    return {**document, "outage": pd_outage(parsed, launch)}
 
 
 def restart_rollout(
