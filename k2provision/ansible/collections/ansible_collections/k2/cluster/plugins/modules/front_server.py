@@ -164,6 +164,7 @@ def main() -> None:
         module.fail_json(
             msg=f"{where}: {row.sessions} requests in flight, status {row.status} after "
             f"{timeout} s, expected {expected}; fix: {fix}",
+            changed=changed,
             **result,
         )
     module.exit_json(changed=changed, **result)
