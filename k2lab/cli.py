@@ -88,6 +88,15 @@ def up_cmd(
             "on lab1 and the instances on the other hosts (without --group/--var).",
         ),
     ] = 1,
+    routers: Annotated[
+        int,
+        typer.Option(
+            "--routers",
+            min=1,
+            help="With --instances: R routers on lab1..labR, HAProxy and keepalived beside "
+            "each, the endpoint the lab's floating address (the front).",
+        ),
+    ] = 1,
     bastion: Annotated[
         bool,
         typer.Option(
@@ -119,11 +128,14 @@ def up_cmd(
         }
         all_vars = {k: parse_var_value(v) for k, v in parse_pairs(var or [], "--var").items()}
         chosen = None
-        if instances > 1 and (counts is not None or all_vars):
-            raise LabError("--instances chooses the layout itself: give it without --group/--var")
+        if (instances > 1 or routers > 1) and (counts is not None or all_vars):
+            raise LabError(
+                "--instances and --routers choose the layout themselves: give them without "
+                "--group/--var"
+            )
         if counts is None and not all_vars:
             # refused here, before anything is made
-            chosen = demo.choose(LabConfig.default(), n, instances)
+            chosen = demo.choose(LabConfig.default(), n, instances, routers)
             counts, all_vars = chosen.groups, chosen.all_vars
         if bench_client:
             all_vars = {**all_vars, "k2_image": CLIENT_IMAGE}

@@ -64,6 +64,9 @@ class DemoLayout:
     groups: dict[str, int] = field(default_factory=dict)
     instances: int = 1
     """Serving instances behind one router (k2_instances): a fleet when above 1."""
+    front_address: str = ""
+    """A fleet's front (several routers behind it): k2_front_address, the lab's floating
+    address; "" with one router."""
 
     @property
     def all_vars(self) -> dict[str, VarValue]:
@@ -74,12 +77,15 @@ class DemoLayout:
             "k2_model": self.model,
             "k2_context_length": self.context_length,
             **({"k2_instances": self.instances} if self.instances > 1 else {}),
+            **({"k2_front_address": self.front_address} if self.front_address else {}),
             **FIXED_VARS,
         }
 
     def describe(self) -> str:
         pools = " + ".join(f"{count} {name}" for name, count in self.groups.items())
         fleet = f", {self.instances} instances" if self.instances > 1 else ""
+        if self.front_address:
+            fleet += f" behind the front {self.front_address}"
         return (
             f"{self.engine} {self.layout} ({pools}{fleet}), {self.model}, "
             f"context {self.context_length}"
@@ -103,26 +109,33 @@ def _pd_splits(n: int) -> list[int]:
     return sorted(range(1, n), key=lambda p: (abs(p - half), -p))
 
 
-def group_choices(engine: str, layout: str, n: int, instances: int = 1) -> list[dict[str, int]]:
+def group_choices(
+    engine: str, layout: str, n: int, instances: int = 1, routers: int = 1
+) -> list[dict[str, int]]:
     """Ways to place n hosts in a layout's groups, in the order they are tried. A fleet
-    (`instances` above 1) puts the router on the first host, alone, and its replicas on the
-    others: a change to a replica then never restarts the router with it."""
+    (`instances` above 1) puts its `routers` on the first hosts, alone, and its replicas on
+    the others: a change to a replica then never restarts a router with it."""
     disaggregated = layout_named(engine, layout).disaggregated
     if instances > 1:
-        return [] if disaggregated or n < 2 else [{"router": 1, "nodes": n - 1}]
+        fits = not disaggregated and n > routers
+        return [{"router": routers, "nodes": n - routers}] if fits else []
     if disaggregated:
         return [{"prefill": p, "decode": n - p} for p in _pd_splits(n)]
     return [{"nodes": n}]
 
 
-def candidates(n: int, instances: int = 1) -> Iterator[DemoLayout]:
-    """Every candidate for n hosts (and `instances` behind one router), in the documented
-    order."""
+def candidates(
+    n: int, instances: int = 1, routers: int = 1, front_address: str = ""
+) -> Iterator[DemoLayout]:
+    """Every candidate for n hosts (and `instances` behind `routers` routers, fronted at
+    `front_address` when there are several), in the documented order."""
     for engine, layout in layouts():
         for model in models():
-            for groups in group_choices(engine, layout, n, instances):
+            for groups in group_choices(engine, layout, n, instances, routers):
                 for context in CONTEXT_LENGTHS:
-                    yield DemoLayout(engine, layout, model, context, groups, instances)
+                    yield DemoLayout(
+                        engine, layout, model, context, groups, instances, front_address
+                    )
 
 
 def inventory_text(cfg: LabConfig, n: int, choice: DemoLayout) -> str:
@@ -169,10 +182,16 @@ def plans(text: str) -> bool:
 
 
 def first_that_plans(
-    cfg: LabConfig, n: int, *, confirm: Callable[[str], bool] = plans, instances: int = 1
+    cfg: LabConfig,
+    n: int,
+    *,
+    confirm: Callable[[str], bool] = plans,
+    instances: int = 1,
+    routers: int = 1,
 ) -> DemoLayout | None:
     """The first candidate for n hosts whose inventory plans, or None."""
-    for choice in candidates(n, instances):
+    front = cfg.floating_address() if routers > 1 else ""
+    for choice in candidates(n, instances, routers, front):
         if _plans_from_groups(cfg, n, choice) and confirm(inventory_text(cfg, n, choice)):
             return choice
     return None
@@ -198,19 +217,26 @@ def valid_counts(cfg: LabConfig, limit: int | None = None) -> list[int]:
     ]
 
 
-def choose(cfg: LabConfig, n: int, instances: int = 1) -> DemoLayout:
+def choose(cfg: LabConfig, n: int, instances: int = 1, routers: int = 1) -> DemoLayout:
     """The demo layout for n hosts, or a LabError naming the host counts that have one."""
     if not 1 <= n <= MAX_HOSTS:
         raise LabError(f"lab up {n}: expected 1..{MAX_HOSTS} hosts")
-    choice = first_that_plans(cfg, n, instances=instances)
+    if routers > 1 and instances < 2:
+        raise LabError(
+            f"lab up {n} --routers {routers}: routers front a fleet; fix: add --instances K "
+            "(2 or more)"
+        )
+    choice = first_that_plans(cfg, n, instances=instances, routers=routers)
     if choice is not None:
         return choice
     if instances > 1:
+        flags = f" --routers {routers}" if routers > 1 else ""
+        where = "the router on one host" if routers == 1 else f"the routers on {routers} hosts"
         raise LabError(
-            f"lab up {n} --instances {instances}: no fleet plans on {n} hosts of 8 x h200 "
-            f"(the router on one host, {instances} equal instances on the other {n - 1}); "
-            f"fix: give {instances} x the hosts of one instance plus one, e.g. "
-            f"`lab up {instances + 1} --instances {instances}`"
+            f"lab up {n} --instances {instances}{flags}: no fleet plans on {n} hosts of "
+            f"8 x h200 ({where}, {instances} equal instances on the other {n - routers}); "
+            f"fix: give {instances} x the hosts of one instance plus {routers}, e.g. "
+            f"`lab up {instances + routers} --instances {instances}{flags}`"
         )
     valid = valid_counts(cfg)
     shown = _ranges(valid) if valid else "none"

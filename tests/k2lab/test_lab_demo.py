@@ -135,3 +135,21 @@ def test_a_fleet_puts_the_router_alone_and_plans_its_instances(
     assert plan.endpoint_host == cfg.host_name(1)
     with pytest.raises(LabError, match="lab up 4 --instances 2: no fleet plans"):
         demo.choose(cfg, 4, instances=2)
+
+
+def test_a_fleet_behind_a_front_puts_each_router_alone_and_plans_the_front(
+    cfg: LabConfig, tmp_path: Path
+) -> None:
+    choice = demo.choose(cfg, 4, instances=2, routers=2)
+    assert choice.groups == {"router": 2, "nodes": 2}
+    assert choice.all_vars["k2_front_address"] == cfg.floating_address()
+    assert plans_from_file(demo.inventory_text(cfg, 4, choice), tmp_path)
+    plan = build_plan(load_cluster(tmp_path / "lab.ini"))
+    assert plan.front is not None
+    assert [r.host for r in plan.routers] == [cfg.host_name(1), cfg.host_name(2)]
+    assert plan.endpoint.startswith(f"http://{cfg.floating_address().split('/')[0]}:")
+    assert "behind the front" in choice.describe()
+    with pytest.raises(LabError, match="--routers 2: routers front a fleet; fix: add --instances"):
+        demo.choose(cfg, 4, routers=2)
+    with pytest.raises(LabError, match=r"e.g. `lab up 4 --instances 2 --routers 2`"):
+        demo.choose(cfg, 3, instances=2, routers=2)
