@@ -77,7 +77,9 @@ class FrontHostStatus:
         found += [
             f"HAProxy here counts the router on {name} {status}: it sends it no request"
             + (
-                "; fix: apply again (a router change that stopped left it out)"
+                f"; fix: `k2provision restart INVENTORY --limit {name}` replaces that router "
+                "and puts it back once it lists every worker (a router change that stopped "
+                "left it out)"
                 if status in ("DRAIN", "MAINT")
                 else ""
             )

@@ -108,8 +108,9 @@ def test_a_router_its_haproxy_does_not_count_up_is_named(plan: Plan) -> None:
     status = host_status(plan, plan.host("gpu-r01"), text)
     assert status.front is not None
     assert status.front.problems == [
-        "HAProxy here counts the router on gpu-r02 DRAIN: it sends it no request; fix: apply "
-        "again (a router change that stopped left it out)"
+        "HAProxy here counts the router on gpu-r02 DRAIN: it sends it no request; fix: "
+        "`k2provision restart INVENTORY --limit gpu-r02` replaces that router and puts it back "
+        "once it lists every worker (a router change that stopped left it out)"
     ]
     down = host_status(plan, plan.host("gpu-r01"), answer(plan, "gpu-r01", servers=("UP", "DOWN")))
     assert down.front is not None
