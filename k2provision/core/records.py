@@ -6,6 +6,7 @@ Every record is frozen and rejects unknown keys: a typo in data is an error, not
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -739,6 +740,18 @@ class PoolPlan(Record):
         if not self.instance:
             return None
         return InstanceRef(name=self.instance, hosts=self.hosts, master=self.master)
+
+
+def registered_at_launch(pools: Sequence[PoolPlan]) -> tuple[dict[str, str | int], ...]:
+    """The ``POST /workers`` bodies of the workers a router cannot name itself
+    (WorkerRegistration.at_launch: a vLLM fleet's), in the pools' order; () when the router
+    takes every worker from its command line."""
+    return tuple(
+        dict(i.router_worker.body)
+        for pool in pools
+        for i in pool.members()
+        if i.router_worker is not None and i.router_worker.at_launch
+    )
 
 
 class InstanceRef(Record):

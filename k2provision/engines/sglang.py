@@ -43,6 +43,7 @@ from k2provision.core.records import (
     RouterRegistrar,
     Tunables,
     WorkerRegistration,
+    registered_at_launch,
 )
 from k2provision.engines.base import (
     BatchTunable,
@@ -761,12 +762,7 @@ def _registrar(deployment: Deployment, router: HostSpec) -> RouterRegistrar | No
     front = deployment.cluster.front
     return RouterRegistrar(
         url=http_url(router.local_ip, t.router_port if front else t.api_port),
-        workers=tuple(
-            dict(i.router_worker.body)
-            for p in deployment.pools
-            for i in p.members()
-            if _registered_later(i) and i.router_worker is not None
-        ),
+        workers=registered_at_launch(deployment.pools),
         key_file=guard_path(t.config_dir, API_KEY) if t.api_key_file else "",
     )
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from k2provision.core.records import Plan, PoolPlan, RouterRef
+from k2provision.core.records import Plan, PoolPlan, RouterRef, registered_at_launch
 from k2provision.plan.converge import Difference, Drift
 
 __all__ = [
@@ -230,11 +230,7 @@ def _router_waves(
     if plan.front is None:
         return ()
     members = [i for pool in plan.pools for i in pool.members()]
-    registrations = tuple(
-        dict(i.router_worker.body)
-        for i in members
-        if i.router_worker is not None and i.router_worker.at_launch
-    )
+    registrations = registered_at_launch(plan.pools)
     waves = []
     for router in plan.front.routers:
         containers = _router_containers(plan, router.host)

@@ -359,7 +359,9 @@ def test_a_replaced_prefill_instance_stays_down_until_its_decode_peers_forget_it
     assert [w["down_s"] for w in tp["waves"]] == [0]
     # The role waits the wave's down_s after stopping and before a rollback's restart.
     role = Path(__file__).resolve().parents[3] / "roles" / "k2_rollout" / "tasks"
-    for task_file in ("wave.yml", "rollback.yml"):
+    # (the wave replaces its containers through replace.yml, which a router wave shares).
+    assert "include_tasks: replace.yml" in (role / "wave.yml").read_text()
+    for task_file in ("replace.yml", "rollback.yml"):
         assert "_k2_rollout_wave.down_s" in (role / task_file).read_text()
 
 

@@ -7,7 +7,13 @@ from typing import Any
 
 from k2provision.ansible.plan_parts import NotInPlanError, host_part
 from k2provision.core.inventory import plain_value
-from k2provision.core.records import ContainerOptions, Plan, Process, RouterRef
+from k2provision.core.records import (
+    ContainerOptions,
+    Plan,
+    Process,
+    RouterRef,
+    registered_at_launch,
+)
 from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
@@ -357,13 +363,7 @@ def launch_registrations(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """The `POST /workers` bodies of the fleet's workers the launch registers with the router
     (WorkerRegistration.at_launch), in the plan's order; empty when the router takes all of
     its workers from its command line."""
-    parsed = Plan.model_validate(plan)
-    return [
-        dict(i.router_worker.body)
-        for pool in parsed.pools
-        for i in pool.members()
-        if i.router_worker is not None and i.router_worker.at_launch
-    ]
+    return list(registered_at_launch(Plan.model_validate(plan).pools))
 
 
 def converge_skips(own: list[str], every_host: list[Any]) -> list[str]:
