@@ -34,6 +34,10 @@ class Answer:
     started: float
     ended: float
     """time.monotonic() when the answer (or the error) came back."""
+    at: float = 0.0
+    """time.time() when the request was sent (to compare with a run's UTC times)."""
+    fingerprint: str = ""
+    """The answer's system_fingerprint (the lab stand-ins': the spec that answered)."""
 
 
 class Traffic:
@@ -90,7 +94,7 @@ class Traffic:
         with self.lock:
             return [a for a in self.answers if a.ended >= moment]
 
-    def _one(self) -> str:
+    def _one(self) -> tuple[str, str]:
         body = {
             "model": self.model,
             # A fresh prefix per request: cache-aware routing then spreads the requests by
@@ -107,18 +111,35 @@ class Traffic:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as reply:
                 text = reply.read().decode()
-                return OK if "[DONE]" in text else "200 without [DONE]"
+                outcome = OK if "[DONE]" in text else "200 without [DONE]"
+                return outcome, _fingerprint(text)
         except urllib.error.HTTPError as error:
-            return str(error.code)
+            return str(error.code), ""
         except OSError as error:
-            return f"no answer ({error})"
+            return f"no answer ({error})", ""
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
             with self.lock:
                 if len(self.answers) >= self.max_requests:
                     return
-            started = time.monotonic()
-            outcome = self._one()
+            at, started = time.time(), time.monotonic()
+            outcome, fingerprint = self._one()
             with self.lock:
-                self.answers.append(Answer(outcome, started, time.monotonic()))
+                self.answers.append(
+                    Answer(outcome, started, time.monotonic(), at=at, fingerprint=fingerprint)
+                )
+
+
+def _fingerprint(stream: str) -> str:
+    """The system_fingerprint of a streamed answer's first chunk that has one ("": none)."""
+    for line in stream.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        try:
+            chunk = json.loads(line.removeprefix("data: "))
+        except ValueError:
+            continue
+        if isinstance(chunk, dict) and chunk.get("system_fingerprint"):
+            return str(chunk["system_fingerprint"])
+    return ""

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k2provision.core.records import LAB_FAULTS, integer_spelling_problem
+from k2provision.core.records import LAB_FAULTS, TIMED_LAB_FAULTS, integer_spelling_problem
 from k2provision.core.variables import shorten_hosts, show
 
 # RFC 1123 host name labels (underscores tolerated, as resolvers and Ansible do).
@@ -89,13 +89,13 @@ def lab_fault_problem(value: Any) -> str | None:
     """Why `value` is not a stand-in fault mode for k2_lab_fault (None when it is)."""
     text = str(value).strip() if isinstance(value, str | int | float) else ""
     mode, eq, seconds = text.partition("=")
-    if mode == "die_after":
+    if mode in TIMED_LAB_FAULTS:
         try:
             ok = eq == "=" and float(seconds) > 0
         except ValueError:
             ok = False
-        return None if ok else "needs a number of seconds > 0 (die_after=20)"
-    if mode in LAB_FAULTS and not eq and mode != "die_after":
+        return None if ok else f"needs a number of seconds > 0 ({mode}=20)"
+    if mode in LAB_FAULTS and not eq:
         return None
     return "is not a fault mode"
 

@@ -16,7 +16,7 @@ from annotated_types import Ge, Le
 from pydantic.fields import FieldInfo
 
 from k2provision.core import role_specs
-from k2provision.core.records import LAB_FAULTS, Cluster, PoolName, Tunables
+from k2provision.core.records import LAB_FAULTS, TIMED_LAB_FAULTS, Cluster, PoolName, Tunables
 
 # One value for the whole cluster ([all:vars] or group_vars/all), read into Cluster's fields.
 CLUSTER_VARS = (
@@ -57,6 +57,7 @@ PLAYBOOK_VARS = (
     "k2_instance_repairs",
     "k2_full_converge",
     "k2_accept_outage",
+    "k2_apply_canary",
 )
 # A host list longer than this is shown by its ends and its count.
 HOSTS_SHOWN = 6
@@ -97,7 +98,9 @@ def value_range(variable: str) -> str:
         "k2_gpu": "a GPU of the catalog",
         "k2_ib_devices": "RDMA device names (comma list or YAML list), each once",
         "k2_local_ip": "an IP address",
-        "k2_lab_fault": "one of " + ", ".join(LAB_FAULTS) + "=<seconds>, or unset (lab only)",
+        "k2_lab_fault": "one of "
+        + ", ".join(f"{f}=<seconds>" if f in TIMED_LAB_FAULTS else f for f in LAB_FAULTS)
+        + ", or unset (lab only)",
     }
     if variable in special:
         return special[variable]

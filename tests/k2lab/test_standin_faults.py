@@ -24,6 +24,7 @@ procs = st.procs
         ("wrong_answer", "wrong_answer", 0.0),
         ("die_after=20", "die_after", 20.0),
         (" die_after=2.5 ", "die_after", 2.5),
+        ("slow=1.5", "slow", 1.5),
     ],
 )
 def test_parse_names_each_mode(text: str, mode: str, seconds: float) -> None:
@@ -40,11 +41,12 @@ def test_parse_unset_is_no_fault(text: str | None) -> None:
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("crash", "expected exit_at_start, never_healthy, wrong_answer or die_after=<seconds>"),
+        ("crash", "expected exit_at_start, never_healthy, wrong_answer, die_after=<seconds> or"),
         ("die_after", "die_after needs a number of seconds > 0"),
         ("die_after=0", "die_after needs a number of seconds > 0"),
         ("die_after=soon", "die_after needs a number of seconds > 0"),
         ("never_healthy=1", "expected exit_at_start"),
+        ("slow", "slow needs a number of seconds > 0"),
     ],
 )
 def test_parse_refuses_what_is_not_a_fault(text: str, named: str) -> None:

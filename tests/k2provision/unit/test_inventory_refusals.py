@@ -122,7 +122,7 @@ CASES = [
         pd("k2_lab=true\n", decode="k2_lab_fault=crash"),
         "d1",
         "k2_lab_fault=crash",
-        "exit_at_start, never_healthy, wrong_answer, die_after=<seconds>",
+        "exit_at_start, never_healthy, wrong_answer, die_after=<seconds>, slow=<seconds>",
     ),
     case(
         "lab-fault-die-after-no-seconds",

@@ -7,7 +7,9 @@ plans only), so every launch-failure path is a test on lab hosts:
 - `never_healthy`: it serves, but every health route answers 503, forever;
 - `wrong_answer`: chat completions answer 200 with a body that has no choices (nor tool calls),
   so a smoke test fails on what came back;
-- `die_after=N`: it exits 1 N seconds after it became ready (a rank lost after launch).
+- `die_after=N`: it exits 1 N seconds after it became ready (a rank lost after launch);
+- `slow=N`: every chat or text completion waits N more seconds before it answers (an engine
+  that passes its gates and smoke test but serves slowly: a canary to roll back).
 
 Unset or empty: no fault. A value that is none of these refuses to start (exit 2), so a typo
 cannot pass for a working fault.
@@ -18,11 +20,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 ENV = "K2_LAB_FAULT"
-MODES = ("exit_at_start", "never_healthy", "wrong_answer", "die_after")
-EXPECTED = "exit_at_start, never_healthy, wrong_answer or die_after=<seconds>"
+MODES = ("exit_at_start", "never_healthy", "wrong_answer", "die_after", "slow")
+# The modes that take =<seconds>.
+TIMED = ("die_after", "slow")
+EXPECTED = "exit_at_start, never_healthy, wrong_answer, die_after=<seconds> or slow=<seconds>"
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ class Fault:
     seconds: float = 0.0
 
     def __str__(self) -> str:
-        return f"die_after={self.seconds:g}" if self.mode == "die_after" else self.mode
+        return f"{self.mode}={self.seconds:g}" if self.mode in TIMED else self.mode
 
 
 def parse(text: str | None) -> Fault | None:
@@ -40,16 +45,16 @@ def parse(text: str | None) -> Fault | None:
     if not value:
         return None
     mode, eq, arg = value.partition("=")
-    if mode == "die_after":
+    if mode in TIMED:
         try:
             seconds = float(arg) if eq else -1.0
         except ValueError:
             seconds = -1.0
         if not seconds > 0:
             raise ValueError(
-                f"{ENV}={value!r}: die_after needs a number of seconds > 0 (e.g. die_after=20)"
+                f"{ENV}={value!r}: {mode} needs a number of seconds > 0 (e.g. {mode}=20)"
             )
-        return Fault("die_after", seconds)
+        return Fault(mode, seconds)
     if mode in MODES and not eq:
         return Fault(mode)
     raise ValueError(f"{ENV}={value!r}: expected {EXPECTED}")
@@ -112,6 +117,16 @@ def on_ready(entry: str) -> None:
     timer = threading.Timer(fault.seconds, die)
     timer.daemon = True
     timer.start()
+
+
+def slow_answer() -> None:
+    """Called before a completion is answered: with slow=N, wait N seconds first."""
+    try:
+        fault = current()
+    except ValueError:
+        return
+    if fault is not None and fault.mode == "slow":
+        time.sleep(fault.seconds)
 
 
 def wrong_chat_body(model: str) -> dict[str, object]:

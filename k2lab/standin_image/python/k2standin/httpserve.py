@@ -369,23 +369,27 @@ class ModelServer:
             return bad_model
         if faults.active("wrong_answer"):
             return json_response(200, faults.wrong_chat_body(self.model_id or ""))
+        faults.slow_answer()
         self.answered += 1
+        # The spec this server runs (its launch argv's digest) as OpenAI's system_fingerprint:
+        # a client tells which spec answered it (a canary's share).
+        spec = str(self.info.get("standin_spec", ""))
         if streaming.wants_stream(doc):
             decode_time(streaming.token_budget(doc))
             return Response(
-                200, streaming.chat_stream(doc, self.model_id or ""), streaming.CONTENT_TYPE
+                200,
+                streaming.chat_stream(doc, self.model_id or "", spec),
+                streaming.CONTENT_TYPE,
             )
         decode_time(REPLY_TOKENS)
-        return json_response(
-            200,
-            openai_shapes.chat_completion(
-                doc,
-                self.flags,
-                self.model_id or "",
-                ident=f"chatcmpl-{uuid.uuid4().hex}",
-                created=int(time.time()),
-            ),
+        answer = openai_shapes.chat_completion(
+            doc,
+            self.flags,
+            self.model_id or "",
+            ident=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
         )
+        return json_response(200, {**answer, "system_fingerprint": spec} if spec else answer)
 
     def completion(self, body: bytes) -> Response:
         unready = self._unready()

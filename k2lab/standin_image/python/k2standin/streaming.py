@@ -113,14 +113,16 @@ def generate_stream(doc: dict[str, Any]) -> bytes:
     return _sse(events)
 
 
-def _openai_stream(doc: dict[str, Any], model: str, chat: bool) -> bytes:
+def _openai_stream(doc: dict[str, Any], model: str, chat: bool, fingerprint: str = "") -> bytes:
     n = token_budget(doc)
-    base = {
+    base: dict[str, Any] = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
     }
+    if fingerprint:
+        base["system_fingerprint"] = fingerprint
 
     def choice(text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
         if not chat:
@@ -146,6 +148,7 @@ def completion_stream(doc: dict[str, Any], model: str) -> bytes:
     return _openai_stream(doc, model, chat=False)
 
 
-def chat_stream(doc: dict[str, Any], model: str) -> bytes:
-    """`/v1/chat/completions` with `"stream": true`."""
-    return _openai_stream(doc, model, chat=True)
+def chat_stream(doc: dict[str, Any], model: str, fingerprint: str = "") -> bytes:
+    """`/v1/chat/completions` with `"stream": true` (each chunk's system_fingerprint the
+    server's spec, where it has one)."""
+    return _openai_stream(doc, model, chat=True, fingerprint=fingerprint)
