@@ -16,9 +16,12 @@ Choices, each with its reason:
   with a higher priority comes back (moving it back would cut every connection a second time).
 - ``track_script`` without a weight: when HAProxy is not running, the instance goes to FAULT and
   gives the address up at once (with nopreempt a lowered priority would not move it).
-- HAProxy in HTTP mode, balancing each request to the router with the fewest in flight
-  (``leastconn``; requests are long streams), checking each router's liveness every second
-  (every quarter second after a failure, each check given 1 s), out after two failed checks or
+- HAProxy in HTTP mode, sending requests to the routers in turn by weight (``roundrobin``:
+  the routers are equal proxies that balance the instances themselves, and a weight is then an
+  exact share, which a change's canary and a PD change's generations set at runtime;
+  ``leastconn`` would send every request to the heaviest idle router), checking each router's
+  liveness every second (every quarter second after a failure, each check given 1 s), out
+  after two failed checks or
   at once when a request cannot connect to it (``observe layer4``, ``on-error mark-down``: a
   router whose host lost its link would otherwise take requests until its second failed check);
   connections are given 1 s (routers sit on the same network); a request whose connection
@@ -202,7 +205,7 @@ def haproxy_config(front: FrontPlan, host: str) -> str:
         f"    default_backend {front.backend}\n"
         "\n"
         f"backend {front.backend}\n"
-        "    balance leastconn\n"
+        "    balance roundrobin\n"
         "    option httpchk\n"
         f"    http-check send meth GET uri {front.router_health_path}\n"
         "    http-check expect status 200\n"

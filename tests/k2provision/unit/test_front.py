@@ -125,7 +125,7 @@ def test_haproxy_spreads_over_every_router_and_checks_each(plan: Plan) -> None:
     text = haproxy_config(plan.front, "gpu-r01")
     for line in (
         "    bind :8000\n",
-        "    balance leastconn\n",
+        "    balance roundrobin\n",
         "    http-check send meth GET uri /health\n",
         "    http-check expect status 200\n",
         "    server gpu-r01 10.10.0.5:8080 check\n",
