@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from k2provision.commands.flow import HostRun, run_on_hosts
+from k2provision.commands.flow import HostRun, load_plan, run_on_hosts
 from k2provision.commands.params import (
     AcceptOutageOpt,
+    CanaryOpt,
     CheckOpt,
     DiffOpt,
     FullOpt,
@@ -16,6 +17,8 @@ from k2provision.commands.params import (
     TagsOpt,
     split_tags,
 )
+from k2provision.errors import PlanError
+from k2provision.plan.canary import canary_problem
 
 
 def apply(
@@ -27,8 +30,12 @@ def apply(
     keep_failed: KeepFailedOpt = False,
     full: FullOpt = False,
     yes: AcceptOutageOpt = False,
+    canary: CanaryOpt = None,
 ) -> None:
     """Plan, then run playbooks/site.yml on the hosts with live progress and a summary."""
+    loaded = load_plan(inventory)
+    if canary and (problem := canary_problem(loaded.plan, canary)):
+        raise PlanError([problem])
     run = HostRun(
         command="apply",
         inventory=inventory,
@@ -39,8 +46,9 @@ def apply(
         keep_failed=keep_failed,
         full=full,
         accept_outage=yes,
+        canary=canary,
     )
-    raise typer.Exit(run_on_hosts(run))
+    raise typer.Exit(run_on_hosts(run, loaded=loaded))
 
 
 def register(app: typer.Typer) -> None:

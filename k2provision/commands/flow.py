@@ -124,6 +124,8 @@ class HostRun:
     """Every task runs, not only those of what the look found off the plan (k2_full_converge)."""
     accept_outage: bool = False
     """A change the look finds takes the endpoint down goes ahead (k2_accept_outage)."""
+    canary: int | None = None
+    """This run's canary share in per cent, instead of the plan's (k2_apply_canary)."""
 
 
 class RunHooks:
@@ -272,6 +274,8 @@ def _flow(run: HostRun, hooks: RunHooks, loaded: LoadedPlan | None, record_: lis
             extravars["k2_full_converge"] = True
         if run.accept_outage:
             extravars["k2_accept_outage"] = True
+        if run.canary is not None:
+            extravars["k2_apply_canary"] = run.canary
         with hooks.view(plan, record) as view:
 
             def on_event(event: Event) -> None:

@@ -83,6 +83,18 @@ AcceptOutageOpt = Annotated[
     ),
 ]
 
+CanaryOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--canary",
+        min=0,
+        max=50,
+        metavar="PCT",
+        help="behind the front, try a fleet's change on PCT % of requests first, then keep it "
+        "or roll it back on its own (0: no canary; default: k2_canary_percent)",
+    ),
+]
+
 
 SITE_TAGS = (
     "preflight",

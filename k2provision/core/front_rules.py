@@ -65,7 +65,20 @@ def front_problems(cluster: Cluster) -> list[str]:
             "expected no k2_tls_cert_file with several routers; fix: terminate TLS in front "
             "of the address (a load balancer of the site's), or keep one host in [router]"
         )
+    if t.canary_percent and any(h.pool in ("prefill", "decode") for h in cluster.hosts):
+        problems.append(canary_pd_problem(f"k2_canary_percent={t.canary_percent}"))
     return problems
+
+
+def canary_pd_problem(given: str) -> str:
+    """Why a canary is refused for a PD fleet (`given`: the variable or option that asks)."""
+    return (
+        f"{given}: a canary takes the first wave behind one router alone, and a PD fleet's "
+        "router pairs any prefill it lists with any decode, so a canary of one pool would pair "
+        "with the other's old spec; this release has no PD canary; expected no canary for a "
+        "PD fleet (its changes move generation by generation, each router listing one spec); "
+        "fix: unset k2_canary_percent, or apply without --canary"
+    )
 
 
 def _address_problems(cluster: Cluster, value: str) -> list[str]:

@@ -788,7 +788,15 @@ ROUTER_ONLY_VARS = (
 )
 # Read only by the front tier (two or more [router] hosts); k2_front_address is required there
 # and refused elsewhere (core/front_rules.py).
-FRONT_ONLY_VARS = ("k2_router_port", "k2_front_vrid", "k2_front_interface")
+FRONT_ONLY_VARS = (
+    "k2_router_port",
+    "k2_front_vrid",
+    "k2_front_interface",
+    "k2_canary_percent",
+    "k2_canary_hold_s",
+    "k2_canary_max_error_pct",
+    "k2_canary_max_latency_ratio",
+)
 
 
 def _idle_setting_notes(cluster: Cluster, layout: Layout) -> list[str]:

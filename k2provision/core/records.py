@@ -27,8 +27,9 @@ EngineName = str
 PoolName = Literal["nodes", "prefill", "decode"]
 Role = Literal["node", "prefill", "decode", "router"]
 
-# The lab stand-in's fault modes (k2_lab_fault; die_after takes =<seconds>).
-LAB_FAULTS = ("exit_at_start", "never_healthy", "wrong_answer", "die_after")
+# The lab stand-in's fault modes (k2_lab_fault; die_after and slow take =<seconds>).
+LAB_FAULTS = ("exit_at_start", "never_healthy", "wrong_answer", "die_after", "slow")
+TIMED_LAB_FAULTS = ("die_after", "slow")
 # The most serving instances one pool may hold (k2_instances and its PD forms).
 MAX_INSTANCES = 64
 
@@ -376,6 +377,32 @@ class Tunables(Record):
     )
     router_queue_timeout_s: int = Field(
         default=60, ge=1, le=3600, description="seconds a request may wait in the router's queue"
+    )
+    canary_percent: int = Field(
+        default=0,
+        ge=0,
+        le=50,
+        description="behind the front, the share of requests a fleet's change first takes "
+        "alone (0: no canary; `apply --canary PCT` for one run): the first wave's instances "
+        "go behind the last router only, HAProxy sends it this share, and after "
+        "k2_canary_hold_s the change goes on or is rolled back",
+    )
+    canary_hold_s: int = Field(
+        default=300, ge=10, le=3600, description="seconds a canary serves before its verdict"
+    )
+    canary_max_error_pct: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description="the most failed requests (HTTP 5xx, per cent) a canary may answer, counted "
+        "by the front's HAProxy, its probes included",
+    )
+    canary_max_latency_ratio: float = Field(
+        default=1.5,
+        ge=1,
+        le=100,
+        description="how much slower (median of probes sent to each side through the routers) "
+        "a canary may answer than the instances that did not change",
     )
 
     @field_validator("*", mode="before")
@@ -987,6 +1014,17 @@ class HostPlan(Record):
         return data
 
 
+class CanarySettings(Record):
+    """A fleet's canary (k2_canary_percent, k2_canary_hold_s, k2_canary_max_error_pct,
+    k2_canary_max_latency_ratio): the inventory's values, their defaults those of `Tunables`."""
+
+    percent: int = 0
+    """The share of requests the first wave takes alone behind its router; 0: no canary."""
+    hold_s: int = 300
+    max_error_pct: float = 1.0
+    max_latency_ratio: float = 1.5
+
+
 class FleetSettings(Record):
     """How a fleet's rolling change proceeds (k2_max_unavailable, k2_drain_timeout): the
     inventory's values, their defaults those of `Cluster`."""
@@ -995,6 +1033,8 @@ class FleetSettings(Record):
     """Instances of a pool replaced at once."""
     drain_timeout: int
     """Seconds a stopping instance may take to answer its in-flight requests."""
+    canary: CanarySettings = CanarySettings()
+    """How a change behind the front is tried on a share of requests first (k2_canary_*)."""
 
 
 class RouterRef(Record):

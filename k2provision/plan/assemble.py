@@ -22,6 +22,7 @@ from k2provision.core.access_files import access_file_problems
 from k2provision.core.endpoint_guard import TLS_CA, guard_path
 from k2provision.core.records import (
     AccessFiles,
+    CanarySettings,
     Cluster,
     ContainerOptions,
     FleetSettings,
@@ -214,7 +215,14 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         ),
         lab=cluster.lab,
         fleet=FleetSettings(
-            max_unavailable=cluster.max_unavailable, drain_timeout=cluster.drain_timeout
+            max_unavailable=cluster.max_unavailable,
+            drain_timeout=cluster.drain_timeout,
+            canary=CanarySettings(
+                percent=cluster.tunables.canary_percent,
+                hold_s=cluster.tunables.canary_hold_s,
+                max_error_pct=cluster.tunables.canary_max_error_pct,
+                max_latency_ratio=cluster.tunables.canary_max_latency_ratio,
+            ),
         ),
         access=access_files(cluster),
         container=container,

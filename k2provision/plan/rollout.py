@@ -31,6 +31,7 @@ __all__ = [
     "RolloutWave",
     "RouterWave",
     "changed_instances",
+    "disaggregated",
     "fleet_instances",
     "generation_lines",
     "generation_rollout",
@@ -340,7 +341,7 @@ class GenerationRollout:
     worker_urls: tuple[str, ...]
 
 
-def _disaggregated(plan: Plan) -> bool:
+def disaggregated(plan: Plan) -> bool:
     """Whether the plan serves from a prefill and a decode pool."""
     return {"prefill", "decode"} <= {p.name for p in plan.pools}
 
@@ -360,7 +361,7 @@ def pd_generation_groups(plan: Plan, changed: Sequence[str]) -> int:
     """How many prefill+decode groups a change of `changed` instances moves in: 0 when it is
     no PD change of both pools (a change of one pool pairs every request within one
     generation of the other), else the smaller pool's changed instances."""
-    if not _disaggregated(plan):
+    if not disaggregated(plan):
         return 0
     prefill = _pool_changed(plan, "prefill", changed)
     decode = _pool_changed(plan, "decode", changed)
@@ -404,7 +405,7 @@ def pd_outage(plan: Plan, differences: Mapping[str, Sequence[Difference]]) -> st
     it runs another spec, or the plan is no single-instance PD): the launch replaces the only
     prefill and decode instances in place, so the endpoint answers nothing until both pass
     their gates again, and a prefill of one spec may meet a decode of the other meanwhile."""
-    if not _disaggregated(plan) or rolls(plan):
+    if not disaggregated(plan) or rolls(plan):
         return ""
     engine_hosts = {h for pool in plan.pools for h in pool.hosts}
     changed = sorted(h for h in engine_hosts if _respecced_containers(differences.get(h, ())))

@@ -4,8 +4,11 @@ running HAProxy and keepalived from Debian's packages, the endpoint the floating
 them holds; stand-ins that drain on SIGTERM. Clients keep streaming requests through that
 address (each ~2 s in flight) while
 
-- `apply` rolls a changed k2_context_length across both instances, out of and back into both
-  routers: every request is answered 200, and each instance's /v1/models reports the new
+- `apply --canary 10` rolls a changed k2_context_length: replica-1 first serves behind lab2's
+  router alone, which HAProxy sends 10 % of the requests for k2_canary_hold_s (30 s); the
+  clients' answers of the new spec (each stand-in names its spec in system_fingerprint) are
+  within 3 points of 10 % of those the hold saw, the verdict keeps it, and replica-2 follows:
+  every request is answered 200, and each instance's /v1/models reports the new
   max_model_len;
 - a router flag change (k2_router_max_concurrent_requests) replaces the routers one at a time,
   each set to drain in both HAProxies first and ready again once it lists both instances
@@ -14,6 +17,10 @@ address (each ~2 s in flight) while
 - a new spec that fails (k2_lab_fault=exit_at_start on one instance's host) is rolled back:
   the run fails naming the instance, that instance runs its previous spec again and is back in
   both routers, and every request is still answered 200;
+- a canary that answers a second late (k2_lab_fault=slow=1) is rolled back by the hold's
+  verdict (its probes far slower than the others'): the run fails naming the figures,
+  replica-1 runs its previous container again in both routers, at most 1 % of the requests
+  fail;
 - `restart --limit lab3` restarts replica-1 through both routers the same way: every request
   is answered 200;
 - one instance's host is stopped (`lab stop`): the requests that fail are those the dead
@@ -30,6 +37,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +70,7 @@ VARS: dict[str, lab_api.VarValue] = {
     "k2_model_dir": MODEL_DIR,
     "k2_context_length": 32768,
     "k2_front_address": FLOATING,
+    "k2_canary_hold_s": 30,
 }
 ENDPOINT = f"http://{FLOATING.split('/')[0]}:8000"
 
@@ -111,16 +120,50 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
         assert "haproxy up, keepalived up" in line, line
         assert "2/2 instances healthy; its HAProxy counts the routers lab1 UP, lab2 UP" in line
     changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
-    with Traffic(ENDPOINT) as client:
-        run = k2("apply", str(changed), runs=tmp_path / "runs")
+    # Short requests, many of them: the canary's share is counted over hundreds.
+    with Traffic(ENDPOINT, tokens=20, max_requests=20000) as client:
+        old = ""
+        while not old:
+            time.sleep(0.5)
+            old = next((a.fingerprint for a in client.since(0) if a.fingerprint), "")
+        run = k2("apply", str(changed), "--canary", "10", runs=tmp_path / "runs")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "rollout order: 1. replica-1 on lab3" in run.stdout
-    assert "rollout order: 2. replica-2 on lab4" in run.stdout
+    assert "rollout order: 1. canary: the router on lab2 out of HAProxy on lab1, lab2" in run.stdout
+    assert "rollout order: 2. canary: replica-1 on lab3: out of the router(s) on lab1" in run.stdout
+    assert "rollout order: 4. replica-2 on lab4" in run.stdout
     assert client.failures == [], client.counts
     assert client.counts["200"] > 20
     assert [max_model_len(state, ROUTER, h) for h in REPLICAS] == [16384, 16384]
     assert routers_health(state) == [[True, True], [True, True]]
+    # The share the clients measured while the canary was held (the window the verdict names;
+    # each answer says which spec served it): within 3 points of the 10 % asked.
+    verdict = canary_line(run.stdout)
+    assert verdict.endswith(": kept"), verdict
+    start, end = hold_window(verdict)
+    held = [a for a in client.since(0) if a.at >= start + 1 and a.at + 1 <= end]
+    new = [a for a in held if a.fingerprint and a.fingerprint != old]
+    share = 100.0 * len(new) / len(held)
+    print(f"canary at 10 %: {len(new)} of {len(held)} answers held ({share:.1f} %); {verdict}")
+    assert len(held) > 100, client.counts
+    assert abs(share - 10.0) <= 3.0, (share, len(held))
     inventory.write_text(changed.read_text())  # the fleet's inventory from here on
+
+
+def canary_line(stdout: str) -> str:
+    """The verdict the run printed (`HOST: canary: FIGURES`, one line)."""
+    found = [x.split(": canary: ", 1)[1] for x in stdout.splitlines() if ": canary: " in x]
+    assert len(found) == 1, stdout[-4000:]
+    return found[0].strip()
+
+
+def hold_window(verdict: str) -> tuple[float, float]:
+    """The hold's start and end (time.time()) the verdict names."""
+    found = re.search(r"from (\S+Z) to (\S+Z)", verdict)
+    assert found, verdict
+    return tuple(  # type: ignore[return-value]
+        datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        for t in found.groups()
+    )
 
 
 def router_command(state: Any, host: str) -> str:
@@ -179,6 +222,37 @@ def test_a_failing_new_spec_is_rolled_back_and_the_fleet_keeps_serving(
     assert client.counts["200"] > 10
     # replica-1 runs its previous spec again, from its previous launch files, and serves.
     assert max_model_len(state, ROUTER, "lab3") == before
+    assert routers_health(state) == [[True, True], [True, True]]
+    check = k2("apply", str(inventory), "--check", runs=tmp_path / "check")
+    assert check.returncode == 0, check.stdout[-4000:]
+    assert "rollout order" not in check.stdout
+
+
+# A canary that passes its gates and smoke test but answers a second late: its probes are
+# slower than the others' by far more than x1.5, so the hold rolls it back; the clients lose
+# nothing (at most 1 % may fail: none should).
+def test_a_slow_canary_is_rolled_back_on_its_own_and_the_clients_barely_notice(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    before = container_id(state, "lab3", "k2-sglang")
+    faulty = edited(
+        inventory, tmp_path, "lab3 ansible_host=", "lab3 k2_lab_fault=slow=1 ansible_host="
+    )
+    with Traffic(ENDPOINT, tokens=20, max_requests=20000) as client:
+        run = k2("apply", str(faulty), "--canary", "10", runs=tmp_path / "runs")
+    assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
+    verdict = canary_line(run.stdout)
+    print(f"slow canary: {verdict}; clients {dict(client.counts)}")
+    assert "rolled back: median latency x" in verdict, verdict
+    said = " ".join(run.stdout.split())
+    assert "canary rolled back: replica-1 behind the router on lab2" in said
+    assert "replica-1 runs its previous spec again and is back in every router" in said
+    total = sum(client.counts.values())
+    assert total > 100, client.counts
+    assert len(client.failures) <= total // 100, client.counts
+    # replica-1 is its previous container again, in both routers; replica-2 was not touched.
+    assert container_id(state, "lab3", "k2-sglang") == before
     assert routers_health(state) == [[True, True], [True, True]]
     check = k2("apply", str(inventory), "--check", runs=tmp_path / "check")
     assert check.returncode == 0, check.stdout[-4000:]

@@ -473,11 +473,11 @@ def test_an_http_body_is_read_on_the_host_with_the_key_from_its_file(tmp_path: P
 
 
 STAT = (
-    "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status\n"
-    "k2_routers,lab1,0,0,2,5,,60,UP\n"
-    "k2_routers,lab2,0,0,0,4,,60,DRAIN\n"
-    "k2_routers,BACKEND,0,0,2,9,410,120,UP\n"
-    "other,lab1,0,0,7,9,,1,DOWN\n"
+    "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status,hrsp_5xx\n"
+    "k2_routers,lab1,0,0,2,5,,60,UP,3\n"
+    "k2_routers,lab2,0,0,0,4,,61,DRAIN,0\n"
+    "k2_routers,BACKEND,0,0,2,9,410,121,UP,3\n"
+    "other,lab1,0,0,7,9,,1,DOWN,\n"
 )
 
 
@@ -509,8 +509,8 @@ def test_the_haproxy_question_asks_the_runtime_api_on_its_socket(tmp_path: Path)
     assert asked.text == STAT.rstrip("\n")
     assert direct == STAT
     assert hq.haproxy_servers(asked.text, "k2_routers") == {
-        "lab1": hq.BackendServer("lab1", "UP", 2),
-        "lab2": hq.BackendServer("lab2", "DRAIN", 0),
+        "lab1": hq.BackendServer("lab1", "UP", 2, requests=60, errors=3),
+        "lab2": hq.BackendServer("lab2", "DRAIN", 0, requests=61, errors=0),
     }
     (gone,) = ask(hq.HaproxyQuestion(str(tmp_path / "none.sock")))
     assert isinstance(gone, hq.ToolOutput)

@@ -17,6 +17,7 @@ from k2provision.core.records import (
 from k2provision.errors import K2Error
 from k2provision.ops.restart import restart_set as plan_restart_set
 from k2provision.ops.rollout import smoke_reason, start_reason
+from k2provision.plan.canary import CanaryRollout, canary_lines, canary_rollout, canary_verdict
 from k2provision.plan.containers import LABEL_HASH, exec_argv, run_argv, spec_hash
 from k2provision.plan.converge import (
     Difference,
@@ -235,18 +236,37 @@ def _generation_json(g: GenerationRollout | None) -> dict[str, Any] | None:
     }
 
 
+def _canary_json(c: CanaryRollout | None) -> dict[str, Any] | None:
+    """A canary as the k2_rollout role reads it (None: none)."""
+    if c is None:
+        return None
+    return {
+        "router": _router_json(c.router),
+        "others": [_router_json(r) for r in c.others],
+        "front_hosts": list(c.front_hosts),
+        "wave": _wave_json(c.wave),
+        "weights": [{"server": s, "weight": w} for s, w in c.weights],
+        "worker_urls": list(c.worker_urls),
+        "workers": [dict(body) for body in c.workers],
+        "settings": c.settings.model_dump(mode="json"),
+    }
+
+
 def _rollout_document(
     waves: tuple[RolloutWave, ...],
     routers: tuple[RouterWave, ...] = (),
     generation: GenerationRollout | None = None,
     warning: str = "",
+    canary: CanaryRollout | None = None,
 ) -> dict[str, Any]:
     """Rollout waves as the k2_rollout role reads them: {routers: [...], generation: {...} or
-    None, waves: [...], lines: [...], warning}, the routers' lines first, then the
-    generation's, then the waves'."""
+    None, canary: {...} or None, waves: [...], lines: [...], warning}, the routers' lines
+    first, then the generation's, the canary's, then the other waves'."""
     lines = router_lines(routers)
     if generation is not None:
         lines += generation_lines(generation, first=len(lines) + 1)
+    if canary is not None:
+        lines += canary_lines(canary, first=len(lines) + 1)
     lines += rollout_lines(waves, first=len(lines) + 1)
     return {
         # Each router wave carries a wave's keys too (instances names it, hosts, containers,
@@ -267,6 +287,7 @@ def _rollout_document(
             for r in routers
         ],
         "generation": _generation_json(generation),
+        "canary": _canary_json(canary),
         "waves": [_wave_json(w) for w in waves],
         "lines": lines,
         "warning": warning,
@@ -279,13 +300,14 @@ def _wave_width(plan: Plan, max_unavailable: Any) -> int:
 
 
 def rollout_order(
-    plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = None
+    plan: dict[str, Any], looked: dict[str, Any], max_unavailable: Any = None, canary: Any = None
 ) -> dict[str, Any]:
     """A fleet's rolling change (k2provision/plan/rollout.py): {waves: [{instances, urls,
-    hosts}, ...], lines: [...], routers, generation, warning, outage}. `looked` is each
-    host's k2_converge (the look's answer); no waves for a single instance or when no
-    instance differs. Waves are as wide as the
-    plan's fleet.max_unavailable unless `max_unavailable` says otherwise."""
+    hosts}, ...], lines: [...], routers, generation, canary, warning, outage}. `looked` is
+    each host's k2_converge (the look's answer); no waves for a single instance or when no
+    instance differs. Waves are as wide as the plan's fleet.max_unavailable unless
+    `max_unavailable` says otherwise; the first is a canary (plan/canary.py) at the plan's
+    fleet.canary.percent, or at `canary` per cent where the run names one (apply --canary)."""
     parsed = Plan.model_validate(plan)
     launch = _launch_found(looked)
     changed = changed_instances(parsed, launch)
@@ -294,10 +316,26 @@ def rollout_order(
     waves = rollout_waves(
         parsed, [i for i in changed if i not in moved], _wave_width(parsed, max_unavailable)
     )
+    settings = parsed.fleet.canary
+    if canary is not None and str(canary).strip() != "":
+        settings = settings.model_copy(update={"percent": int(canary)})
+    first = canary_rollout(parsed, waves, settings)
     document = _rollout_document(
-        waves, router_waves(parsed, launch), generation, mixing_warning(parsed, changed)
+        waves[1:] if first else waves,
+        router_waves(parsed, launch),
+        generation,
+        mixing_warning(parsed, changed),
+        first,
     )
     return {**document, "outage": pd_outage(parsed, launch)}
+
+
+def rollout_canary_verdict(
+    canary: dict[str, Any], before: list[Any], after: list[Any], probes: dict[str, Any]
+) -> dict[str, Any]:
+    """Keep a canary or roll it back (plan/canary.py canary_verdict): {kept, figures}."""
+    verdict = canary_verdict(canary, before, after, probes)
+    return {"kept": verdict.kept, "figures": verdict.figures}
 
 
 def restart_rollout(
@@ -445,6 +483,7 @@ class FilterModule:
             restart_rollout,
             rollout_start_reason,
             rollout_smoke_reason,
+            rollout_canary_verdict,
             json_body,
             launch_registrations,
         )

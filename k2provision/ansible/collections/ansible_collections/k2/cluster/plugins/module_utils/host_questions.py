@@ -125,6 +125,10 @@ class BackendServer:
     """UP, DOWN, DRAIN, MAINT, or a transition (``UP 1/2``)."""
     sessions: int
     """Requests in flight through it."""
+    requests: int = 0
+    """Requests HAProxy sent it since it started (stot; health checks are not counted)."""
+    errors: int = 0
+    """Of those, the answers with a 5xx status (hrsp_5xx)."""
 
 
 def haproxy_servers(stat: str, backend: str) -> dict[str, BackendServer]:
@@ -140,7 +144,11 @@ def haproxy_servers(stat: str, backend: str) -> dict[str, BackendServer]:
         if row.get("pxname") != backend or name in ("FRONTEND", "BACKEND", ""):
             continue
         servers[name] = BackendServer(
-            name, row.get("status", ""), _number(row.get("scur", "")) or 0
+            name,
+            row.get("status", ""),
+            _number(row.get("scur", "")) or 0,
+            _number(row.get("stot", "")) or 0,
+            _number(row.get("hrsp_5xx", "")) or 0,
         )
     return servers
 
