@@ -132,6 +132,9 @@ def test_haproxy_spreads_over_every_router_and_checks_each(plan: Plan) -> None:
         "    server gpu-r02 10.10.0.6:8080 check\n",
         "    timeout server 7200s\n",
         "    retry-on conn-failure empty-response\n",
+        "    timeout connect 500ms\n",
+        "    default-server inter 500ms fastinter 250ms fall 2 rise 2 observe layer4 error-limit 1"
+        " on-error mark-down\n",
         "    stats socket /var/lib/haproxy/k2-admin.sock mode 600 level admin\n",
     ):
         assert line in text, line
@@ -226,3 +229,21 @@ def test_front_settings_without_a_front_are_warned_as_idle(tmp_path: Path) -> No
     plan = build_plan(load_cluster(path))
     assert plan.front is None
     assert any("k2_router_port=8090 has nothing to act on" in w for w in plan.warnings)
+
+
+def test_the_vrrp_listener_reads_an_adverts_version_id_and_priority() -> None:
+    from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.modules import (
+        vrrp_adverts,
+    )
+
+    ip = bytes([0x45]) + bytes(19)  # an IPv4 header of 20 bytes
+    v2 = bytes([0x21, 51, 150, 1, 0, 1, 0, 0]) + bytes(12)
+    assert vrrp_adverts.parse_advert(ip + v2) == {"version": 2, "vrid": 51, "priority": 150}
+    v3 = bytes([0x31, 7, 100, 1, 0, 100, 0, 0])
+    assert vrrp_adverts.parse_advert(ip + v3) == {"version": 3, "vrid": 7, "priority": 100}
+    # Options in the IP header (IHL 6) are skipped.
+    assert vrrp_adverts.parse_advert(bytes([0x46]) + bytes(23) + v2)["vrid"] == 51  # type: ignore[index]
+    assert vrrp_adverts.parse_advert(ip + bytes([0x22, 51, 0, 0])) is None  # not an advert
+    assert vrrp_adverts.parse_advert(ip + bytes([0x11, 51, 0, 0])) is None  # VRRP version 1
+    assert vrrp_adverts.parse_advert(ip[:10]) is None
+    assert vrrp_adverts.parse_advert(bytes([0x60]) + bytes(40)) is None  # IPv6
