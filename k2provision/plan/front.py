@@ -20,15 +20,15 @@ Choices, each with its reason:
   the routers are equal proxies that balance the instances themselves, and a weight is then an
   exact share, which a change's canary and a PD change's generations set at runtime;
   ``leastconn`` would send every request to the heaviest idle router), checking each router's
-  liveness every second (every quarter second after a failure, each check given 1 s), out
-  after two failed checks or
-  at once when a request cannot connect to it (``observe layer4``, ``on-error mark-down``: a
-  router whose host lost its link would otherwise take requests until its second failed check);
-  connections are given 1 s (routers sit on the same network); a request whose connection
-  fails, or that gets an empty answer, is sent to another router (``retry-on``,
-  ``redispatch``); a request may run as long as the
-  routers let it (their ``--request-timeout-secs``). Its runtime API (a UNIX socket, root
-  only) is there to take a router out before that router stops, since a draining
+  liveness twice a second (every quarter second after a failure, each check given 1 s to
+  answer), out after two failed checks or at once when a request cannot connect to it
+  (``observe layer4``, ``on-error mark-down``: a router whose host lost its link would
+  otherwise take requests until its second failed check); connections are given 500 ms
+  (routers sit on the same network, and a router whose host died must be found out by about
+  when a backup takes the address, 1.6 s); a request whose connection fails, or that gets an
+  empty answer, is sent to another router (``retry-on``, ``redispatch``); a request may run
+  as long as the routers let it (their ``--request-timeout-secs``). Its runtime API (a UNIX
+  socket, root only) is there to take a router out before that router stops, since a draining
   sglang-router still answers ``/health`` 200 (docs/engines.md): a router that changes is
   set to ``drain`` there on every front host, and ``ready`` once its successor serves
   (plan/rollout.py, router waves).
@@ -174,8 +174,8 @@ def keepalived_config(front: FrontPlan, host: str, interface: str) -> str:
 
 
 def haproxy_config(front: FrontPlan, host: str) -> str:
-    """HAProxy's configuration on `host`: the endpoint's port on every address, each request
-    to the least busy router that answers its health check."""
+    """HAProxy's configuration on `host`: the endpoint's port on every address, requests to
+    the routers that answer their health check in turn by weight."""
     _front_host(front, host)
     timeout = front.request_timeout_s
     servers = "".join(
@@ -189,7 +189,7 @@ def haproxy_config(front: FrontPlan, host: str) -> str:
         "\n"
         "defaults\n"
         "    mode http\n"
-        "    timeout connect 1s\n"
+        "    timeout connect 500ms\n"
         "    timeout check 1s\n"
         f"    timeout client {timeout}s\n"
         f"    timeout server {timeout}s\n"
@@ -209,7 +209,7 @@ def haproxy_config(front: FrontPlan, host: str) -> str:
         "    option httpchk\n"
         f"    http-check send meth GET uri {front.router_health_path}\n"
         "    http-check expect status 200\n"
-        "    default-server inter 1s fastinter 250ms fall 2 rise 2 observe layer4 error-limit 1"
+        "    default-server inter 500ms fastinter 250ms fall 2 rise 2 observe layer4 error-limit 1"
         " on-error mark-down\n"
         f"{servers}"
     )

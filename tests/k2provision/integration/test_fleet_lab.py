@@ -21,6 +21,9 @@ address (each ~2 s in flight) while
   verdict (its probes far slower than the others'): the run fails naming the figures,
   replica-1 runs its previous container again in both routers, at most 1 % of the requests
   fail;
+- another VRRP router on the lab's network advertising the front's id (k2_front_vrid=51): an
+  `apply --tags front --full` stops on both front hosts before anything is installed or
+  written, naming the id, the other router and the fix; without it the same run passes;
 - `restart --limit lab3` restarts replica-1 through both routers the same way: every request
   is answered 200;
 - one instance's host is stopped (`lab stop`): the requests that fail are those the dead
@@ -35,8 +38,12 @@ address (each ~2 s in flight) while
 from __future__ import annotations
 
 import re
+import socket
+import struct
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -121,11 +128,13 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
         assert "2/2 instances healthy; its HAProxy counts the routers lab1 UP, lab2 UP" in line
     changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
     # Short requests, many of them: the canary's share is counted over hundreds.
-    with Traffic(ENDPOINT, tokens=20, max_requests=20000) as client:
-        old = ""
-        while not old:
+    # Each stand-in's fingerprint digests its whole command line, its own address included, so
+    # the old spec is the two replicas' fingerprints, seen before the change.
+    with Traffic(ENDPOINT, tokens=20, max_requests=100_000) as client:
+        deadline = time.monotonic() + 60
+        while len(old := {a.fingerprint for a in client.since(0)} - {""}) < 2:
+            assert time.monotonic() < deadline, (old, client.counts)
             time.sleep(0.5)
-            old = next((a.fingerprint for a in client.since(0) if a.fingerprint), "")
         run = k2("apply", str(changed), "--canary", "10", runs=tmp_path / "runs")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "rollout order: 1. canary: the router on lab2 out of HAProxy on lab1, lab2" in run.stdout
@@ -141,7 +150,7 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
     assert verdict.endswith(": kept"), verdict
     start, end = hold_window(verdict)
     held = [a for a in client.since(0) if a.at >= start + 1 and a.at + 1 <= end]
-    new = [a for a in held if a.fingerprint and a.fingerprint != old]
+    new = [a for a in held if a.fingerprint and a.fingerprint not in old]
     share = 100.0 * len(new) / len(held)
     print(f"canary at 10 %: {len(new)} of {len(held)} answers held ({share:.1f} %); {verdict}")
     assert len(held) > 100, client.counts
@@ -239,7 +248,7 @@ def test_a_slow_canary_is_rolled_back_on_its_own_and_the_clients_barely_notice(
     faulty = edited(
         inventory, tmp_path, "lab3 ansible_host=", "lab3 k2_lab_fault=slow=1 ansible_host="
     )
-    with Traffic(ENDPOINT, tokens=20, max_requests=20000) as client:
+    with Traffic(ENDPOINT, tokens=20, max_requests=100_000) as client:
         run = k2("apply", str(faulty), "--canary", "10", runs=tmp_path / "runs")
     assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
     verdict = canary_line(run.stdout)
@@ -257,6 +266,68 @@ def test_a_slow_canary_is_rolled_back_on_its_own_and_the_clients_barely_notice(
     check = k2("apply", str(inventory), "--check", runs=tmp_path / "check")
     assert check.returncode == 0, check.stdout[-4000:]
     assert "rollout order" not in check.stdout
+
+
+def vrrp_advert(vrid: int, address: str) -> bytes:
+    """A VRRPv2 advertisement (RFC 3768) of virtual router `vrid` for `address`."""
+    body = struct.pack(
+        "!BBBBBBH4s8s", 0x21, vrid, 100, 1, 0, 1, 0, socket.inet_aton(address), bytes(8)
+    )
+    words = sum(struct.unpack(f"!{len(body) // 2}H", body))
+    while words >> 16:
+        words = (words & 0xFFFF) + (words >> 16)
+    return body[:6] + struct.pack("!H", ~words & 0xFFFF) + body[8:]
+
+
+@contextmanager
+def foreign_vrrp_router(vrid: int) -> Iterator[str]:
+    """Another VRRP router on the lab's network (the controller, on the lab's bridge) sending
+    adverts of `vrid` to VRRP's group twice a second; yields its address."""
+    config = LabConfig.default()
+    source = config.controller_ip
+    stop = threading.Event()
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, 112) as sock:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(source))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 255)
+        packet = vrrp_advert(vrid, "192.0.2.1")
+
+        def send() -> None:
+            while not stop.is_set():
+                sock.sendto(packet, ("224.0.0.18", 0))
+                stop.wait(0.5)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        try:
+            yield source
+        finally:
+            stop.set()
+            sender.join()
+
+
+# The front's id (k2_front_vrid, 51 by default) advertised by another VRRP router on the
+# network: each front host hears it before anything is installed or written, and the apply
+# stops there naming the id, the other router and the fix.
+def test_a_vrrp_router_that_shares_the_fronts_id_is_refused_before_the_front_changes(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    config = "/etc/haproxy/haproxy.cfg /etc/keepalived/keepalived.conf"
+    before = {h: on_host(state, h, f"md5sum {config}") for h in ROUTERS}
+    with foreign_vrrp_router(51) as other:
+        run = k2("apply", str(inventory), "--tags", "front", "--full", runs=tmp_path / "runs")
+    assert run.returncode == 1, run.stdout[-4000:]
+    said = " ".join(run.stdout.split())
+    for host in ROUTERS:
+        assert (
+            f"{host}: k2_front_vrid=51 is advertised on its network by {other}, which is no host "
+            "of this front" in said
+        ), said[-3000:]
+    assert "fix: set k2_front_vrid to an id no other VRRP router there uses" in said
+    assert {h: on_host(state, h, f"md5sum {config}") for h in ROUTERS} == before
+    # Without it the same run passes: the front's own peers' adverts are not a clash.
+    again = k2("apply", str(inventory), "--tags", "front", "--full", runs=tmp_path / "again")
+    assert again.returncode == 0, again.stdout[-4000:]
 
 
 def test_restarting_one_instance_rolls_it_through_the_router(
@@ -355,7 +426,8 @@ def test_the_address_moves_when_its_holder_loses_power_and_only_its_streams_fail
     try:
         with (
             Traffic(ENDPOINT, threads=THREADS, timeout=READ_TIMEOUT) as streams,
-            Traffic(ENDPOINT, threads=2, tokens=4, timeout=1.0) as prober,
+            # Short requests, many: bounded by the test's length, not by a count.
+            Traffic(ENDPOINT, threads=2, tokens=4, timeout=1.0, max_requests=100_000) as prober,
         ):
             deadline = time.monotonic() + 30
             while streams.counts["200"] < THREADS and time.monotonic() < deadline:
