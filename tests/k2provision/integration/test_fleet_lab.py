@@ -5,7 +5,7 @@ them holds; stand-ins that drain on SIGTERM. Clients keep streaming requests thr
 address (each ~2 s in flight) while
 
 - `apply --canary 10` rolls a changed k2_context_length: replica-1 first serves behind lab2's
-  router alone, which HAProxy sends 10 % of the requests for k2_canary_hold_s (30 s); the
+  router alone, which HAProxy sends 10 % of the requests for k2_canary_hold_s (20 s); the
   clients' answers of the new spec (each stand-in names its spec in system_fingerprint) are
   within 3 points of 10 % of those the hold saw, the verdict keeps it, and replica-2 follows:
   every request is answered 200, and each instance's /v1/models reports the new
@@ -77,7 +77,7 @@ VARS: dict[str, lab_api.VarValue] = {
     "k2_model_dir": MODEL_DIR,
     "k2_context_length": 32768,
     "k2_front_address": FLOATING,
-    "k2_canary_hold_s": 30,
+    "k2_canary_hold_s": 20,
 }
 ENDPOINT = f"http://{FLOATING.split('/')[0]}:8000"
 
@@ -127,10 +127,10 @@ def test_a_changed_spec_rolls_instance_by_instance_without_a_failed_request(
         assert "haproxy up, keepalived up" in line, line
         assert "2/2 instances healthy; its HAProxy counts the routers lab1 UP, lab2 UP" in line
     changed = edited(inventory, tmp_path, "k2_context_length=32768", "k2_context_length=16384")
-    # Short requests, many of them: the canary's share is counted over hundreds.
+    # Short requests (0.2 s of tokens), many: the canary's share is counted over hundreds.
     # Each stand-in's fingerprint digests its whole command line, its own address included, so
     # the old spec is the two replicas' fingerprints, seen before the change.
-    with Traffic(ENDPOINT, tokens=20, max_requests=100_000) as client:
+    with Traffic(ENDPOINT, tokens=100, max_requests=100_000) as client:
         deadline = time.monotonic() + 60
         while len(old := {a.fingerprint for a in client.since(0)} - {""}) < 2:
             assert time.monotonic() < deadline, (old, client.counts)
@@ -248,7 +248,7 @@ def test_a_slow_canary_is_rolled_back_on_its_own_and_the_clients_barely_notice(
     faulty = edited(
         inventory, tmp_path, "lab3 ansible_host=", "lab3 k2_lab_fault=slow=1 ansible_host="
     )
-    with Traffic(ENDPOINT, tokens=20, max_requests=100_000) as client:
+    with Traffic(ENDPOINT, tokens=100, max_requests=100_000) as client:
         run = k2("apply", str(faulty), "--canary", "10", runs=tmp_path / "runs")
     assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
     verdict = canary_line(run.stdout)
