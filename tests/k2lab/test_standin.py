@@ -358,7 +358,12 @@ def test_sglang_two_nodes_rendezvous(env: Env, procs: list[Proc]) -> None:
     base = f"http://127.0.0.1:{port}"
     body = wait_status(f"{base}/health", rank0, want=503, containing=b"node ranks")
     assert b"node ranks 1..1" in body
-    assert get_json(f"{base}/server_info")["missing_ranks"] == [1]
+    # The server says it waits before its rendezvous listens (and reports the ranks it lacks).
+    deadline = time.monotonic() + 10
+    while "missing_ranks" not in (info := get_json(f"{base}/server_info")):
+        assert time.monotonic() < deadline, info
+        time.sleep(0.1)
+    assert info["missing_ranks"] == [1]
 
     # A node with other settings is refused and exits non-zero, naming the difference.
     odd = [
