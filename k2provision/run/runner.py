@@ -244,15 +244,17 @@ def end_masters(directory: Path, settle_s: float = 0.0) -> list[str]:
 
 
 def _kill_late_masters(directory: Path, settle_s: float) -> None:
-    """End the masters no socket led to yet: an interrupted playbook's SSH client may have
-    forked its master (which leaves the playbook's process group) just before it was killed,
-    and that master lists its socket a moment later and would persist. They are found by the
-    run's own control directory in their command line, until none shows up for `settle_s`."""
+    """End the masters no socket led to yet, and the SSH clients that would start one.
+    Ansible starts each SSH client in a session of its own, so killing an interrupted
+    playbook's process group leaves a client that was still connecting; it becomes a master
+    (listing its socket) seconds later on a loaded machine and would persist. Clients and
+    masters alike carry the run's control directory in their command line (`ControlPath=DIR/..`
+    or `ssh: DIR/.. [mux]`); they are ended until none shows up for `settle_s`."""
     quiet_since = deadline = time.monotonic()
     deadline += settle_s + 10  # a master that outlives SIGTERM is left after that
     while time.monotonic() < deadline:
         found = subprocess.run(
-            ["pgrep", "-f", f"ssh: {directory}/"], capture_output=True, text=True, check=False
+            ["pgrep", "-f", f"ssh.*{directory}/"], capture_output=True, text=True, check=False
         ).stdout.split()
         for pid in found:
             with contextlib.suppress(OSError, ValueError):
