@@ -27,6 +27,7 @@ from k2provision import __version__
 from k2provision.commands import (
     apply,
     bench,
+    drain,
     logs,
     models,
     plan,
@@ -54,6 +55,7 @@ COMMANDS: tuple[Register, ...] = (
     status.register,
     logs.register,
     restart.register,
+    drain.register,
     verify.register,
     bench.register,
 )

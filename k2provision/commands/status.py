@@ -161,17 +161,23 @@ def gather(
     missing = [h.name for h in plan.hosts if h.name not in targets]
     if missing:
         raise K2Error([f"{name}: in the plan but not in the inventory's hosts" for name in missing])
-    commands = {h.name: (targets[h.name], probe_script(plan, h)) for h in plan.hosts}
+    drained = set(plan.fleet.drained_hosts)
+    # A drained host is asked about itself (GPUs, ports), not about the processes it stopped.
+    probed = [
+        h.model_copy(update={"processes": ()}) if h.name in drained else h for h in plan.hosts
+    ]
+    commands = {h.name: (targets[h.name], probe_script(plan, h)) for h in probed}
     with ThreadPoolExecutor(max_workers=1) as pool:
         endpoint = pool.submit(endpoint_status, plan, access or EndpointAccess())
         replies = run_all(commands, timeout=PROBE_TIMEOUT_S)
         hosts = []
-        for h in plan.hosts:
+        for h in probed:
             reply = replies[h.name]
             if not reply.reached:
-                hosts.append(HostStatus(h.name, h.role, unreachable=reply.unreachable))
+                found = HostStatus(h.name, h.role, unreachable=reply.unreachable)
             else:
-                hosts.append(host_status(plan, h, reply.stdout))
+                found = host_status(plan, h, reply.stdout)
+            hosts.append(replace(found, drained=h.name in drained))
         return hosts, endpoint.result()
 
 
@@ -189,7 +195,7 @@ def problem_lines(
         if problems:
             prefix = f"{host.host}: "
             lines.append(prefix + "; ".join(p.removeprefix(prefix) for p in problems))
-    return lines + list(front) + endpoint.problems + [i.problem for i in fleet if not i.up]
+    return lines + list(front) + endpoint.problems + [i.problem for i in fleet if i.problem]
 
 
 def document(
@@ -240,6 +246,10 @@ def status_table(hosts: list[HostStatus]) -> Table:
     for column in columns:
         table.add_column(column)
     for host in hosts:
+        if host.drained:
+            back = Text(f"drained (k2provision return {host.host})", "yellow")
+            table.add_row(host.host, "-", "-", back, "", "", "", "", _gpus(host), "")
+            continue
         if host.unreachable or not host.processes:
             state = Text(f"unreachable: {host.unreachable}", "red") if host.unreachable else "-"
             table.add_row(host.host, "-", "-", state, "", "", "", "", _gpus(host), "")
@@ -270,6 +280,8 @@ def fleet_line(fleet: Sequence[InstanceStatus], workers: Sequence[RouterWorker])
         pools.setdefault(i.instance.rsplit("-", 1)[0], []).append(i.up)
     if len(pools) > 1:
         line += " (" + ", ".join(f"{p} {sum(u)}/{len(u)}" for p, u in pools.items()) + ")"
+    if drained := [i.instance for i in fleet if i.drained]:
+        line += f", {len(drained)} drained ({', '.join(drained)})"
     loads = [w.load for w in workers if w.load is not None]
     if loads:
         line += f", {sum(loads)} requests in flight"
@@ -298,6 +310,8 @@ def print_human(
             console.print(Text.assemble(f"  {w.kind} worker {w.url}: ", health, load))
     for i in fleet:
         state = Text("up", "green") if i.up else Text(f"down (router: {i.router})", "red")
+        if i.drained:
+            state = Text("drained", "yellow")
         console.print(
             Text.assemble(f"instance {i.instance} ({', '.join(i.hosts)}) {i.url}: ", state)
         )

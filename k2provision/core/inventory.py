@@ -13,7 +13,7 @@ reported at once, one line each, before anything touches a host.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from k2provision.core import (
     vault,
 )
 from k2provision.core.directory_rules import directory_problems
+from k2provision.core.host_state import read_drained, state_path
 from k2provision.core.inventory_checks import (
     address_problem,
     cluster_values,
@@ -377,7 +378,7 @@ def load_cluster(path: str | Path, engines: EngineLayouts) -> Cluster:
     registry's, engines/__init__.py engine_layouts); raise InventoryError listing every
     problem."""
     groups, host_vars = read_inventory(path)
-    return cluster_from_groups(str(path), groups, host_vars, engines)
+    return cluster_from_groups(str(path), groups, host_vars, engines, read_drained(path))
 
 
 # ---------------------------------------------------------------- the contract
@@ -388,9 +389,11 @@ def cluster_from_groups(
     groups: Mapping[str, list[str]],
     host_vars: Mapping[str, Mapping[str, Any]],
     engines: EngineLayouts,
+    drained: Sequence[str] = (),
 ) -> Cluster:
     """Validate groups and variables (as Ansible resolved them) into a Cluster, the engine
-    and layout against `engines` (each engine's name and layouts)."""
+    and layout against `engines` (each engine's name and layouts); `drained`: the hosts the
+    inventory's state file (core/host_state.py) records as drained."""
     problems: list[str] = []
     pools: dict[str, PoolName] = {}
     for pool in POOL_GROUPS:
@@ -463,6 +466,7 @@ def cluster_from_groups(
         "routers": tuple(router_hosts) or ((router,) if router else ()),
         "monitoring": tuple(groups.get("monitoring", [])),
         "tunables": tunables,
+        "drained": tuple(drained),
         # The rest as the inventory sets them; each unset one takes Cluster's default.
         **{
             name: values[f"k2_{name}"]
@@ -496,6 +500,12 @@ def cluster_from_groups(
             *_idle_setting_notes(cluster, chosen),
         ]
         cluster = cluster.model_copy(update={"notes": tuple(notes)})
+    problems += [
+        f"{state_path(source)}: host {name} is drained but not in the inventory; expected "
+        f"drained hosts of {source}; fix: k2provision return {name} {source}"
+        for name in drained
+        if name not in hv
+    ]
     if problems:
         raise InventoryError(problems)
     problems = network.address_family_problems(cluster)

@@ -464,6 +464,9 @@ class Cluster(Record):
     the endpoint's host)."""
     lab: bool = False
     tunables: Tunables = Tunables()
+    drained: tuple[str, ...] = ()
+    """The hosts `k2provision drain` took out (the inventory's state file,
+    core/host_state.py): their instances are kept stopped and out of the routers."""
     # Warning lines (core/safety_gates.py), one per safety gate the inventory switches off
     # outside the lab; the plan carries them first among its warnings.
     switched_off: tuple[str, ...] = ()
@@ -1035,6 +1038,24 @@ class FleetSettings(Record):
     """Seconds a stopping instance may take to answer its in-flight requests."""
     canary: CanarySettings = CanarySettings()
     """How a change behind the front is tried on a share of requests first (k2_canary_*)."""
+    drained: tuple[str, ...] = ()
+    """The instances `k2provision drain` took out (those holding a drained host), in the
+    plan's order: kept stopped and out of every router until `k2provision return`."""
+    drained_hosts: tuple[str, ...] = ()
+    """Every host of those instances (the named ones and their instances' other hosts): no
+    process of the plan runs there."""
+    drained_named: tuple[str, ...] = ()
+    """The hosts `k2provision drain` named, as the state file lists them (what `return`
+    takes)."""
+
+    @model_serializer(mode="wrap")
+    def _no_empty_drained(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Nothing drained serializes (and digests) as before drains existed.
+        data: dict[str, Any] = handler(self)
+        for key in ("drained", "drained_hosts", "drained_named"):
+            if not data.get(key):
+                data.pop(key, None)
+        return data
 
 
 class RouterRef(Record):

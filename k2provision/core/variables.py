@@ -58,6 +58,8 @@ PLAYBOOK_VARS = (
     "k2_full_converge",
     "k2_accept_outage",
     "k2_apply_canary",
+    "k2_drain_instances",
+    "k2_return_instances",
 )
 # A host list longer than this is shown by its ends and its count.
 HOSTS_SHOWN = 6

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from k2provision.core.endpoint_guard import API_KEY, guard_path
 from k2provision.core.records import Plan, RouterRef
 from k2provision.plan.host_questions import hq
+from k2provision.plan.rollout import serving_members
 
 
 class HostLike(Protocol):
@@ -165,7 +166,8 @@ def front_host_status(
         router=router.url if router else "",
         workers=workers,
         router_error=error,
-        instances=tuple(i.url for pool in plan.pools for i in pool.instances if i.url),
+        # What each router must list healthy: every instance but the drained.
+        instances=tuple(i.url for i in serving_members(plan) if i.url),
         servers=servers,
     )
 

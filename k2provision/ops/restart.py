@@ -110,11 +110,25 @@ def restart_set(plan: Plan, names: Sequence[str] | None = None) -> RestartSet:
                 "every host"
             ]
         )
-    chosen = _selected(plan, wanted if names is not None else [h.name for h in plan.hosts])
+    drained = plan.fleet.drained_hosts
+    if named_drained := [n for n in wanted if n in drained]:
+        raise K2Error(
+            [
+                f"restart: {', '.join(named_drained)} drained (instances "
+                f"{', '.join(plan.fleet.drained)}); expected serving hosts; fix: k2provision "
+                f"return {' '.join(named_drained)} INVENTORY brings them back"
+            ]
+        )
+    every = [h.name for h in plan.hosts]
+    chosen = _selected(plan, wanted if names is not None else every)
+    # A drained host's processes stay stopped, whatever names a pool it is in.
+    chosen = {(host, name) for host, name in chosen if host not in drained}
     named_hosts = {host for host, _ in chosen}
     widen: dict[str, str] = {}  # host -> why its instance's ranks restart too
     for host in plan.hosts:
         pool = _pool_of(plan, host.name)
+        if host.name in drained:
+            continue
         joins = any((host.name, p.name) in chosen and _joins_instance(p) for p in host.processes)
         if pool is None or len(pool.hosts) < 2 or not joins:
             continue

@@ -187,10 +187,15 @@ class HostStatus:
     """The host's planned RDMA devices without an Active port, now."""
     front: FrontHostStatus | None = None
     """A front host's address, daemons and router's workers (None: no front host)."""
+    drained: bool = False
+    """Drained (`k2provision drain`): its processes are meant to be stopped, and what the
+    host shows (unreachable during its work, a GPU the gate refuses) is no problem."""
 
     @property
     def problems(self) -> list[str]:
-        """What is wrong on this host, one item each."""
+        """What is wrong on this host, one item each (none on a drained host)."""
+        if self.drained:
+            return []
         if self.unreachable:
             return [f"unreachable: {self.unreachable}"]
         return [
@@ -212,6 +217,7 @@ class HostStatus:
             "front": self.front.as_json() if self.front else None,
             "gpu_health": list(self.gpu_health),
             "ib_ports": list(self.ib_ports),
+            "drained": self.drained,
             "problems": self.problems,
         }
 
@@ -469,16 +475,18 @@ class InstanceStatus:
     router: str
     """healthy, unhealthy, or not in the router."""
     host_problems: tuple[str, ...] = ()
+    drained: bool = False
+    """Drained on purpose (`k2provision drain`): down, and no problem."""
 
     @property
     def up(self) -> bool:
         """Serving: every host of it fine and the router sending it requests."""
-        return not self.host_problems and self.router == "healthy"
+        return not self.drained and not self.host_problems and self.router == "healthy"
 
     @property
     def problem(self) -> str:
-        """Why the instance is down, in one line ("" when it is up)."""
-        if self.up:
+        """Why the instance is down, in one line ("" when it is up or drained)."""
+        if self.up or self.drained:
             return ""
         why = [f"router: {self.router}"] if self.router != "healthy" else []
         why += [f"host {h} has a problem" for h in self.host_problems]
@@ -512,6 +520,7 @@ def fleet_status(
                     url=instance.url,
                     router=router,
                     host_problems=tuple(h for h in instance.hosts if h in troubled),
+                    drained=instance.instance in plan.fleet.drained,
                 )
             )
     return tuple(found)

@@ -197,6 +197,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         )
     container = container_options(cluster, deployment)
     host_plans = with_instance_specs(host_plans, pools, container)
+    drained = drained_instances(cluster, pools)
     return Plan(
         engine=cluster.engine,
         engine_version=release.version,
@@ -223,6 +224,9 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
                 max_error_pct=cluster.tunables.canary_max_error_pct,
                 max_latency_ratio=cluster.tunables.canary_max_latency_ratio,
             ),
+            drained=tuple(i.instance for i in drained),
+            drained_hosts=tuple(h for i in drained for h in i.hosts),
+            drained_named=cluster.drained,
         ),
         access=access_files(cluster),
         container=container,
@@ -238,6 +242,23 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         routers=routers,
         front=front_plan(cluster, routers, ROUTER_LIVENESS_PATH, ROUTER_REQUEST_TIMEOUT_S),
     )
+
+
+def drained_instances(cluster: Cluster, pools: tuple[PoolPlan, ...]) -> tuple[PoolPlan, ...]:
+    """The fleet instances holding a drained host (Cluster.drained), in the plan's order;
+    PlanError for a drained host that serves in no instance of a pool of several (a router
+    or monitoring host, a single instance: `k2provision stop` is what stops those)."""
+    members = [i for pool in pools for i in pool.instances]
+    problems = [
+        f"{host}: drained, but it serves in no instance of a fleet's pool; expected a host "
+        f"of an instance of k2_instances > 1; fix: k2provision return {host} "
+        f"{cluster.inventory} (k2provision stop stops a single instance)"
+        for host in cluster.drained
+        if not any(host in i.hosts for i in members)
+    ]
+    if problems:
+        raise PlanError(problems)
+    return tuple(i for i in members if set(i.hosts) & set(cluster.drained))
 
 
 def with_front_listeners(

@@ -29,7 +29,7 @@ from typing import Any
 
 from k2provision.core.front_rules import canary_pd_problem
 from k2provision.core.records import CanarySettings, Plan, RouterRef
-from k2provision.plan.rollout import RolloutWave, disaggregated
+from k2provision.plan.rollout import RolloutWave, disaggregated, serving_members, worker_body
 
 __all__ = [
     "LATENCY_FLOOR_S",
@@ -90,12 +90,12 @@ def canary_rollout(
 ) -> CanaryRollout | None:
     """The canary of a change whose rollout is `waves` (None: no canary asked, nothing
     changes, or the plan cannot hold one: see :func:`canary_problem`)."""
-    if not waves or canary_problem(plan, settings.percent) or settings.percent <= 0:
+    if not waves or settings.percent <= 0 or canary_problem(plan, settings.percent):
         return None
     assert plan.front is not None
     *others, router = plan.front.routers
     each = round((100 - settings.percent) / len(others))
-    members = [i for pool in plan.pools for i in pool.members()]
+    members = serving_members(plan)
     return CanaryRollout(
         router=router,
         others=tuple(others),
@@ -103,9 +103,7 @@ def canary_rollout(
         wave=waves[0],
         weights=(*((r.server, each) for r in others), (router.server, settings.percent)),
         worker_urls=tuple(i.url for i in members),
-        workers=tuple(
-            dict(i.router_worker.body) if i.router_worker else {"url": i.url} for i in members
-        ),
+        workers=tuple(worker_body(i) for i in members),
         settings=settings,
     )
 

@@ -301,9 +301,13 @@ def expected_state(
     plan: Plan, host: str, variables: Mapping[str, Any] | None = None
 ) -> HostExpectation:
     """What the plan places on `host` (files, containers, exec'd processes, the checkpoint,
-    the phases' stamps, the mesh); `variables`: the host's inventory variables."""
+    the phases' stamps, the mesh); `variables`: the host's inventory variables. A drained
+    host (FleetSettings.drained_hosts) is expected to run none of its processes: the look
+    asks nothing of them and the launch has nothing to start there."""
     variables = variables or {}
     entry = _host(plan, host)
+    if host in plan.fleet.drained_hosts:
+        entry = entry.model_copy(update={"processes": ()})
     files = dict(entry.files)
     need = None
     if entry.processes:

@@ -7,7 +7,7 @@ Pure but for reading the inventory's files.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,11 @@ def load_cluster(path: str | Path) -> Cluster:
 
 
 def cluster_from_groups(
-    source: str, groups: Mapping[str, list[str]], host_vars: Mapping[str, Mapping[str, Any]]
+    source: str,
+    groups: Mapping[str, list[str]],
+    host_vars: Mapping[str, Mapping[str, Any]],
+    drained: Sequence[str] = (),
 ) -> Cluster:
-    """Validate groups and variables (as Ansible resolved them) into a Cluster."""
-    return inventory.cluster_from_groups(source, groups, host_vars, engine_layouts())
+    """Validate groups and variables (as Ansible resolved them) into a Cluster; `drained`:
+    the hosts the inventory's state file records as drained."""
+    return inventory.cluster_from_groups(source, groups, host_vars, engine_layouts(), drained)

@@ -84,7 +84,9 @@ def _spread_instance_head(plan: Plan, host: str) -> bool:
 def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
     """Every endpoint of the plan that serves Prometheus metrics, in host order. An instance
     whose DP-attention ranks span several hosts is also scraped on its engine's rank_load
-    route (job ``loads``), which covers every rank where /metrics covers the first host's."""
+    route (job ``loads``), which covers every rank where /metrics covers the first host's. A
+    drained host (FleetSettings.drained_hosts) runs no engine: only its exporters are scraped,
+    so a drain raises no instance alert."""
     engine = REGISTRY[plan.engine]
     rank_load = engine.METRICS.rank_load if engine.METRICS is not None else None
     endpoint = urlsplit(plan.endpoint)
@@ -99,7 +101,7 @@ def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
             rank=host.node_rank,
         )
 
-        if engine.METRICS_PATH is not None:
+        if engine.METRICS_PATH is not None and host.name not in plan.fleet.drained_hosts:
             for binding in host.ports:
                 if binding.setting not in engine.METRICS_PORTS:
                     continue

@@ -99,6 +99,20 @@ class RouterWave:
     fleet's), registered with it before the check."""
 
 
+def serving_members(plan: Plan) -> tuple[PoolPlan, ...]:
+    """Every instance of every pool that serves, in the plan's order: all but the drained
+    (FleetSettings.drained). What a router must list, and takes back after a change."""
+    return tuple(
+        i for pool in plan.pools for i in pool.members() if i.instance not in plan.fleet.drained
+    )
+
+
+def worker_body(instance: PoolPlan) -> dict[str, str | int]:
+    """The instance's ``POST /workers`` body: how a router takes it (back)."""
+    worker = instance.router_worker
+    return dict(worker.body) if worker else {"url": instance.url}
+
+
 def fleet_instances(plan: Plan) -> tuple[PoolPlan, ...]:
     """Every instance of every pool that holds several, in the plan's order (empty: no fleet)."""
     return tuple(i for pool in plan.pools for i in pool.instances)
@@ -168,19 +182,27 @@ def rollout_waves(
     plan: Plan, changed: Sequence[str], max_unavailable: int
 ) -> tuple[RolloutWave, ...]:
     """The order `changed` instances are replaced in: waves of at most `max_unavailable`,
-    one pool at a time, in the plan's order. A wave takes at most N-1 of a pool's N instances
-    out, so each pool of several keeps one serving whatever `max_unavailable` says; a pool of
-    one instance (a fleet's PD pool may be) cannot, and its wave says so."""
+    one pool at a time, in the plan's order. A wave takes at most N-1 of a pool's N serving
+    instances out (the drained serve nothing), so each pool of several keeps one serving
+    whatever `max_unavailable` says; a pool of one serving instance (a fleet's PD pool may be,
+    or a pool whose others are drained) cannot, and its wave says so."""
     if max_unavailable < 1:
         raise ValueError(f"k2_max_unavailable={max_unavailable}: expected 1 or more")
     waves: list[RolloutWave] = []
     for pool in plan.pools:
         members = [i for i in pool.instances if i.instance in changed]
-        width = max(1, min(max_unavailable, len(pool.instances) - 1))
-        alone = pool.name if len(pool.instances) == 1 else ""
+        serving = [i for i in pool.members() if i.instance not in plan.fleet.drained]
+        width = max(1, min(max_unavailable, len(serving) - 1))
+        alone = pool.name if len(serving) == 1 else ""
         for start in range(0, len(members), width):
             waves.append(_wave(plan, members[start : start + width], alone))
     return tuple(waves)
+
+
+def instances_wave(plan: Plan, names: Sequence[str]) -> RolloutWave:
+    """One wave of the fleet instances `names` (in the plan's order): what a drain takes out
+    of the routers and stops, and a return starts and puts back."""
+    return _wave(plan, [i for i in fleet_instances(plan) if i.instance in names], "")
 
 
 def _wave(plan: Plan, group: Sequence[PoolPlan], alone_in_pool: str) -> RolloutWave:
@@ -195,10 +217,6 @@ def _wave(plan: Plan, group: Sequence[PoolPlan], alone_in_pool: str) -> RolloutW
     for host, process in ranks:
         containers[host] = (*containers.get(host, ()), process.container)
 
-    def body(instance: PoolPlan) -> dict[str, str | int]:
-        worker = instance.router_worker
-        return dict(worker.body) if worker else {"url": instance.url}
-
     def alone(instance: PoolPlan) -> bool:
         return instance.router_worker is None or instance.router_worker.answers_alone
 
@@ -208,7 +226,7 @@ def _wave(plan: Plan, group: Sequence[PoolPlan], alone_in_pool: str) -> RolloutW
         hosts=tuple(containers),
         containers=containers,
         stages=tuple(sorted({p.stage for _, p in ranks})),
-        workers=tuple(body(i) for i in group),
+        workers=tuple(worker_body(i) for i in group),
         smoke_urls=tuple(i.url for i in group if alone(i)),
         alone_in_pool=alone_in_pool,
         down_s=max(
@@ -230,7 +248,7 @@ def _router_waves(
     in the plan's order; () without a front."""
     if plan.front is None:
         return ()
-    members = [i for pool in plan.pools for i in pool.members()]
+    members = serving_members(plan)
     registrations = registered_at_launch(plan.pools)
     waves = []
     for router in plan.front.routers:
@@ -385,7 +403,7 @@ def generation_rollout(plan: Plan, changed: Sequence[str]) -> GenerationRollout 
         )
         for moved in range(1, count)
     )
-    members = [i for pool in plan.pools for i in pool.members()]
+    members = serving_members(plan)
     return GenerationRollout(
         new_router=new,
         old_routers=tuple(old),
@@ -393,9 +411,7 @@ def generation_rollout(plan: Plan, changed: Sequence[str]) -> GenerationRollout 
         changed_urls=tuple(u for g in groups for u in g.urls),
         groups=groups,
         weights=weights,
-        workers=tuple(
-            dict(i.router_worker.body) if i.router_worker else {"url": i.url} for i in members
-        ),
+        workers=tuple(worker_body(i) for i in members),
         worker_urls=tuple(i.url for i in members),
     )
 

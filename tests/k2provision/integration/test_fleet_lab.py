@@ -26,6 +26,9 @@ address (each ~2 s in flight) while
   written, naming the id, the other router and the fix; without it the same run passes;
 - `restart --limit lab3` restarts replica-1 through both routers the same way: every request
   is answered 200;
+- `drain lab4` takes replica-2 out of both routers and stops it (status: drained, 1/2 up, exit
+  0; a restart naming lab4 is refused), then `return lab4` starts it behind its gates and puts
+  it back into both routers: every request is answered 200;
 - one instance's host is stopped (`lab stop`): the requests that fail are those the dead
   instance held and those sent to it before the routers took it out; they are counted and
   bounded (FAILED_BOUND), the routers then answer every request from the other instance, and
@@ -53,6 +56,7 @@ import pytest
 import k2lab as lab_api
 from k2lab.config import LabConfig
 from k2lab.traffic import Traffic
+from k2provision.core.host_state import read_drained
 from tests.pd_lab import (
     MODEL_DIR,
     applied_fleet,
@@ -338,6 +342,53 @@ def test_restarting_one_instance_rolls_it_through_the_router(
         state, inventory, tmp_path, "k2-sglang", routers=ROUTERS, replicas=REPLICAS,
         endpoint=ENDPOINT, router_urls=tuple(router_url(state, h) for h in ROUTERS),
     )  # fmt: skip
+
+
+@contextmanager
+def returned(inventory: Path) -> Iterator[None]:
+    """Whatever the test asserts, no host is left drained for the module's next tests."""
+    try:
+        yield
+    finally:
+        if hosts := read_drained(inventory):
+            k2("return", str(inventory), *hosts, runs=inventory.parent / "cleanup")
+
+
+def test_drain_then_return_of_one_instances_host_fails_no_request(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    lab4 = f"http://{state.host('lab4').address}:30000"
+    with Traffic(ENDPOINT, tokens=100, max_requests=100_000) as client, returned(inventory):
+        drained = k2("drain", str(inventory), "lab4", runs=tmp_path / "drain")
+        assert drained.returncode == 0, drained.stdout[-4000:] + drained.stderr[-2000:]
+        assert "drain: replica-2 (lab4): out of every router (lab1, lab2)" in drained.stdout
+        assert read_drained(inventory) == ("lab4",)
+        # Out of both routers, its container stopped (kept, with its logs).
+        assert [lab4 in router_health(state, h, router_url(state, h)) for h in ROUTERS] == [
+            False,
+            False,
+        ]
+        stopped = on_host(state, "lab4", "docker inspect --format '{{.State.Status}}' k2-sglang")
+        assert stopped.strip() == "exited"
+        during = sum(client.counts.values())
+        status = k2("status", str(inventory), runs=tmp_path / "status")
+        assert status.returncode == 0, status.stdout[-3000:]
+        assert "fleet: 1/2 instances up, 1 drained (replica-2)" in status.stdout
+        assert re.search(r"instance replica-2 \(lab4\) \S+: drained", status.stdout)
+        # A restart naming the drained host is refused before anything runs.
+        restart = k2("restart", str(inventory), "--limit", "lab4", "--yes", runs=tmp_path / "r")
+        assert restart.returncode == 2, restart.stdout[-2000:]
+        assert "fix: k2provision return lab4" in restart.stdout + restart.stderr
+        back = k2("return", str(inventory), "lab4", runs=tmp_path / "return")
+        assert back.returncode == 0, back.stdout[-4000:] + back.stderr[-2000:]
+        assert "return: lab4 back; drained now: none" in back.stdout
+        time.sleep(2)
+    print(f"drain and return of lab4: {client.counts}, {during} answered by the drain's end")
+    assert client.failures == [], client.counts
+    assert client.counts["200"] > during > 20
+    assert read_drained(inventory) == ()
+    assert routers_health(state) == [[True, True], [True, True]]
 
 
 def served(state: Any, host: str) -> float:

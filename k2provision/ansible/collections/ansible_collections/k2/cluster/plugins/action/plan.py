@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from k2provision.ansible.actions import ReadOnlyAction
+from k2provision.core.host_state import read_drained
 from k2provision.core.inventory import INVENTORY_KEYS, plain_value
 from k2provision.errors import K2Error
 from k2provision.plan.assemble import build_plan, plan_digest
@@ -35,7 +36,10 @@ class ActionModule(ReadOnlyAction):
             }
         sources = task_vars.get("ansible_inventory_sources") or ["inventory"]
         try:
-            plan = build_plan(cluster_from_groups(str(sources[0]), groups, host_vars))
+            source = str(sources[0])
+            plan = build_plan(
+                cluster_from_groups(source, groups, host_vars, drained=read_drained(source))
+            )
         except K2Error as error:
             return {"failed": True, "msg": "\n".join(error.problems), "problems": error.problems}
         digest = plan_digest(plan)

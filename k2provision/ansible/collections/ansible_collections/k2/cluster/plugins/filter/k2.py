@@ -35,6 +35,7 @@ from k2provision.plan.rollout import (
     changed_instances,
     generation_lines,
     generation_rollout,
+    instances_wave,
     mixing_warning,
     pd_outage,
     restarted_instances,
@@ -330,6 +331,13 @@ def rollout_order(
     return {**document, "outage": pd_outage(parsed, launch)}
 
 
+def host_work_wave(plan: dict[str, Any], instances: list[Any]) -> dict[str, Any]:
+    """The wave a drain takes out or a return brings back (plan/rollout.py instances_wave):
+    {instances, urls, hosts, containers, stages, workers, ...}, as rollout_order's waves."""
+    parsed = Plan.model_validate(plan)
+    return _wave_json(instances_wave(parsed, [str(i) for i in instances]))
+
+
 def rollout_canary_verdict(
     canary: dict[str, Any], before: list[Any], after: list[Any], probes: dict[str, Any]
 ) -> dict[str, Any]:
@@ -480,6 +488,7 @@ class FilterModule:
             stage_containers_on,
             restart_set,
             rollout_order,
+            host_work_wave,
             restart_rollout,
             rollout_start_reason,
             rollout_smoke_reason,
