@@ -63,6 +63,7 @@ RecordT = TypeVar("RecordT")
 __all__ = [
     "CHECK_PHASES",
     "CLUSTER_PHASES",
+    "GPU_CHECK_PHASES",
     "LOOKED_PHASES",
     "PHASE_ROLES",
     "PHASE_TAGS",
@@ -82,6 +83,7 @@ __all__ = [
     "look_request",
     "repairs",
     "selected",
+    "serving",
     "skipped_phases",
     "smoke_host",
     "stamped_plan",
@@ -96,6 +98,9 @@ CLUSTER_PHASES = ("prepare", "ssh_mesh", "weights")
 
 CHECK_PHASES = ("preflight", "validate")
 """Checks that guard a change: they run on every host when anything runs, else on none."""
+
+GPU_CHECK_PHASES = ("validate",)
+"""Checks that take the GPUs (the NCCL test): never on a host that serves. Drain it first."""
 
 PHASE_ROLES = {
     "prepare": ("k2_nvidia_driver_", "k2_rdma_", "k2_container_runtime_", "k2_firewall_"),
@@ -410,6 +415,19 @@ def _container_differences(
     return found
 
 
+def serving(expected: HostExpectation, observed: Mapping[str, Any]) -> bool:
+    """Whether the host runs one of its planned containers now, on any spec: it serves (or
+    holds its router), so no work that takes its GPUs or reboots it may run there. A drained
+    host plans none (expected_state), so it never serves."""
+    answers = observed.get("answers") or {}
+    for key, question in expected.questions.items():
+        if isinstance(question, hq.ContainerQuestion) and question.container in expected.containers:
+            state = _record(hq.ContainerState, answers, key)
+            if state is not None and state.found and state.running:
+                return True
+    return False
+
+
 def _gate_text(gate: HealthGate) -> str:
     return f"GET {gate.url}" if gate.url is not None else f"`{' '.join(gate.command)}`"
 
@@ -713,13 +731,19 @@ def smoke_host(endpoint_host: str, play_hosts: Sequence[str]) -> str:
     return endpoint_host if endpoint_host in play_hosts or not play_hosts else play_hosts[0]
 
 
-def everywhere(own: Sequence[str], every_host: Sequence[Sequence[str]]) -> list[str]:
+def everywhere(
+    own: Sequence[str], every_host: Sequence[Sequence[str]], serving: bool = False
+) -> list[str]:
     """The phases a host skips once every host's look is in: its own per-host skips, and the
     cluster phases and checks only where every host (`every_host`: each one's own skips)
-    skips them."""
+    skips them, but the GPU checks wherever the host is `serving`."""
     shared = (*CLUSTER_PHASES, *CHECK_PHASES)
     return [
-        phase for phase in own if phase not in shared or all(phase in skips for skips in every_host)
+        phase
+        for phase in own
+        if phase not in shared
+        or all(phase in skips for skips in every_host)
+        or (phase in GPU_CHECK_PHASES and serving)
     ]
 
 
@@ -729,13 +753,16 @@ def skipped_phases(
     run_tags: Sequence[str],
     skip_tags: Sequence[str],
     endpoint: bool,
+    serving: bool = False,
 ) -> list[str]:
     """The phases whose play leaves this host out: those the tags leave out, the looked-at
     ones `found` converged here, the checks when no looked-at phase runs here (unless the tags
-    name them), and the smoke
-    test (verify) unless this host runs it (`endpoint`: it is the :func:`smoke_host`). The
-    cluster phases and checks are then skipped only where every host skips them
-    (:func:`everywhere`)."""
+    name them), the smoke
+    test (verify) unless this host runs it (`endpoint`: it is the :func:`smoke_host`), and
+    the checks that take the GPUs (:data:`GPU_CHECK_PHASES`) on a host `serving` (its planned
+    containers run: :func:`serving`), whatever the tags say. The cluster phases and checks
+    are then skipped only where every host skips them (:func:`everywhere`), those GPU checks
+    on a serving host always."""
     runs = {
         phase
         for phase in LOOKED_PHASES
@@ -748,6 +775,7 @@ def skipped_phases(
             or (phase in LOOKED_PHASES and not found.get(phase))
             or (phase in CHECK_PHASES and not runs and tag not in run_tags)
             or (phase == "verify" and not endpoint)
+            or (phase in GPU_CHECK_PHASES and serving)
         ):
             skipped.append(phase)
     return skipped

@@ -22,11 +22,18 @@ from k2provision.errors import InventoryError, K2Error, PlanError
 from k2provision.ops.restart import restart_set
 from k2provision.ops.status_probe import EndpointStatus, HostStatus, InstanceStatus
 from k2provision.plan.assemble import build_plan, plan_digest
-from k2provision.plan.converge import expected_state, inputs_digest
+from k2provision.plan.converge import (
+    everywhere,
+    expected_state,
+    inputs_digest,
+    serving,
+    skipped_phases,
+)
 from k2provision.plan.drain import drain_choice, drain_lines, return_choice
 from k2provision.plan.inventory import load_cluster
 from k2provision.plan.monitoring import scrape_targets
 from k2provision.plan.rollout import rollout_waves, serving_members
+from tests.k2provision.unit.test_converge import converged, state_key
 from tests.k2provision.unit.test_fleet import PD_FLEET, TP_FLEET
 
 NODE_HOSTS = 2  # each replica of the TP fleet example spans two hosts
@@ -237,3 +244,29 @@ def test_a_drained_engine_is_no_scrape_target_but_its_host_still_is(fleet: Path)
     after = {(t.job, t.host) for t in scrape_targets(_plan(fleet))}
     assert ("engine", "node-03") in before
     assert before - after == {("engine", "node-03")}
+
+
+def test_host_work_never_touches_a_host_whose_planned_containers_run(fleet: Path) -> None:
+    """The look's `serving`: a planned container running on any spec. A serving host skips
+    the GPU-taking check (validate) whatever the other hosts do; stopped, or drained, it
+    serves nothing and takes part again."""
+    plan = _plan(fleet)
+    expected = expected_state(plan, "node-03")
+    seen = converged(expected)
+    assert serving(expected, seen)
+    (name,) = expected.containers
+    seen["answers"][state_key(expected, name)]["spec_hash"] = "old"
+    assert serving(expected, seen)  # running another spec still serves
+    seen["answers"][state_key(expected, name)].update(running=False, status="exited")
+    assert not serving(expected, seen)
+    write_drained(fleet, ["node-03"])
+    drained = expected_state(_plan(fleet), "node-03")
+    assert not serving(drained, converged(expected))
+    found = {"launch": ["container k2-sglang: made from another spec"]}
+    own = skipped_phases(found, run_tags=[], skip_tags=[], endpoint=False, serving=True)
+    assert "validate" in own
+    assert "preflight" not in own
+    # Another host runs validate (it serves nothing): a serving host still skips it.
+    assert "validate" in everywhere(own, [own, []], serving=True)
+    assert "validate" not in everywhere(own, [own, []], serving=False)
+    assert "validate" not in skipped_phases(found, run_tags=[], skip_tags=[], endpoint=False)

@@ -3,7 +3,8 @@
 The first step of an apply. It asks the host in one module call (k2.cluster.host_look) about
 everything the looked-at phases place there and compares the answer with the plan
 (k2provision/plan/converge.py), with the cluster's mesh public key on the controller (where
-the mesh's stamp says it is). With ``full`` it asks nothing and every phase runs every task.
+the mesh's stamp says it is). With ``full`` every phase runs every task; the host is still
+asked, for whether it serves.
 
 Options: plan (required): the plan registered by k2.cluster.plan; full (bool): run everything.
 Returns (registered as k2_converge): full (bool); phases: {phase: [difference, ...]} (an empty
@@ -18,8 +19,10 @@ smoke_host: the host the smoke test runs from; launch_selected: whether the tags
 phase; skipped_phases: the phases whose play ends this host at its start (each phase's play
 begins with meta end_host for a host whose skipped_phases name it; look.yml then keeps the
 cluster phases and checks only where every host skips them); stamps: {phase: digest} and
-stamp_dir: what prepare, ssh_mesh and weights record at their end (with full too). Under
---check it reports changed when anything differs.
+stamp_dir: what prepare, ssh_mesh and weights record at their end (with full too); serving
+(with full too): whether a planned container runs here now, on any spec (converge.serving:
+no GPU-taking check, driver change or reboot may touch the host). Under --check it reports
+changed when anything differs.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from k2provision.plan.converge import (
     look_request,
     repairs,
     selected,
+    serving,
     skipped_phases,
     smoke_host,
 )
@@ -70,8 +74,6 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         except (KeyError, ValueError) as error:
             return {**result, "failed": True, "msg": f"{host}: {error}"}
         result.update(stamps=dict(expected.stamps), stamp_dir=STAMP_DIR)
-        if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
-            return {**result, "full": True, "phases": {}, "found": {}, "differences": []}
         seen = self._execute_module(
             module_name="k2.cluster.host_look",
             module_args=look_request(expected),
@@ -79,6 +81,10 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         )
         if seen.get("failed") or seen.get("unreachable"):
             return {**result, **seen}
+        if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
+            # Every task runs, but whether the host serves still guards the host work.
+            full = {"full": True, "phases": {}, "found": {}, "differences": []}
+            return {**result, **full, "serving": serving(expected, seen)}
         mesh_stamp = (seen.get("stamps") or {}).get("ssh_mesh") or {}
         if mesh_stamp.get("key_dir") and isinstance(seen.get("mesh"), dict):
             seen["mesh"]["controller_public"] = _text(f"{mesh_stamp['key_dir']}/id_ed25519.pub")
@@ -99,9 +105,11 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
             str(args["plan"].get("endpoint_host")),
             [str(h) for h in task_vars.get("ansible_play_hosts_all") or [host]],
         )
+        serves = serving(expected, seen)
         skipped = skipped_phases(
-            phases, run_tags=run_tags, skip_tags=skip_tags, endpoint=host == smoke
+            phases, run_tags=run_tags, skip_tags=skip_tags, endpoint=host == smoke, serving=serves
         )
+        result["serving"] = serves
         result["smoke_host"] = smoke
         result["launch_selected"] = selected(PHASE_TAGS["launch"], run_tags, skip_tags)
         result["skipped_phases"] = skipped

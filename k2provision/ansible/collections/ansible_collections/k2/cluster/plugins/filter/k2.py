@@ -412,10 +412,15 @@ def launch_registrations(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return list(registered_at_launch(Plan.model_validate(plan).pools))
 
 
-def converge_skips(own: list[str], every_host: list[Any]) -> list[str]:
+def converge_skips(own: list[str], every_host: list[Any], serving: Any = False) -> list[str]:
     """This host's skipped phases once every host's look is in (`every_host`: each one's
-    skipped_phases; a host the look could not judge counts as running everything)."""
-    return everywhere(own, [list(skips or ()) for skips in every_host])
+    skipped_phases; a host the look could not judge counts as running everything); `serving`:
+    the look found this host's planned containers running (no GPU check runs here)."""
+    return everywhere(
+        own,
+        [list(skips or ()) for skips in every_host],
+        str(serving).lower() in {"true", "yes", "1"},
+    )
 
 
 def _launch_found(looked: dict[str, Any]) -> dict[str, list[Difference]]:
