@@ -226,6 +226,10 @@ class RankLoadNames:
     """Gauge of requests waiting, per rank."""
     kv_usage: str
     """Gauge of the KV cache's used fraction, per rank."""
+    published: str = ""
+    """Gauge of when each rank last published its load (Unix seconds): a rank that holds
+    requests and has published nothing for long is stuck (ops/rank_liveness.py); empty: the
+    engine publishes no such time."""
 
 
 @dataclass(frozen=True)

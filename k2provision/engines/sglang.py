@@ -953,6 +953,13 @@ METRICS: MetricNames | None = MetricNames(
         running="sglang_num_running_reqs",
         queued="sglang_num_waiting_reqs",
         kv_usage="sglang_token_usage",
+        # LoadSnapshot.timestamp (load_snapshot.py:199), time.time() when the rank's scheduler
+        # took the snapshot (scheduler_components/load_inquirer.py:233): after each batch,
+        # and at least every 50 ms while it holds work without one (scheduler.py:411
+        # LOAD_STALL_REFRESH_S, on_idle). /health answers without asking any rank and
+        # /health_generate as soon as one answers (http_server.py:721-800), so this is the
+        # one per-rank sign of life (ops/rank_liveness.py).
+        published="sglang_timestamp",
     ),
 )
 # The native /generate route, through sglang's own client (sglang 0.5.23's home of

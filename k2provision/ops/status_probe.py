@@ -13,21 +13,26 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
+from k2provision.core.endpoint_guard import API_KEY, guard_path
 from k2provision.core.facts import FACTS, FactParseError, parse_ibstat
 from k2provision.core.gpu_health import host_gpu_health
 from k2provision.core.records import HealthGate, HostPlan, Plan, Process
+from k2provision.engines import REGISTRY
 from k2provision.ops.front_status import (
     FrontHostStatus,
     FrontTickets,
     front_host_status,
     front_tickets,
 )
+from k2provision.ops.rank_liveness import stuck_ranks
 from k2provision.plan.containers import spec_hash
 from k2provision.plan.host_questions import gate_question, hq, log_question, state_question
+from k2provision.plan.monitoring import rank_load_targets
 
 GpuMemory = hq.GpuMemory
 
@@ -61,6 +66,9 @@ class StatusProbe:
     ibstat: hq.Ticket[hq.ToolOutput] | None
     processes: Mapping[str, ProcessTickets]
     front: FrontTickets | None = None
+    loads: Mapping[str, hq.Ticket[hq.ToolOutput]] = field(default_factory=dict)
+    """instance -> its rank-load route's answer, on an instance's first host with DP
+    attention (plan/monitoring.py rank_load_targets): whether a rank is stuck."""
 
 
 def status_probe(plan: Plan, host: HostPlan) -> StatusProbe:
@@ -92,7 +100,16 @@ def status_probe(plan: Plan, host: HostPlan) -> StatusProbe:
             log=batch.add(f"log {p.name}", log_question(p, LOG_TAIL)),
         )
     front = front_tickets(plan, host.name, batch)
-    return StatusProbe(batch, clock, gpus, xids, smi_xml, nvlink, ibstat, processes, front)
+    key_file = guard_path(plan.config_dir, API_KEY)
+    loads = {
+        t.instance: batch.add(
+            f"loads {t.instance}",
+            hq.HttpBodyQuestion(f"http://{t.address}{t.path}?{urlencode(t.params)}", key_file),
+        )
+        for t in rank_load_targets(plan)
+        if t.host == host.name and host.processes
+    }
+    return StatusProbe(batch, clock, gpus, xids, smi_xml, nvlink, ibstat, processes, front, loads)
 
 
 def probe_script(plan: Plan, host: HostPlan) -> str:
@@ -187,6 +204,8 @@ class HostStatus:
     """The host's planned RDMA devices without an Active port, now."""
     front: FrontHostStatus | None = None
     """A front host's address, daemons and router's workers (None: no front host)."""
+    stuck_ranks: tuple[str, ...] = ()
+    """An instance's DP ranks here that hold requests and advance no more (rank_liveness)."""
     drained: bool = False
     """Drained (`k2provision drain`): its processes are meant to be stopped, and what the
     host shows (unreachable during its work, a GPU the gate refuses) is no problem."""
@@ -201,6 +220,7 @@ class HostStatus:
         return [
             *self.gpu_health,
             *self.ib_ports,
+            *self.stuck_ranks,
             *(p for proc in self.processes for p in proc.problems),
             *(self.front.problems if self.front else ()),
         ]
@@ -217,6 +237,7 @@ class HostStatus:
             "front": self.front.as_json() if self.front else None,
             "gpu_health": list(self.gpu_health),
             "ib_ports": list(self.ib_ports),
+            "stuck_ranks": list(self.stuck_ranks),
             "drained": self.drained,
             "problems": self.problems,
         }
@@ -329,8 +350,31 @@ def host_status(plan: Plan, host: HostPlan, output: str) -> HostStatus:
         ),
         gpu_health=gpu_health_now(host.name, answers, asked),
         ib_ports=ib_ports_now(host, answers[asked.ibstat] if asked.ibstat else None),
+        stuck_ranks=stuck_ranks_now(plan, host.name, answers, asked, now),
         front=front_host_status(plan, host.name, answers, asked.front) if asked.front else None,
     )
+
+
+def stuck_ranks_now(
+    plan: Plan, host: str, answers: hq.Answers, asked: StatusProbe, now: int | None
+) -> tuple[str, ...]:
+    """One line per DP rank of an instance headed here that holds requests and has published
+    no load for long (ops/rank_liveness.py), with the fix; nothing where the route did not
+    answer (the health gate speaks for the instance then) or the engine publishes no time."""
+    metrics = REGISTRY[plan.engine].METRICS
+    names = metrics.rank_load if metrics is not None else None
+    if names is None or now is None:
+        return ()
+    lines = []
+    for instance, ticket in asked.loads.items():
+        answer = answers[ticket]
+        if not answer.present or answer.text.startswith("no answer"):
+            continue
+        for rank in stuck_ranks(answer.text, names, float(now)):
+            lines.append(
+                f"{rank.text(instance)}; fix: k2provision restart INVENTORY --limit {host}"
+            )
+    return tuple(lines)
 
 
 def gpu_health_now(host: str, answers: hq.Answers, asked: StatusProbe) -> tuple[str, ...]:

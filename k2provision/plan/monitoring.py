@@ -81,6 +81,23 @@ def _spread_instance_head(plan: Plan, host: str) -> bool:
     return False
 
 
+def rank_load_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
+    """The engine's rank-load route on the first host of each serving instance with DP
+    attention, whatever its size (its HTTP server hears every rank there): what `status` asks
+    to find a rank that is stuck while /health answers (ops/rank_liveness.py); () for an
+    engine without the route. Plain http only (the probe's)."""
+    engine = REGISTRY[plan.engine]
+    rank_load = engine.METRICS.rank_load if engine.METRICS is not None else None
+    if rank_load is None:
+        return ()
+    heads = {i.hosts[0] for pool in plan.pools for i in pool.members() if i.parallel.dp_attention}
+    return tuple(
+        t.model_copy(update={"job": "loads", "path": rank_load.path, "params": rank_load.params})
+        for t in scrape_targets(plan)
+        if t.job == "engine" and t.host in heads and t.scheme == "http"
+    )
+
+
 def scrape_targets(plan: Plan) -> tuple[ScrapeTarget, ...]:
     """Every endpoint of the plan that serves Prometheus metrics, in host order. An instance
     whose DP-attention ranks span several hosts is also scraped on its engine's rank_load

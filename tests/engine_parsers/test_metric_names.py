@@ -74,7 +74,7 @@ def test_the_every_rank_load_names_are_served_by_the_pinned_load_route() -> None
     load = sglang.METRICS.rank_load if sglang.METRICS else None
     assert load is not None
     served = _load_route_names(site_packages(REPO_ROOT / ".venv-sglang"))
-    assert {load.running, load.queued, load.kv_usage} <= served
+    assert {load.running, load.queued, load.kv_usage, load.published} <= served
     # dp_rank is each sample's label, not a series.
     assert "sglang_dp_rank" not in served
 
