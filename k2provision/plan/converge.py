@@ -31,7 +31,9 @@ all-pairs known_hosts, the chain from the seed): a difference on any host runs t
 every host (:func:`everywhere`), whose idempotent tasks change only the drifted host. The
 launch runs per host. Preflight and validate are checks, not state: they run on every host
 when any looked-at phase runs on any host (nothing changes otherwise, so there is nothing to
-guard), and not at all on a converged cluster unless the tags name them. Verify runs as
+guard), and not at all on a converged cluster unless the tags name them; validate, which
+takes the GPUs (the NCCL test), never on a host that serves (:func:`serving`: a planned
+container runs there), whatever the tags say. Verify runs as
 always: the smoke test, once, from one host. The launch's containers are decided per host
 (:func:`repairs`) and then per instance (:func:`instance_repairs`): the ranks of an instance
 on several hosts are one group, so a rank whose container needs starting or recreating

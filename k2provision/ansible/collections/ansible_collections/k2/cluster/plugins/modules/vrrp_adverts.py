@@ -91,7 +91,8 @@ def main() -> None:
     except OSError as error:
         module.fail_json(
             msg=f"cannot listen for VRRP adverts on {address}'s network: {error}; expected a "
-            "raw socket joined to 224.0.0.18 there; fix: run the front as root (become)"
+            "raw socket joined to 224.0.0.18 there; fix: run the front as root (become), on an "
+            "interface that takes multicast (ip link set DEV multicast on)"
         )
         return
     module.exit_json(changed=False, adverts=adverts)
