@@ -8,8 +8,9 @@ capacity left. Return starts the instances again behind their health gates (on t
 spec, whatever changed meanwhile), puts them back into every router, and takes the hosts off
 the state file. What each does is shown first (plan/drain.py); `--check` stops there.
 Draining the last serving instance of a pool is refused, touching nothing, unless `--yes`.
-A drain records its hosts before it runs, so a drain that fails midway leaves them drained
-(re-run it to finish); a return takes them off only once it succeeded.
+Both change the state file before they run, so the run's plan is the one they leave: a drain
+that fails midway leaves its hosts drained (re-run it to finish), a return that fails leaves
+them undrained and its instances down, which status names (apply, or drain again).
 """
 
 from __future__ import annotations
@@ -20,14 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from k2provision.commands.flow import (
-    EXIT_OK,
-    HostRun,
-    LoadedPlan,
-    RunHooks,
-    load_plan,
-    run_on_hosts,
-)
+from k2provision.commands.flow import EXIT_OK, HostRun, RunHooks, load_plan, run_on_hosts
 from k2provision.commands.params import InventoryArg
 from k2provision.core.host_state import write_drained
 from k2provision.core.records import Plan
@@ -111,29 +105,31 @@ def return_hosts(inventory: InventoryArg, hosts: HostsArg, check: CheckOpt = Fal
     if check:
         console.print("return --check: nothing changed")
         return
+    # Off the list first: the run's plan then serves them (Prometheus scrapes them again).
+    path = write_drained(inventory, work.drained_after)
+    left = ", ".join(work.drained_after) or "none"
     code = EXIT_OK
     if work.instances:
-        code = _run("return", inventory, HostWorkHooks("k2_return_instances", work), loaded)
+        code = _run("return", inventory, HostWorkHooks("k2_return_instances", work))
     if code != EXIT_OK:
         console.print(
             Text(
-                f"return: did not finish; {', '.join(hosts)} stay drained; fix: see the "
-                "record, then return again",
+                f"return: {', '.join(work.instances)} did not start and stay out of the "
+                f"routers; {', '.join(hosts)} are no longer drained (drained now: {left}), so "
+                "status names them down; fix: see the record, then k2provision apply (or "
+                "drain them again)",
                 "red",
             ),
             soft_wrap=True,
         )
         raise typer.Exit(code)
-    path = write_drained(inventory, work.drained_after)
-    left = ", ".join(work.drained_after) or "none"
     console.print(f"return: {', '.join(hosts)} back; drained now: {left} ({path})")
 
 
-def _run(
-    command: str, inventory: Path, hooks: HostWorkHooks, loaded: LoadedPlan | None = None
-) -> int:
+def _run(command: str, inventory: Path, hooks: HostWorkHooks) -> int:
+    """The playbook, on the plan read now (after the state file changed)."""
     run = HostRun(command=command, inventory=inventory, playbook="drain.yml")
-    return run_on_hosts(run, hooks, loaded)
+    return run_on_hosts(run, hooks)
 
 
 def register(app: typer.Typer) -> None:

@@ -137,6 +137,19 @@ class Tally:
             first = result.message.strip().splitlines()[0] if result.message.strip() else ""
             self.failures[result.host] = f"{result.task}: {first}"
 
+    def settle(self, recap: Mapping[str, Mapping[str, int]]) -> None:
+        """Once Ansible's recap is in: a host it counts neither unreachable nor failed had its
+        unreachable results ignored (a task's ignore_unreachable: a drain passing over a host
+        that is down), which count as ok, as ignored failures do."""
+        for host, per_host in self.counts.items():
+            said = recap.get(host)
+            if said is None or said.get("unreachable") or said.get("failed"):
+                continue
+            if unreached := per_host.pop("unreachable", 0):
+                per_host["ok"] = per_host.get("ok", 0) + unreached
+                if not per_host.get("failed"):
+                    self.failures.pop(host, None)
+
     def total(self, status: Status) -> int:
         """Sum of one status over all hosts."""
         return sum(c.get(status, 0) for c in self.counts.values())

@@ -320,6 +320,7 @@ def run_playbook(
                 forget_playbook(cancel, group)
             if not end_masters(masters, 2.0 if cancel.signum is not None else 0.0):
                 cancel.running.pop(f"SSH control masters of {run.playbook}", None)
+    tally.settle(stats)
     rc = int(runner.rc or 0)
     stopped = signal_name(cancel.signum) if cancel.signum is not None and not cleanup else ""
     result = RunResult(

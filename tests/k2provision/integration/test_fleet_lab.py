@@ -26,13 +26,15 @@ address (each ~2 s in flight) while
   written, naming the id, the other router and the fix; without it the same run passes;
 - `restart --limit lab3` restarts replica-1 through both routers the same way: every request
   is answered 200;
-- `drain lab4` takes replica-2 out of both routers and stops it (status: drained, 1/2 up, exit
-  0; a restart naming lab4 is refused), then `return lab4` starts it behind its gates and puts
-  it back into both routers: every request is answered 200;
+- `drain lab4` takes replica-2 out of both routers and stops it (status: drained, 1/2 up,
+  exit 0; an apply leaves it stopped; a restart naming lab4 is refused), then `return lab4`
+  starts it behind its gates and puts it back into both routers: every request is answered
+  200;
 - one instance's host is stopped (`lab stop`): the requests that fail are those the dead
   instance held and those sent to it before the routers took it out; they are counted and
   bounded (FAILED_BOUND), the routers then answer every request from the other instance, and
-  `status` exits 1 naming the instance down;
+  `status` exits 1 naming the instance down; `drain` of the dead host passes over it, and
+  `status` exits 0 with the host drained (it stays drained for the last test);
 - the host that holds the floating address loses power (`lab stop --cut-link`): the other
   front host takes the address, the first request answered after the stop comes within
   TAKEOVER_S, and only streams the dead host's HAProxy and router held fail.
@@ -369,13 +371,18 @@ def test_drain_then_return_of_one_instances_host_fails_no_request(
             False,
             False,
         ]
-        stopped = on_host(state, "lab4", "docker inspect --format '{{.State.Status}}' k2-sglang")
-        assert stopped.strip() == "exited"
+        status_of = "docker inspect --format '{{.State.Status}}' k2-sglang"
+        assert on_host(state, "lab4", status_of).strip() == "exited"
         during = sum(client.counts.values())
         status = k2("status", str(inventory), runs=tmp_path / "status")
         assert status.returncode == 0, status.stdout[-3000:]
         assert "fleet: 1/2 instances up, 1 drained (replica-2)" in status.stdout
         assert re.search(r"instance replica-2 \(lab4\) \S+: drained", status.stdout)
+        # An apply leaves it stopped: nothing to start there, no drift.
+        applied = k2("apply", str(inventory), runs=tmp_path / "apply")
+        assert applied.returncode == 0, applied.stdout[-4000:] + applied.stderr[-2000:]
+        assert on_host(state, "lab4", status_of).strip() == "exited"
+        assert "lab4: launch:" not in applied.stdout, applied.stdout[-4000:]
         # A restart naming the drained host is refused before anything runs.
         restart = k2("restart", str(inventory), "--limit", "lab4", "--yes", runs=tmp_path / "r")
         assert restart.returncode == 2, restart.stdout[-2000:]
@@ -448,6 +455,15 @@ def test_a_stopped_instance_costs_only_its_in_flight_requests(
         assert status.returncode == 1, status.stdout[-3000:]
         assert "fleet: 1/2 instances up" in status.stdout, status.stdout[-3000:]
         assert "instance replica-2 (lab4)" in status.stdout
+        # The operator drains the dead host: passed over where it cannot be reached, out of
+        # both routers, and status is clean again (it stays drained for the module's end).
+        drained = k2("drain", str(inventory), "lab4", runs=tmp_path / "drain")
+        assert drained.returncode == 0, drained.stdout[-4000:] + drained.stderr[-2000:]
+        assert read_drained(inventory) == ("lab4",)
+        status = k2("status", str(inventory), runs=tmp_path / "runs")
+        assert status.returncode == 0, status.stdout[-3000:]
+        assert "fleet: 1/2 instances up, 1 drained (replica-2)" in status.stdout
+        assert re.search(r"instance replica-2 \(lab4\) \S+: drained", status.stdout)
     finally:
         lab_api.start_host("lab4")
 

@@ -33,6 +33,7 @@ from k2provision.plan.drain import drain_choice, drain_lines, return_choice
 from k2provision.plan.inventory import load_cluster
 from k2provision.plan.monitoring import scrape_targets
 from k2provision.plan.rollout import rollout_waves, serving_members
+from k2provision.run.events import HostResult, Tally
 from tests.k2provision.unit.test_converge import converged, state_key
 from tests.k2provision.unit.test_fleet import PD_FLEET, TP_FLEET
 
@@ -270,3 +271,16 @@ def test_host_work_never_touches_a_host_whose_planned_containers_run(fleet: Path
     assert "validate" in everywhere(own, [own, []], serving=True)
     assert "validate" not in everywhere(own, [own, []], serving=False)
     assert "validate" not in skipped_phases(found, run_tags=[], skip_tags=[], endpoint=False)
+
+
+def test_an_unreachable_result_ansible_ignored_counts_as_ok_once_the_recap_says_so() -> None:
+    """A drain passes over a drained host that is down (ignore_unreachable): Ansible's recap
+    counts it neither unreachable nor failed, and so does the run's tally then."""
+    tally = Tally()
+    for host, status in (("lab4", "unreachable"), ("lab5", "unreachable"), ("lab3", "ok")):
+        tally.add(HostResult(host=host, task="Drain | Stop", status=status, message="refused"))
+    assert set(tally.failures) == {"lab4", "lab5"}
+    tally.settle({"lab4": {"ok": 6}, "lab5": {"ok": 2, "unreachable": 1}, "lab3": {"ok": 5}})
+    assert set(tally.failures) == {"lab5"}  # lab5's was not ignored
+    assert tally.counts["lab4"] == {"ok": 1}
+    assert tally.counts["lab5"] == {"unreachable": 1}
