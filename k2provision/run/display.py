@@ -140,6 +140,19 @@ def router_lines(plan: Plan) -> list[Text]:
     ]
 
 
+def drained_line(plan: Plan) -> Text | None:
+    """The instances `k2provision drain` took out, kept stopped and out of every router, and
+    how they come back (None: nothing drained)."""
+    if not plan.fleet.drained:
+        return None
+    named = " ".join(plan.fleet.drained_named)
+    return Text.assemble(
+        ("drained: ", "yellow"),
+        f"{', '.join(plan.fleet.drained)} on {', '.join(plan.fleet.drained_hosts)}: stopped and "
+        f"out of every router until `k2provision return INVENTORY {named}`",
+    )
+
+
 def front_line(plan: Plan) -> Text | None:
     """The front tier: the floating address, who may hold it (VRRP priority, highest first)
     and the routers every HAProxy spreads requests over (None: one router or none)."""
@@ -248,6 +261,8 @@ def print_plan(plan: Plan) -> None:
             console.print(router, soft_wrap=True)
     if front := front_line(plan):
         console.print(front, soft_wrap=True)
+    if drained := drained_line(plan):
+        console.print(drained, soft_wrap=True)
     console.print(Text.assemble("endpoint: ", (plan.endpoint, "bold")))
     if plan.container.compile_cache:
         console.print(

@@ -4,6 +4,7 @@ routers' worker lists), and what the commands choose and refuse."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -284,3 +285,20 @@ def test_an_unreachable_result_ansible_ignored_counts_as_ok_once_the_recap_says_
     assert set(tally.failures) == {"lab5"}  # lab5's was not ignored
     assert tally.counts["lab4"] == {"ok": 1}
     assert tally.counts["lab5"] == {"unreachable": 1}
+
+
+def test_the_plan_says_what_is_drained_and_how_it_comes_back(fleet: Path) -> None:
+    runner = CliRunner()
+    app = build_app(extra=[])
+    before = runner.invoke(app, ["plan", str(fleet)])
+    assert before.exit_code == 0, before.output
+    assert "drained:" not in before.output
+    write_drained(fleet, ["node-04"])
+    shown = runner.invoke(app, ["plan", str(fleet)], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    assert (
+        "drained: replica-2 on node-03, node-04: stopped and out of every router until "
+        "`k2provision return INVENTORY node-04`"
+    ) in shown.output
+    as_json = runner.invoke(app, ["plan", str(fleet), "--format", "json"])
+    assert json.loads(as_json.stdout)["fleet"]["drained"] == ["replica-2"]
