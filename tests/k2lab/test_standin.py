@@ -605,17 +605,24 @@ def test_a_pd_decode_refuses_and_counts_a_prefill_of_another_generation(
     whose prefill differs, counting it (k2_standin_mixed_pairs_total)."""
     pd = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600"}
     ports = {n: (free_port(), free_port()) for n in ("old", "new")}
+    prefills = []
     for name, context in (("old", "32768"), ("new", "16384")):
         port, boot = ports[name]
-        start(
-            procs,
-            env,
-            sglang_argv(
-                env, port, "--disaggregation-mode", "prefill",
-                "--disaggregation-bootstrap-port", str(boot), "--context-length", context,
-            ),
-            pd,
+        prefills.append(
+            start(
+                procs,
+                env,
+                sglang_argv(
+                    env, port, "--disaggregation-mode", "prefill",
+                    "--disaggregation-bootstrap-port", str(boot), "--context-length", context,
+                ),
+                pd,
+            )
         )  # fmt: skip
+    # A prefill whose bootstrap server does not answer yet is no verdict for the decode (its
+    # check counts nothing): both answer before the first request, however loaded the machine.
+    for (_, boot), prefill in zip(ports.values(), prefills, strict=True):
+        wait_status(f"http://127.0.0.1:{boot}/route", prefill, timeout=60)
     d_port = free_port()
     decode = start(
         procs,
