@@ -97,6 +97,16 @@ def up_cmd(
             "each, the endpoint the lab's floating address (the front).",
         ),
     ] = 1,
+    spares: Annotated[
+        int,
+        typer.Option(
+            "--spares",
+            min=0,
+            help="With --instances: S spare hosts last, in [spare] (prepared, holding the "
+            "weights, serving nothing until k2provision heal puts one in a failed host's "
+            "place).",
+        ),
+    ] = 0,
     bastion: Annotated[
         bool,
         typer.Option(
@@ -128,14 +138,14 @@ def up_cmd(
         }
         all_vars = {k: parse_var_value(v) for k, v in parse_pairs(var or [], "--var").items()}
         chosen = None
-        if (instances > 1 or routers > 1) and (counts is not None or all_vars):
+        if (instances > 1 or routers > 1 or spares) and (counts is not None or all_vars):
             raise LabError(
-                "--instances and --routers choose the layout themselves: give them without "
-                "--group/--var"
+                "--instances, --routers and --spares choose the layout themselves: give them "
+                "without --group/--var"
             )
         if counts is None and not all_vars:
             # refused here, before anything is made
-            chosen = demo.choose(LabConfig.default(), n, instances, routers)
+            chosen = demo.choose(LabConfig.default(), n, instances, routers, spares)
             counts, all_vars = chosen.groups, chosen.all_vars
         if bench_client:
             all_vars = {**all_vars, "k2_image": CLIENT_IMAGE}

@@ -110,28 +110,29 @@ def _pd_splits(n: int) -> list[int]:
 
 
 def group_choices(
-    engine: str, layout: str, n: int, instances: int = 1, routers: int = 1
+    engine: str, layout: str, n: int, instances: int = 1, routers: int = 1, spares: int = 0
 ) -> list[dict[str, int]]:
     """Ways to place n hosts in a layout's groups, in the order they are tried. A fleet
-    (`instances` above 1) puts its `routers` on the first hosts, alone, and its replicas on
-    the others: a change to a replica then never restarts a router with it."""
+    (`instances` above 1) puts its `routers` on the first hosts, alone, its replicas on the
+    next and its `spares` last: a change to a replica then never restarts a router with it."""
     disaggregated = layout_named(engine, layout).disaggregated
     if instances > 1:
-        fits = not disaggregated and n > routers
-        return [{"router": routers, "nodes": n - routers}] if fits else []
+        fits = not disaggregated and n > routers + spares
+        groups = {"router": routers, "nodes": n - routers - spares}
+        return [{**groups, "spare": spares} if spares else groups] if fits else []
     if disaggregated:
         return [{"prefill": p, "decode": n - p} for p in _pd_splits(n)]
     return [{"nodes": n}]
 
 
 def candidates(
-    n: int, instances: int = 1, routers: int = 1, front_address: str = ""
+    n: int, instances: int = 1, routers: int = 1, front_address: str = "", spares: int = 0
 ) -> Iterator[DemoLayout]:
     """Every candidate for n hosts (and `instances` behind `routers` routers, fronted at
-    `front_address` when there are several), in the documented order."""
+    `front_address` when there are several, with `spares`), in the documented order."""
     for engine, layout in layouts():
         for model in models():
-            for groups in group_choices(engine, layout, n, instances, routers):
+            for groups in group_choices(engine, layout, n, instances, routers, spares):
                 for context in CONTEXT_LENGTHS:
                     yield DemoLayout(
                         engine, layout, model, context, groups, instances, front_address
@@ -188,10 +189,11 @@ def first_that_plans(
     confirm: Callable[[str], bool] = plans,
     instances: int = 1,
     routers: int = 1,
+    spares: int = 0,
 ) -> DemoLayout | None:
     """The first candidate for n hosts whose inventory plans, or None."""
     front = cfg.floating_address() if routers > 1 else ""
-    for choice in candidates(n, instances, routers, front):
+    for choice in candidates(n, instances, routers, front, spares):
         if _plans_from_groups(cfg, n, choice) and confirm(inventory_text(cfg, n, choice)):
             return choice
     return None
@@ -217,26 +219,35 @@ def valid_counts(cfg: LabConfig, limit: int | None = None) -> list[int]:
     ]
 
 
-def choose(cfg: LabConfig, n: int, instances: int = 1, routers: int = 1) -> DemoLayout:
+def choose(
+    cfg: LabConfig, n: int, instances: int = 1, routers: int = 1, spares: int = 0
+) -> DemoLayout:
     """The demo layout for n hosts, or a LabError naming the host counts that have one."""
     if not 1 <= n <= MAX_HOSTS:
         raise LabError(f"lab up {n}: expected 1..{MAX_HOSTS} hosts")
+    if spares and instances < 2:
+        raise LabError(
+            f"lab up {n} --spares {spares}: spares stand by for a fleet's hosts; fix: add "
+            "--instances K (2 or more)"
+        )
     if routers > 1 and instances < 2:
         raise LabError(
             f"lab up {n} --routers {routers}: routers front a fleet; fix: add --instances K "
             "(2 or more)"
         )
-    choice = first_that_plans(cfg, n, instances=instances, routers=routers)
+    choice = first_that_plans(cfg, n, instances=instances, routers=routers, spares=spares)
     if choice is not None:
         return choice
     if instances > 1:
         flags = f" --routers {routers}" if routers > 1 else ""
+        flags += f" --spares {spares}" if spares else ""
         where = "the router on one host" if routers == 1 else f"the routers on {routers} hosts"
         raise LabError(
             f"lab up {n} --instances {instances}{flags}: no fleet plans on {n} hosts of "
-            f"8 x h200 ({where}, {instances} equal instances on the other {n - routers}); "
-            f"fix: give {instances} x the hosts of one instance plus {routers}, e.g. "
-            f"`lab up {instances + routers} --instances {instances}{flags}`"
+            f"8 x h200 ({where}, {spares} spare(s), {instances} equal instances on the other "
+            f"{n - routers - spares}); fix: give {instances} x the hosts of one instance plus "
+            f"{routers + spares}, e.g. `lab up {instances + routers + spares} --instances "
+            f"{instances}{flags}`"
         )
     valid = valid_counts(cfg)
     shown = _ranges(valid) if valid else "none"

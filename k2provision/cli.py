@@ -28,6 +28,7 @@ from k2provision.commands import (
     apply,
     bench,
     drain,
+    heal,
     logs,
     models,
     plan,
@@ -56,6 +57,7 @@ COMMANDS: tuple[Register, ...] = (
     logs.register,
     restart.register,
     drain.register,
+    heal.register,
     verify.register,
     bench.register,
 )

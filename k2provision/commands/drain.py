@@ -15,6 +15,7 @@ them undrained and its instances down, which status names (apply, or drain again
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,10 +24,11 @@ from rich.text import Text
 
 from k2provision.commands.flow import EXIT_OK, HostRun, RunHooks, load_plan, run_on_hosts
 from k2provision.commands.params import InventoryArg
-from k2provision.core.host_state import write_drained
+from k2provision.core.host_state import read_state, write_drained, write_state
 from k2provision.core.records import Plan
 from k2provision.errors import K2Error
 from k2provision.plan.drain import HostWork, drain_choice, drain_lines, return_choice
+from k2provision.plan.rollout import fleet_instances
 from k2provision.run.display import console
 
 HostsArg = Annotated[list[str], typer.Argument(help="the hosts, as the inventory names them")]
@@ -96,10 +98,63 @@ def drain(
     raise typer.Exit(code)
 
 
+def return_replaced(inventory: Path, plan: Plan, hosts: list[str], check: bool) -> None:
+    """Undo heal's substitutions for `hosts`: each spare's instance is drained (out of every
+    router, stopped), the state file forgets the substitution, and an apply starts the
+    instance on its own hosts again and rolls the routers onto it; the spare is a spare
+    again. Exit 0 or 1."""
+    by_host = {i.host: i for i in read_state(inventory).replaced}
+    spares = [by_host[h].spare for h in hosts]
+    instances = tuple(
+        dict.fromkeys(i.instance for i in fleet_instances(plan) if set(i.hosts) & set(spares))
+    )
+    for host, spare in zip(hosts, spares, strict=True):
+        console.print(
+            f"return: {host} back in its instance in place of {spare}: "
+            f"{', '.join(instances)} drained from {spare}, then started on its own hosts "
+            f"behind its health gates and into every router; {spare} a spare again",
+            soft_wrap=True,
+        )
+    if check:
+        console.print("return --check: nothing changed")
+        return
+    work = HostWork(instances=instances, drained_after=plan.fleet.drained_named)
+    code = _run("return", inventory, HostWorkHooks("k2_drain_instances", work))
+    if code == EXIT_OK:
+        state = read_state(inventory)
+        kept = tuple(r for r in state.replaced if r.host not in hosts)
+        path = write_state(inventory, replace(state, replaced=kept))
+        console.print(f"return: {', '.join(hosts)} no longer replaced ({path})", soft_wrap=True)
+        code = run_on_hosts(HostRun(command="return", inventory=inventory))
+    if code != EXIT_OK:
+        console.print(
+            Text(
+                f"return: did not finish; {', '.join(instances)} may be down; fix: see the "
+                "record, then k2provision apply (or heal again)",
+                "red",
+            ),
+            soft_wrap=True,
+        )
+    raise typer.Exit(code)
+
+
 def return_hosts(inventory: InventoryArg, hosts: HostsArg, check: CheckOpt = False) -> None:
     """Bring drained HOSTS back: their instances start behind their health gates and go back
-    into every router, and the hosts leave the drained list; exit 0 or 1."""
+    into every router, and the hosts leave the drained list; a host a spare stands in for
+    (heal) takes its place back, the spare a spare again; exit 0 or 1."""
     loaded = load_plan(inventory)
+    replaced = [h for h in hosts if h in loaded.plan.fleet.replaced]
+    if replaced and len(replaced) < len(hosts):
+        raise K2Error(
+            [
+                f"return: {', '.join(replaced)} replaced by a spare and "
+                f"{', '.join(h for h in hosts if h not in replaced)} not; expected one kind "
+                "at a time; fix: return them in two commands"
+            ]
+        )
+    if replaced:
+        return_replaced(inventory, loaded.plan, replaced, check)
+        return
     work = return_choice(loaded.plan, hosts)
     _show("return", loaded.plan, work, returning=True)
     if check:

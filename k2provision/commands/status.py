@@ -56,7 +56,7 @@ from k2provision.ops.status_probe import (
 )
 from k2provision.plan.monitoring import where_line
 from k2provision.run.cancel import Interrupted, exit_code, stopping
-from k2provision.run.display import console, err_console, print_warnings
+from k2provision.run.display import console, err_console, print_warnings, spare_lines
 from k2provision.run.runner import new_record_dir
 
 SCHEMA_VERSION = 1
@@ -220,6 +220,8 @@ def document(
         "hosts": [h.as_json() for h in hosts],
         "endpoint": endpoint.as_json(),
         "instances": [{**asdict(i), "up": i.up, "problem": i.problem} for i in fleet],
+        "spares": list(plan.fleet.spares),
+        "replaced": dict(plan.fleet.replaced),
         "problems": problems,
         "record": str(record),
     }
@@ -294,9 +296,10 @@ def print_human(
     record: Path,
     fleet: Sequence[InstanceStatus] = (),
     front: tuple[list[str], list[str]] = ([], []),
+    notes: Sequence[Text] = (),
 ) -> None:
-    """The table, the endpoint, the front (`front`: front_view's lines and problems), then
-    one line per host with a problem, and the verdict."""
+    """The table, the endpoint, the front (`front`: front_view's lines and problems), the
+    `notes` (the spares), then one line per host with a problem, and the verdict."""
     console.print(status_table(hosts))
     models = ", ".join(endpoint.models) or "-"
     answer = Text("answers", "green") if endpoint.answers else Text(endpoint.error, "red")
@@ -319,6 +322,8 @@ def print_human(
         console.print(fleet_line(fleet, endpoint.workers))
     for line in front[0]:
         console.print(line, soft_wrap=True)
+    for note in notes:
+        console.print(note, soft_wrap=True)
     problems = problem_lines(hosts, endpoint, fleet, front[1])
     for line in problems:
         console.print(Text.assemble(("problem: ", "bold red"), line), soft_wrap=True)
@@ -348,7 +353,7 @@ def check_once(
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
-        print_human(hosts, endpoint, record, fleet, front)
+        print_human(hosts, endpoint, record, fleet, front, spare_lines(plan))
         if monitoring:
             console.print(monitoring, soft_wrap=True)
     sys.stdout.flush()

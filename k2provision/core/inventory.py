@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -30,7 +30,7 @@ from k2provision.core import (
     vault,
 )
 from k2provision.core.directory_rules import directory_problems
-from k2provision.core.host_state import read_drained, state_path
+from k2provision.core.host_state import read_state, state_path
 from k2provision.core.inventory_checks import (
     address_problem,
     cluster_values,
@@ -378,7 +378,10 @@ def load_cluster(path: str | Path, engines: EngineLayouts) -> Cluster:
     registry's, engines/__init__.py engine_layouts); raise InventoryError listing every
     problem."""
     groups, host_vars = read_inventory(path)
-    return cluster_from_groups(str(path), groups, host_vars, engines, read_drained(path))
+    state = read_state(path)
+    return cluster_from_groups(
+        str(path), groups, host_vars, engines, state.drained, tuple(state.substitutes.items())
+    )
 
 
 # ---------------------------------------------------------------- the contract
@@ -390,11 +393,13 @@ def cluster_from_groups(
     host_vars: Mapping[str, Mapping[str, Any]],
     engines: EngineLayouts,
     drained: Sequence[str] = (),
+    replaced: Sequence[tuple[str, str]] = (),
 ) -> Cluster:
     """Validate groups and variables (as Ansible resolved them) into a Cluster, the engine
     and layout against `engines` (each engine's name and layouts); `drained`: the hosts the
-    inventory's state file (core/host_state.py) records as drained."""
-    problems: list[str] = []
+    inventory's state file (core/host_state.py) records as drained; `replaced`: its (failed
+    host, spare) pairs, each spare taking its failed host's place in the pool groups."""
+    groups, problems = substituted(source, groups, replaced)
     pools: dict[str, PoolName] = {}
     for pool in POOL_GROUPS:
         for name in groups.get(pool, []):
@@ -412,8 +417,16 @@ def cluster_from_groups(
         )
         raise InventoryError(problems)
     router_hosts = list(groups.get("router", []))
+    spares = [h for h in groups.get("spare", []) if h not in pools and h not in router_hosts]
+    problems += [
+        f"{source}: host {h} is in [spare] and in a pool or [router]; expected a spare in "
+        "[spare] alone (it serves nothing until k2provision heal puts it in a failed host's "
+        "place); fix: remove it from one group"
+        for h in groups.get("spare", [])
+        if h not in spares
+    ]
     # Pools in their groups' order: rank 0 of a pool is the first host of its group.
-    members = [*pools, *(h for h in router_hosts if h not in pools)]
+    members = [*pools, *(h for h in router_hosts if h not in pools), *spares]
     hv = {name: dict(host_vars.get(name, {})) for name in members}
 
     problems.extend(_variable_name_problems(hv))
@@ -443,7 +456,7 @@ def cluster_from_groups(
             for line in front_rules.count_problems(router_hosts, values.get("k2_front_address"))
         )
 
-    hosts, host_problems = _hosts(members, pools, hv)
+    hosts, host_problems = _hosts(members, {**pools, **dict.fromkeys(spares, "spare")}, hv)
     problems.extend(host_problems)
     tunables, tunable_problems = _tunables(source, values)
     problems.extend(tunable_problems)
@@ -467,6 +480,7 @@ def cluster_from_groups(
         "monitoring": tuple(groups.get("monitoring", [])),
         "tunables": tunables,
         "drained": tuple(drained),
+        "replaced": tuple(replaced),
         # The rest as the inventory sets them; each unset one takes Cluster's default.
         **{
             name: values[f"k2_{name}"]
@@ -546,8 +560,39 @@ def _variable_name_problems(hv: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return problems
 
 
+def substituted(
+    source: str, groups: Mapping[str, list[str]], replaced: Sequence[tuple[str, str]]
+) -> tuple[dict[str, list[str]], list[str]]:
+    """The groups with each spare in its failed host's place (the same position in the same
+    pool group: its ranks and role), the spare out of [spare] and the failed host out of
+    every group; and a line per pair the groups cannot take (the state file's)."""
+    out = {name: list(hosts) for name, hosts in groups.items()}
+    problems = []
+    where = state_path(source)
+    for failed, spare in replaced:
+        pool = next((p for p in POOL_GROUPS if failed in out.get(p, [])), None)
+        if pool is None:
+            problems.append(
+                f"{where}: {failed} is recorded as replaced by {spare}, but it is in no pool "
+                f"group of {source} now; expected a host of [nodes], [prefill] or [decode]; "
+                f"fix: k2provision return {failed} {source}, or remove the entry"
+            )
+        elif spare not in out.get("spare", []):
+            problems.append(
+                f"{where}: {spare} stands in for {failed}, but it is not in [spare] of "
+                f"{source} (or stands in for another host too); expected a [spare] host; "
+                f"fix: put {spare} back in [spare], or k2provision return {failed} {source}"
+            )
+        else:
+            out[pool] = [spare if h == failed else h for h in out[pool]]
+            out["spare"].remove(spare)
+    return out, problems
+
+
 def _hosts(
-    members: list[str], pools: Mapping[str, PoolName], hv: Mapping[str, Mapping[str, Any]]
+    members: list[str],
+    pools: Mapping[str, PoolName | Literal["spare"]],
+    hv: Mapping[str, Mapping[str, Any]],
 ) -> tuple[list[HostSpec], list[str]]:
     """HostSpecs in pool order, and a line per bad or repeated address or device list (a
     problem that several hosts share, such as one [all:vars] value, is one line)."""

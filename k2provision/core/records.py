@@ -25,7 +25,7 @@ from pydantic import (
 # inventory contract is checked against; the records name no engine themselves.
 EngineName = str
 PoolName = Literal["nodes", "prefill", "decode"]
-Role = Literal["node", "prefill", "decode", "router"]
+Role = Literal["node", "prefill", "decode", "router", "spare"]
 
 # The lab stand-in's fault modes (k2_lab_fault; die_after and slow take =<seconds>).
 LAB_FAULTS = ("exit_at_start", "never_healthy", "wrong_answer", "die_after", "slow")
@@ -48,7 +48,7 @@ class HostSpec(Record):
 
     name: str
     address: str
-    pool: PoolName | Literal["router"]
+    pool: PoolName | Literal["router", "spare"]
     local_ip: str
     ib_devices: tuple[str, ...] = ()
     # Lab plans only: the stand-in fault this host's engine containers run with (K2_LAB_FAULT).
@@ -467,6 +467,10 @@ class Cluster(Record):
     drained: tuple[str, ...] = ()
     """The hosts `k2provision drain` took out (the inventory's state file,
     core/host_state.py): their instances are kept stopped and out of the routers."""
+    replaced: tuple[tuple[str, str], ...] = ()
+    """(failed host, spare) for each spare `k2provision heal` put in a failed host's place
+    (the state file): the spare holds the failed host's ranks and role, and the failed host
+    is in no pool."""
     # Warning lines (core/safety_gates.py), one per safety gate the inventory switches off
     # outside the lab; the plan carries them first among its warnings.
     switched_off: tuple[str, ...] = ()
@@ -999,7 +1003,7 @@ class HostPlan(Record):
     ib_devices: tuple[str, ...] = ()
     """RDMA devices the engines use on this host (``k2_ib_devices``); empty: none named."""
     role: Role
-    pool: PoolName | Literal["router"]
+    pool: PoolName | Literal["router", "spare"]
     node_rank: int
     """The host's rank in its instance."""
     gpus: int
@@ -1047,12 +1051,17 @@ class FleetSettings(Record):
     drained_named: tuple[str, ...] = ()
     """The hosts `k2provision drain` named, as the state file lists them (what `return`
     takes)."""
+    replaced: dict[str, str] = {}
+    """failed host -> the spare `k2provision heal` put in its place: the failed host is in
+    no pool and in no play (plan.yml leaves it out), until `k2provision return` undoes it."""
+    spares: tuple[str, ...] = ()
+    """The [spare] hosts no instance uses: prepared, holding the weights, serving nothing."""
 
     @model_serializer(mode="wrap")
     def _no_empty_drained(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Nothing drained serializes (and digests) as before drains existed.
+        # Nothing drained, replaced or spare serializes (and digests) as before these existed.
         data: dict[str, Any] = handler(self)
-        for key in ("drained", "drained_hosts", "drained_named"):
+        for key in ("drained", "drained_hosts", "drained_named", "replaced", "spares"):
             if not data.get(key):
                 data.pop(key, None)
         return data

@@ -457,7 +457,7 @@ class Scale:
 
 def scale_of(plan: Plan) -> Scale:
     """Nodes and GPUs that serve: hosts with GPUs in the plan (a router-only host has none)."""
-    serving = [h for h in plan.hosts if h.gpus > 0]
+    serving = [h for h in plan.hosts if h.gpus > 0 and h.pool != "spare"]
     return Scale(nodes=len(serving), gpus=sum(h.gpus for h in serving))
 
 

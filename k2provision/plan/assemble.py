@@ -188,7 +188,11 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
                 role="router" if h.pool == "router" else ("node" if h.pool == "nodes" else h.pool),
                 pool=h.pool,
                 node_rank=pool.hosts.index(h.name) if pool else 0,
-                gpus=0 if pool is None else (1 if engine.SINGLE_GPU else cluster.gpus_per_node),
+                # A spare is a GPU host like the others (its GPUs checked, its exporters
+                # scraped), serving nothing until heal puts it in a failed host's place.
+                gpus=0
+                if pool is None and h.pool != "spare"
+                else (1 if engine.SINGLE_GPU else cluster.gpus_per_node),
                 processes=processes,
                 files=files,
                 ports=host_ports(out.listeners if out else ()),
@@ -227,6 +231,8 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
             drained=tuple(i.instance for i in drained),
             drained_hosts=tuple(h for i in drained for h in i.hosts),
             drained_named=cluster.drained,
+            replaced=dict(cluster.replaced),
+            spares=tuple(h.name for h in cluster.hosts if h.pool == "spare"),
         ),
         access=access_files(cluster),
         container=container,

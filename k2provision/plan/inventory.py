@@ -7,11 +7,12 @@ Pure but for reading the inventory's files.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from k2provision.core import inventory
+from k2provision.core.host_state import HostState
 from k2provision.core.records import Cluster
 from k2provision.engines import engine_layouts
 
@@ -25,8 +26,17 @@ def cluster_from_groups(
     source: str,
     groups: Mapping[str, list[str]],
     host_vars: Mapping[str, Mapping[str, Any]],
-    drained: Sequence[str] = (),
+    state: HostState | None = None,
 ) -> Cluster:
-    """Validate groups and variables (as Ansible resolved them) into a Cluster; `drained`:
-    the hosts the inventory's state file records as drained."""
-    return inventory.cluster_from_groups(source, groups, host_vars, engine_layouts(), drained)
+    """Validate groups and variables (as Ansible resolved them) into a Cluster; `state`: the
+    inventory's state file (core/host_state.py: the drained hosts, the spares in failed
+    hosts' places)."""
+    state = state or HostState()
+    return inventory.cluster_from_groups(
+        source,
+        groups,
+        host_vars,
+        engine_layouts(),
+        state.drained,
+        tuple(state.substitutes.items()),
+    )

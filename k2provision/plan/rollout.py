@@ -32,6 +32,7 @@ __all__ = [
     "RouterWave",
     "changed_instances",
     "disaggregated",
+    "down_instances",
     "fleet_instances",
     "generation_lines",
     "generation_rollout",
@@ -45,6 +46,7 @@ __all__ = [
     "rolls",
     "router_lines",
     "router_waves",
+    "start_first_lines",
 ]
 
 
@@ -155,6 +157,32 @@ def changed_instances(
         ):
             changed.append(instance.instance)
     return tuple(changed)
+
+
+def _down_containers(found: Sequence[Difference]) -> set[str]:
+    """The containers a host's look finds missing or stopped (a spare's, a host's back from
+    a reboot)."""
+    return {
+        d.name
+        for d in found
+        if d.subject == "container" and d.drift in (Drift.MISSING, Drift.STOPPED)
+    }
+
+
+def down_instances(plan: Plan, differences: Mapping[str, Sequence[Difference]]) -> tuple[str, ...]:
+    """The fleet's serving instances a container of which is missing or stopped (an instance
+    `k2provision heal` moved onto a spare, or one whose host came back), in the plan's order.
+    Behind a front whose routers roll these start first, each as a wave: a new router must
+    list every worker healthy before it takes requests."""
+    return tuple(
+        instance.instance
+        for instance in serving_members(plan)
+        if instance.instance in {i.instance for i in fleet_instances(plan)}
+        and any(
+            owned & _down_containers(differences.get(host, ()))
+            for host, owned in _instance_containers(plan, instance).items()
+        )
+    )
 
 
 def rolls(plan: Plan) -> bool:
@@ -299,6 +327,16 @@ def router_lines(waves: Sequence[RouterWave], first: int = 1) -> list[str]:
     return [
         f"{n}. router on {w.host}: out of HAProxy on {', '.join(w.front_hosts)}, drained, "
         f"replaced, lists {len(w.worker_urls)} workers healthy, back in"
+        for n, w in enumerate(waves, start=first)
+    ]
+
+
+def start_first_lines(waves: Sequence[RolloutWave], first: int = 1) -> list[str]:
+    """The instances started before the routers roll, as `apply --check` shows them."""
+    return [
+        f"{n}. {', '.join(w.instances)} on {', '.join(w.hosts)}: not running; started "
+        "behind its health gates, checked, into every router, before the routers roll (a "
+        "new router lists it)"
         for n, w in enumerate(waves, start=first)
     ]
 

@@ -153,6 +153,27 @@ def drained_line(plan: Plan) -> Text | None:
     )
 
 
+def spare_lines(plan: Plan) -> list[Text]:
+    """The spares: those in failed hosts' places (heal) and how each is undone, then the idle
+    ones."""
+    lines = [
+        Text.assemble(
+            ("replaced: ", "yellow"),
+            f"{spare} serves in place of {failed} (k2provision heal); {failed} is in no play "
+            f"until `k2provision return INVENTORY {failed}`",
+        )
+        for failed, spare in plan.fleet.replaced.items()
+    ]
+    if plan.fleet.spares:
+        lines.append(
+            Text(
+                f"spares: {', '.join(plan.fleet.spares)}: prepared, holding the weights, serving "
+                "nothing until k2provision heal puts one in a failed host's place"
+            )
+        )
+    return lines
+
+
 def front_line(plan: Plan) -> Text | None:
     """The front tier: the floating address, who may hold it (VRRP priority, highest first)
     and the routers every HAProxy spreads requests over (None: one router or none)."""
@@ -263,6 +284,8 @@ def print_plan(plan: Plan) -> None:
         console.print(front, soft_wrap=True)
     if drained := drained_line(plan):
         console.print(drained, soft_wrap=True)
+    for line in spare_lines(plan):
+        console.print(line, soft_wrap=True)
     console.print(Text.assemble("endpoint: ", (plan.endpoint, "bold")))
     if plan.container.compile_cache:
         console.print(

@@ -153,3 +153,18 @@ def test_a_fleet_behind_a_front_puts_each_router_alone_and_plans_the_front(
         demo.choose(cfg, 4, routers=2)
     with pytest.raises(LabError, match=r"e.g. `lab up 4 --instances 2 --routers 2`"):
         demo.choose(cfg, 3, instances=2, routers=2)
+
+
+def test_a_fleets_spares_go_last_in_their_own_group_and_serve_nothing(
+    cfg: LabConfig, tmp_path: Path
+) -> None:
+    choice = demo.choose(cfg, 5, instances=2, routers=2, spares=1)
+    assert choice.groups == {"router": 2, "nodes": 2, "spare": 1}
+    assert plans_from_file(demo.inventory_text(cfg, 5, choice), tmp_path)
+    plan = build_plan(load_cluster(tmp_path / "lab.ini"))
+    assert plan.fleet.spares == (cfg.host_name(5),)
+    assert [i.hosts for i in plan.pools[0].instances] == [(cfg.host_name(3),), (cfg.host_name(4),)]
+    with pytest.raises(LabError, match="--spares 1: spares stand by for a fleet's hosts"):
+        demo.choose(cfg, 3, spares=1)
+    with pytest.raises(LabError, match=r"e.g. `lab up 5 --instances 2 --routers 2 --spares 1`"):
+        demo.choose(cfg, 4, instances=2, routers=2, spares=1)

@@ -1,8 +1,8 @@
 """A fleet behind its front on real lab hosts (the `lab-fleet` stream): two SGLang TP replicas
-of one host each (lab3, lab4) behind two real sglang-routers (lab1, lab2), each router host
-running HAProxy and keepalived from Debian's packages, the endpoint the floating address one of
-them holds; stand-ins that drain on SIGTERM. Clients keep streaming requests through that
-address (each ~2 s in flight) while
+of one host each (lab3, lab4) and a spare (lab5) behind two real sglang-routers (lab1, lab2),
+each router host running HAProxy and keepalived from Debian's packages, the endpoint the
+floating address one of them holds; stand-ins that drain on SIGTERM. Clients keep streaming
+requests through that address (each ~2 s in flight) while
 
 - `apply --canary 10` rolls a changed k2_context_length: replica-1 first serves behind lab2's
   router alone, which HAProxy sends 10 % of the requests for k2_canary_hold_s (20 s); the
@@ -30,11 +30,13 @@ address (each ~2 s in flight) while
   exit 0; an apply leaves it stopped; a restart naming lab4 is refused), then `return lab4`
   starts it behind its gates and puts it back into both routers: every request is answered
   200;
-- one instance's host is stopped (`lab stop`): the requests that fail are those the dead
-  instance held and those sent to it before the routers took it out; they are counted and
-  bounded (FAILED_BOUND), the routers then answer every request from the other instance, and
-  `status` exits 1 naming the instance down; `drain` of the dead host passes over it, and
-  `status` exits 0 with the host drained (it stays drained for the last test);
+- one instance's host is stopped (`lab stop`) and `watch --once` heals it: the round finds
+  lab4 unreachable and puts the spare lab5 in its place (the state file), the apply starts
+  replica-2 on lab5 before the routers roll onto it; the requests that fail are those the dead
+  instance held (at most one per client thread, FAILED_BOUND), every request sent after the
+  heal is answered, both routers list lab3 and lab5 healthy and status exits 0 with 2/2 up;
+  the circuit breaker then refuses to heal lab3 (two hosts within the hour, one allowed) and
+  nothing changes;
 - the host that holds the floating address loses power (`lab stop --cut-link`): the other
   front host takes the address, the first request answered after the stop comes within
   TAKEOVER_S, and only streams the dead host's HAProxy and router held fail.
@@ -42,6 +44,7 @@ address (each ~2 s in flight) while
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import struct
@@ -58,7 +61,7 @@ import pytest
 import k2lab as lab_api
 from k2lab.config import LabConfig
 from k2lab.traffic import Traffic
-from k2provision.core.host_state import read_drained
+from k2provision.core.host_state import read_drained, read_state
 from tests.pd_lab import (
     MODEL_DIR,
     applied_fleet,
@@ -100,9 +103,10 @@ def routers_health(state: Any) -> list[list[bool]]:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    """4 lab hosts: routers and the front on lab1 and lab2, replica-1 on lab3, replica-2 on
-    lab4; applied."""
-    yield from applied_fleet(tmp_path_factory, "fleet", {"router": 2, "nodes": 2}, VARS)
+    """5 lab hosts: routers and the front on lab1 and lab2, replica-1 on lab3, replica-2 on
+    lab4, lab5 a spare; applied."""
+    groups = {"router": 2, "nodes": 2, "spare": 1}
+    yield from applied_fleet(tmp_path_factory, "fleet", groups, VARS)
 
 
 def edited(inventory: Path, tmp_path: Path, old: str, new: str) -> Path:
@@ -417,7 +421,7 @@ FAILED_BOUND = THREADS
 READ_TIMEOUT = 15.0
 
 
-def test_a_stopped_instance_costs_only_its_in_flight_requests(
+def test_a_dead_host_is_healed_onto_the_spare_and_only_its_streams_fail(
     fleet: tuple[Any, Path], tmp_path: Path
 ) -> None:
     state, inventory = fleet
@@ -432,38 +436,53 @@ def test_a_stopped_instance_costs_only_its_in_flight_requests(
             assert served(state, "lab4") > before, client.counts
             stopped = time.monotonic()  # before the kill: a stream may fail as it happens
             lab_api.stop_host("lab4")
-            # Past the read timeout of the streams lab4 held and the routers' health checks.
-            time.sleep(READ_TIMEOUT + 35)
-            settled = time.monotonic()
+            # The watch's round finds lab4 unreachable and heals replica-2 onto the spare.
+            watched = k2("watch", str(inventory), "--once", runs=tmp_path / "watch", timeout=600)
+            assert watched.returncode == 0, watched.stdout[-5000:] + watched.stderr[-2000:]
+            healed = time.monotonic()
+            said = " ".join(watched.stdout.split())
+            assert "heal: lab4 (unreachable: " in said, said[-5000:]
+            assert "lab5 takes its place in replica-2 (its ranks and role, and the master)" in said
+            # The new instance started before the routers rolled onto it (plan/rollout.py).
+            assert re.search(r"1\. replica-2 on lab5: not running; started", said), said[-5000:]
             time.sleep(10)
         failed = client.failures
         print(
-            f"lab stop lab4: {len(failed)} failed of {sum(client.counts.values())}: "
+            f"lab stop lab4, watch --once heals it onto lab5 in {healed - stopped:.0f} s: "
+            f"{len(failed)} failed of {sum(client.counts.values())}: "
             + ", ".join(f"{f.outcome} {f.ended - stopped:.1f} s after the stop" for f in failed)
         )
+        # What fails is what lab4 held when it died (and what was sent to it before the
+        # routers took it out, retried on the other): at most one per client thread.
         assert all(f.ended >= stopped for f in failed), failed
         assert len(failed) <= FAILED_BOUND, (failed, client.counts)
-        late = [a for a in client.since(settled) if a.started >= settled]
+        late = [a for a in client.since(healed) if a.started >= healed]
         assert late, client.counts
         assert [a for a in late if a.outcome != "200"] == []
-        lab3 = f"http://{state.host('lab3').address}:30000"
-        assert [router_health(state, h, router_url(state, h))[lab3] for h in ROUTERS] == [
-            True,
-            True,
-        ]
-        status = k2("status", str(inventory), runs=tmp_path / "runs")
-        assert status.returncode == 1, status.stdout[-3000:]
-        assert "fleet: 1/2 instances up" in status.stdout, status.stdout[-3000:]
-        assert "instance replica-2 (lab4)" in status.stdout
-        # The operator drains the dead host: passed over where it cannot be reached, out of
-        # both routers, and status is clean again (it stays drained for the module's end).
-        drained = k2("drain", str(inventory), "lab4", runs=tmp_path / "drain")
-        assert drained.returncode == 0, drained.stdout[-4000:] + drained.stderr[-2000:]
-        assert read_drained(inventory) == ("lab4",)
-        status = k2("status", str(inventory), runs=tmp_path / "runs")
+        assert read_state(inventory).substitutes == {"lab4": "lab5"}
+        log = next((tmp_path / "watch").glob("*-watch/watch.jsonl"))
+        logged = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [e["action"] for e in logged] == ["healed"], logged
+        # The fleet is whole again: both instances up, the spare serving in both routers.
+        lab3, lab5 = (f"http://{state.host(h).address}:30000" for h in ("lab3", "lab5"))
+        for router in ROUTERS:
+            health = router_health(state, router, router_url(state, router))
+            assert health == {lab3: True, lab5: True}, (router, health)
+        assert served(state, "lab5") > 0
+        status = k2("status", str(inventory), runs=tmp_path / "status")
         assert status.returncode == 0, status.stdout[-3000:]
-        assert "fleet: 1/2 instances up, 1 drained (replica-2)" in status.stdout
-        assert re.search(r"instance replica-2 \(lab4\) \S+: drained", status.stdout)
+        assert "fleet: 2/2 instances up" in status.stdout, status.stdout[-3000:]
+        assert "replaced: lab5 serves in place of lab4" in " ".join(status.stdout.split())
+        # The circuit breaker: a second host within the window (one taken out already, at
+        # most one allowed) is refused, and nothing changes.
+        refused = k2("heal", str(inventory), "lab3", runs=tmp_path / "heal")
+        assert refused.returncode == 2, refused.stdout[-3000:]
+        said = " ".join(refused.stdout.split())
+        assert "circuit breaker: taking out lab3 would make 2 host(s) within 3600 s" in said
+        assert "nothing was changed" in said, said[-3000:]
+        assert read_state(inventory).substitutes == {"lab4": "lab5"}
+        status_of = "docker inspect --format '{{.State.Status}}' k2-sglang"
+        assert on_host(state, "lab3", status_of).strip() == "running"
     finally:
         lab_api.start_host("lab4")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from k2provision.ansible.actions import ReadOnlyAction
-from k2provision.core.host_state import read_drained
+from k2provision.core.host_state import read_state
 from k2provision.core.inventory import INVENTORY_KEYS, plain_value
 from k2provision.errors import K2Error
 from k2provision.plan.assemble import build_plan, plan_digest
@@ -37,9 +37,7 @@ class ActionModule(ReadOnlyAction):
         sources = task_vars.get("ansible_inventory_sources") or ["inventory"]
         try:
             source = str(sources[0])
-            plan = build_plan(
-                cluster_from_groups(source, groups, host_vars, drained=read_drained(source))
-            )
+            plan = build_plan(cluster_from_groups(source, groups, host_vars, read_state(source)))
         except K2Error as error:
             return {"failed": True, "msg": "\n".join(error.problems), "problems": error.problems}
         digest = plan_digest(plan)

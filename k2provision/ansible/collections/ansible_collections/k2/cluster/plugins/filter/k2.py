@@ -33,6 +33,7 @@ from k2provision.plan.rollout import (
     RolloutWave,
     RouterWave,
     changed_instances,
+    down_instances,
     generation_lines,
     generation_rollout,
     instances_wave,
@@ -44,6 +45,7 @@ from k2provision.plan.rollout import (
     rollout_waves,
     router_lines,
     router_waves,
+    start_first_lines,
 )
 
 
@@ -259,11 +261,14 @@ def _rollout_document(
     generation: GenerationRollout | None = None,
     warning: str = "",
     canary: CanaryRollout | None = None,
+    first: tuple[RolloutWave, ...] = (),
 ) -> dict[str, Any]:
-    """Rollout waves as the k2_rollout role reads them: {routers: [...], generation: {...} or
-    None, canary: {...} or None, waves: [...], lines: [...], warning}, the routers' lines
-    first, then the generation's, the canary's, then the other waves'."""
-    lines = router_lines(routers)
+    """Rollout waves as the k2_rollout role reads them: {first: [...], routers: [...],
+    generation: {...} or None, canary: {...} or None, waves: [...], lines: [...], warning},
+    the lines of the instances started first, then the routers', the generation's, the
+    canary's, then the other waves'."""
+    lines = start_first_lines(first)
+    lines += router_lines(routers, first=len(lines) + 1)
     if generation is not None:
         lines += generation_lines(generation, first=len(lines) + 1)
     if canary is not None:
@@ -287,6 +292,7 @@ def _rollout_document(
             }
             for r in routers
         ],
+        "first": [_wave_json(w) for w in first],
         "generation": _generation_json(generation),
         "canary": _canary_json(canary),
         "waves": [_wave_json(w) for w in waves],
@@ -311,7 +317,12 @@ def rollout_order(
     fleet.canary.percent, or at `canary` per cent where the run names one (apply --canary)."""
     parsed = Plan.model_validate(plan)
     launch = _launch_found(looked)
-    changed = changed_instances(parsed, launch)
+    routers = router_waves(parsed, launch)
+    # Behind a front whose routers roll, an instance that does not run (healed onto a spare,
+    # back from a reboot) starts first: a new router must list every worker healthy.
+    down = down_instances(parsed, launch) if routers else ()
+    started = rollout_waves(parsed, down, _wave_width(parsed, max_unavailable))
+    changed = tuple(i for i in changed_instances(parsed, launch) if i not in down)
     generation = generation_rollout(parsed, changed)
     moved = {i for g in generation.groups for i in g.instances} if generation else set()
     waves = rollout_waves(
@@ -323,10 +334,11 @@ def rollout_order(
     first = canary_rollout(parsed, waves, settings)
     document = _rollout_document(
         waves[1:] if first else waves,
-        router_waves(parsed, launch),
+        routers,
         generation,
         mixing_warning(parsed, changed),
         first,
+        started,
     )
     return {**document, "outage": pd_outage(parsed, launch)}
 
