@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
+from k2provision.commands.apply import run_apply
 from k2provision.commands.flow import EXIT_OK, HostRun, RunHooks, load_plan, run_on_hosts
 from k2provision.commands.params import InventoryArg
 from k2provision.core.host_state import read_state, write_drained, write_state
@@ -125,7 +126,7 @@ def return_replaced(inventory: Path, plan: Plan, hosts: list[str], check: bool) 
         kept = tuple(r for r in state.replaced if r.host not in hosts)
         path = write_state(inventory, replace(state, replaced=kept))
         console.print(f"return: {', '.join(hosts)} no longer replaced ({path})", soft_wrap=True)
-        code = run_on_hosts(HostRun(command="return", inventory=inventory))
+        code = run_apply(HostRun(command="return", inventory=inventory))
     if code != EXIT_OK:
         console.print(
             Text(

@@ -28,7 +28,8 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, HostRun, load_plan, run_on_hosts
+from k2provision.commands.apply import run_apply
+from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, HostRun, load_plan
 from k2provision.commands.params import InventoryArg
 from k2provision.commands.status import gather
 from k2provision.core.host_state import read_state, write_state
@@ -159,7 +160,7 @@ def heal_once(
             f"{path}: " + ", ".join(f"{r.spare} in place of {r.host}" for r in choice.replacements),
             soft_wrap=True,
         )
-    code = run_on_hosts(HostRun(command="heal", inventory=inventory))
+    code = run_apply(HostRun(command="heal", inventory=inventory))
     if code != EXIT_OK:
         console.print(
             Text(

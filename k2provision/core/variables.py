@@ -60,6 +60,9 @@ PLAYBOOK_VARS = (
     "k2_apply_canary",
     "k2_drain_instances",
     "k2_return_instances",
+    "k2_host_work",
+    "k2_host_work_file",
+    "k2_host_work_instances",
 )
 # A host list longer than this is shown by its ends and its count.
 HOSTS_SHOWN = 6

@@ -30,6 +30,11 @@ requests through that address (each ~2 s in flight) while
   exit 0; an apply leaves it stopped; a restart naming lab4 is refused), then `return lab4`
   starts it behind its gates and puts it back into both routers: every request is answered
   200;
+- host work (a new k2_nvidia_driver_version: the lab's stand-in for a driver upgrade) is
+  deferred on the serving instances' hosts: `apply --check` shows the rolling pass, the apply
+  runs the prepare roles on the routers' hosts and the spare only, then one wave per
+  instance runs them on that instance's host alone while it is out of the routers (the runs'
+  events say where each role ran): every request is answered 200;
 - one instance's host is stopped (`lab stop`) and `watch --once` heals it: the round finds
   lab4 unreachable and puts the spare lab5 in its place (the state file), the apply starts
   replica-2 on lab5 before the routers roll onto it; the requests that fail are those the dead
@@ -402,6 +407,60 @@ def test_drain_then_return_of_one_instances_host_fails_no_request(
     assert routers_health(state) == [[True, True], [True, True]]
 
 
+PREPARE_ROLES = {"k2_nvidia_driver", "k2_rdma", "k2_container_runtime", "k2_firewall"}
+
+
+def ran_on(record: Path, roles: set[str]) -> set[str]:
+    """The hosts where a task of `roles` ran (not skipped), from the run's events."""
+    hosts = set()
+    for path in record.glob("artifacts/*/job_events/*.json"):
+        event = json.loads(path.read_text())
+        data = event.get("event_data") or {}
+        if (
+            event.get("event") in {"runner_on_ok", "runner_item_on_ok"}
+            and data.get("role") in roles
+        ):
+            hosts.add(str(data["host"]))
+    return hosts
+
+
+def test_host_work_runs_instance_by_instance_and_never_on_a_serving_host(
+    fleet: tuple[Any, Path], tmp_path: Path
+) -> None:
+    state, inventory = fleet
+    # The lab's stand-in for a driver upgrade: a new k2_nvidia_driver_version changes every
+    # host's prepare phase (the driver role installs nothing in a lab, but the phase and its
+    # drain-work-return run as on hardware). It stays for the module's next tests.
+    text = inventory.read_text()
+    assert "k2_engine=sglang\n" in text
+    inventory.write_text(
+        text.replace("k2_engine=sglang\n", "k2_engine=sglang\nk2_nvidia_driver_version=580.95.05\n")
+    )
+    with Traffic(ENDPOINT, tokens=100, max_requests=100_000) as client:
+        check = k2("apply", str(inventory), "--check", runs=tmp_path / "check")
+        assert check.returncode == 0, check.stdout[-4000:]
+        said = " ".join(check.stdout.split())
+        assert (
+            "host work on serving instances, instance by instance (check mode: none runs):" in said
+        )
+        assert "1. replica-1 on lab3: out of every router, stopped, the host work" in said
+        assert "2. replica-2 on lab4: out of every router, stopped" in said
+        applied = k2("apply", str(inventory), runs=tmp_path / "apply", timeout=600)
+        assert applied.returncode == 0, applied.stdout[-5000:] + applied.stderr[-2000:]
+        time.sleep(2)
+    print(f"rolling host work: {client.counts}")
+    assert client.failures == [], client.counts
+    assert client.counts["200"] > 20
+    records = sorted((tmp_path / "apply").iterdir())
+    kinds = [r.name.split("Z-", 1)[1].rstrip("-0123456789") for r in records]
+    assert kinds == ["apply", "host-work", "host-work"], records
+    # The apply did the routers' and the spare's host work, none on a serving instance's
+    # host; each wave did its own instance's hosts only, while they served nothing.
+    assert ran_on(records[0], PREPARE_ROLES) == {"lab1", "lab2", "lab5"}
+    assert [ran_on(r, PREPARE_ROLES) for r in records[1:]] == [{"lab3"}, {"lab4"}]
+    assert routers_health(state) == [[True, True], [True, True]]
+
+
 def served(state: Any, host: str) -> float:
     """The requests the instance on `host` has answered (its sglang:num_requests_total)."""
     return metric_sum(
@@ -445,7 +504,9 @@ def test_a_dead_host_is_healed_onto_the_spare_and_only_its_streams_fail(
             assert "lab5 takes its place in replica-2 (its ranks and role, and the master)" in said
             # The new instance started before the routers rolled onto it (plan/rollout.py).
             assert re.search(r"1\. replica-2 on lab5: not running; started", said), said[-5000:]
-            time.sleep(10)
+            # The host work of the test before left nothing behind for this apply.
+            assert "host work on serving instances" not in said
+            time.sleep(5)
         failed = client.failures
         print(
             f"lab stop lab4, watch --once heals it onto lab5 in {healed - stopped:.0f} s: "

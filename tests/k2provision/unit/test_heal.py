@@ -1,6 +1,8 @@
-"""Spares and heal: the [spare] group in the plan, a spare in a failed host's place (the state
-file's substitution), the instances that start before the routers roll, what heal chooses
-and what its circuit breaker refuses, and the commands' refusals (no host touched)."""
+"""Spares and heal, and host work instance by instance: the [spare] group in the plan, a
+spare in a failed host's place (the state file's substitution), the instances that start
+before the routers roll, what heal chooses and what its circuit breaker refuses, the
+commands' refusals (no host touched), and which serving hosts' host work waits for the
+rolling pass and in what order."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import yaml
 from typer.testing import CliRunner
 
 from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.k2 import (
+    host_work_order,
     rollout_order,
 )
 from k2provision.cli import build_app
+from k2provision.commands.apply import ApplyHooks
 from k2provision.core.host_state import (
     HostState,
     Replacement,
@@ -37,6 +41,7 @@ from k2provision.plan.heal import (
     state_after,
     timestamp,
 )
+from k2provision.plan.host_work import defers, host_work_lines, host_work_waves
 from k2provision.plan.inventory import load_cluster
 from tests.k2provision.unit.test_converge import converged, state_key
 from tests.k2provision.unit.test_fleet import TP_FLEET
@@ -288,3 +293,39 @@ def test_return_of_a_replaced_host_says_what_moves_back(fleet: Path) -> None:
     mixed = CliRunner().invoke(build_app(), ["return", str(fleet), "node-03", "node-05"])
     assert mixed.exit_code == 2
     assert "expected one kind at a time" in " ".join(mixed.output.split())
+
+
+def test_host_work_waits_on_a_serving_instances_host_and_rolls_instance_by_instance(
+    fleet: Path,
+) -> None:
+    plan = _plan(fleet)
+    # Its own prepare off the plan, serving: deferred. Converged, idle, a router's or a
+    # drained instance's host: not.
+    assert defers(plan, "node-03", [], serving=True)
+    assert not defers(plan, "node-03", ["prepare"], serving=True)
+    assert not defers(plan, "node-03", [], serving=False)
+    assert not defers(plan, "router-01", [], serving=True)
+    assert not defers(plan, "node-09", [], serving=False)
+    waves = host_work_waves(plan, ["node-01", "node-02", "node-05"])
+    assert [w.instances for w in waves] == [("replica-1",), ("replica-3",)]
+    assert waves[0].hosts == ("node-01", "node-02")
+    assert host_work_lines(waves)[1] == (
+        "2. replica-3 on node-05, node-06: out of every router, stopped, the host work "
+        "(prepare, validate) done there, started behind its health gates, back in"
+    )
+    order = host_work_order(plan.model_dump(mode="json"), ["node-07"])
+    assert order["waves"] == [{"instances": ["replica-4"], "hosts": ["node-07", "node-08"]}]
+    write_drained(fleet, ["node-05"])
+    assert not defers(_plan(fleet), "node-05", [], serving=True)
+
+
+def test_apply_reads_the_rolling_pass_the_look_wrote(tmp_path: Path) -> None:
+    hooks = ApplyHooks()
+    assert hooks.order() == ([], [])
+    extra = hooks.extravars(_plan(TP_FLEET), tmp_path)
+    assert extra == {"k2_host_work_file": str(tmp_path / "host_work.json")}
+    assert hooks.order() == ([], [])  # no look ran
+    (tmp_path / "host_work.json").write_text(
+        '{"waves": [{"instances": ["replica-1"], "hosts": ["node-01"]}], "lines": ["1. x"]}'
+    )
+    assert hooks.order() == ([{"instances": ["replica-1"], "hosts": ["node-01"]}], ["1. x"])

@@ -28,6 +28,7 @@ from k2provision.plan.converge import (
     whole_instances,
 )
 from k2provision.plan.host_questions import container_key, container_states, hq, state_question
+from k2provision.plan.host_work import defers, host_work_lines, host_work_waves
 from k2provision.plan.rollout import (
     GenerationRollout,
     RolloutWave,
@@ -350,6 +351,26 @@ def host_work_wave(plan: dict[str, Any], instances: list[Any]) -> dict[str, Any]
     return _wave_json(instances_wave(parsed, [str(i) for i in instances]))
 
 
+def host_work_defers(plan: dict[str, Any], host: str, skipped: list[Any], serving: Any) -> bool:
+    """Whether `host`'s host work waits for the rolling pass (plan/host_work.py defers)."""
+    return defers(
+        Plan.model_validate(plan),
+        str(host),
+        [str(p) for p in skipped],
+        str(serving).lower() in {"true", "yes", "1"},
+    )
+
+
+def host_work_order(plan: dict[str, Any], deferred: list[Any]) -> dict[str, Any]:
+    """The rolling pass of the `deferred` hosts' host work (plan/host_work.py):
+    {waves: [{instances, hosts}], lines: [...]}."""
+    waves = host_work_waves(Plan.model_validate(plan), [str(h) for h in deferred])
+    return {
+        "waves": [{"instances": list(w.instances), "hosts": list(w.hosts)} for w in waves],
+        "lines": host_work_lines(waves),
+    }
+
+
 def rollout_canary_verdict(
     canary: dict[str, Any], before: list[Any], after: list[Any], probes: dict[str, Any]
 ) -> dict[str, Any]:
@@ -506,6 +527,8 @@ class FilterModule:
             restart_set,
             rollout_order,
             host_work_wave,
+            host_work_defers,
+            host_work_order,
             restart_rollout,
             rollout_start_reason,
             rollout_smoke_reason,
