@@ -6,7 +6,9 @@ puts a spare in each one's place (plan/heal.py) in the inventory's state file, a
 the instance starts on its new hosts behind its health gates, joins every router, and the
 routers roll onto the new worker list (plan/rollout.py `down_instances`); the failed host
 is then in no play until `k2provision return HOST` undoes the substitution. An instance whose
-hosts are fine but whose containers stopped is started again by the same apply. Without a
+hosts are fine but whose containers stopped is started again by the same apply; a host with
+a stuck DP rank (ops/rank_liveness.py: /health still answers) is restarted with its
+instance, rolling through the routers. Without a
 free spare the instance stays down and heal says why. The circuit breaker (plan/heal.py)
 refuses, changing nothing, a heal that takes out more than --max-hosts within --window
 seconds or the last serving instance of a pool.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,15 +32,17 @@ import typer
 from rich.text import Text
 
 from k2provision.commands.apply import run_apply
-from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, HostRun, load_plan
+from k2provision.commands.flow import EXIT_FAILED, EXIT_OK, HostRun, load_plan, run_on_hosts
 from k2provision.commands.params import InventoryArg
+from k2provision.commands.restart import RestartHooks
 from k2provision.commands.status import gather
 from k2provision.core.host_state import read_state, write_state
 from k2provision.core.records import Plan
 from k2provision.errors import ArgumentError, K2Error
 from k2provision.ops.endpoint_access import endpoint_access
 from k2provision.ops.remote import ssh_inventory
-from k2provision.ops.status_probe import fleet_status
+from k2provision.ops.restart import restart_set
+from k2provision.ops.status_probe import HostStatus, RouterWorker, fleet_status
 from k2provision.plan.heal import Failure, HealChoice, heal_choice, heal_lines, state_after
 from k2provision.run.cancel import stopping
 from k2provision.run.display import console
@@ -66,18 +71,21 @@ WindowOpt = Annotated[
 
 @dataclass(frozen=True)
 class Finding:
-    """What detection found: the failed hosts, the instances down, and those down on hosts
-    that are fine (their containers stopped: an apply starts them again)."""
+    """What detection found: the failed hosts, the instances down, those down on hosts that
+    are fine (their containers stopped or failing their gates: an apply starts them again),
+    and the hosts with a stuck rank (its /health still answers, so no look sees it: they are
+    restarted, instance by instance through the routers)."""
 
     failures: tuple[Failure, ...]
     down: tuple[str, ...]
     restartable: tuple[str, ...]
+    stuck: tuple[str, ...] = ()
 
 
-def detect(plan: Plan, inventory: Path) -> Finding:
-    """Every host's status probe and the routers' view of the instances (status's)."""
-    _, targets = ssh_inventory(inventory)
-    hosts, endpoint = gather(plan, targets, endpoint_access(plan.access))
+def findings_of(
+    plan: Plan, hosts: Sequence[HostStatus], workers: Sequence[RouterWorker]
+) -> Finding:
+    """What the hosts' status and the routers' workers say needs healing."""
     failures = []
     for h in hosts:
         if h.drained:
@@ -87,12 +95,20 @@ def detect(plan: Plan, inventory: Path) -> Finding:
         elif h.gpu_health or h.ib_ports:
             failures.append(Failure(h.host, "; ".join((*h.gpu_health, *h.ib_ports))))
     failed = {f.host for f in failures}
-    fleet = fleet_status(plan, hosts, endpoint.workers)
+    fleet = fleet_status(plan, hosts, workers)
     down = tuple(i.instance for i in fleet if not i.up and not i.drained)
+    stuck = tuple(h.host for h in hosts if h.stuck_ranks and not h.drained and h.host not in failed)
     restartable = tuple(
-        i.instance for i in fleet if i.instance in down and not set(i.hosts) & failed
+        i.instance for i in fleet if i.instance in down and not set(i.hosts) & {*failed, *stuck}
     )
-    return Finding(tuple(failures), down, restartable)
+    return Finding(tuple(failures), down, restartable, stuck)
+
+
+def detect(plan: Plan, inventory: Path) -> Finding:
+    """Every host's status probe and the routers' view of the instances (status's)."""
+    _, targets = ssh_inventory(inventory)
+    hosts, endpoint = gather(plan, targets, endpoint_access(plan.access))
+    return findings_of(plan, hosts, endpoint.workers)
 
 
 def _named(plan: Plan, hosts: list[str]) -> Finding:
@@ -118,6 +134,12 @@ def _show(plan: Plan, choice: HealChoice, finding: Finding) -> None:
             "starts it again",
             soft_wrap=True,
         )
+    if finding.stuck:
+        console.print(
+            f"heal: a rank stuck on {', '.join(finding.stuck)} (its /health still answers): "
+            "restarted, instance by instance through the routers",
+            soft_wrap=True,
+        )
 
 
 def heal_once(
@@ -138,6 +160,7 @@ def heal_once(
     entry: dict[str, Any] = {
         "failures": [asdict(f) for f in finding.failures],
         "down": list(finding.down),
+        "stuck": list(finding.stuck),
         "replacements": [asdict(r) for r in choice.replacements],
         "stays_down": list(choice.stays_down),
         "refused": choice.refused,
@@ -146,7 +169,7 @@ def heal_once(
     if choice.refused:
         console.print(Text(f"heal: {choice.refused}", "red"), soft_wrap=True)
         return EXIT_REFUSED, {**entry, "action": "refused"}
-    if not choice.replacements and not finding.restartable:
+    if not choice.replacements and not finding.restartable and not finding.stuck:
         verdict = EXIT_FAILED if choice.stays_down else EXIT_OK
         console.print("heal: nothing to heal" if verdict == EXIT_OK else "heal: nothing healed")
         return verdict, {**entry, "action": "none"}
@@ -160,7 +183,11 @@ def heal_once(
             f"{path}: " + ", ".join(f"{r.spare} in place of {r.host}" for r in choice.replacements),
             soft_wrap=True,
         )
-    code = run_apply(HostRun(command="heal", inventory=inventory))
+    code = EXIT_OK
+    if choice.replacements or finding.restartable:
+        code = run_apply(HostRun(command="heal", inventory=inventory))
+    if code == EXIT_OK and finding.stuck:
+        code = _restart(inventory, list(finding.stuck))
     if code != EXIT_OK:
         console.print(
             Text(
@@ -173,6 +200,15 @@ def heal_once(
     elif choice.stays_down:
         code = EXIT_FAILED
     return code, {**entry, "action": "healed", "rc": code}
+
+
+def _restart(inventory: Path, hosts: list[str]) -> int:
+    """Restart `hosts` and the ranks of their instances (a fleet's roll through the routers,
+    as `k2provision restart --limit HOSTS --yes`)."""
+    loaded = load_plan(inventory)
+    chosen = restart_set(loaded.plan, hosts)
+    run = HostRun(command="heal-restart", inventory=inventory, playbook="restart.yml")
+    return run_on_hosts(run, RestartHooks(chosen, hosts), loaded)
 
 
 def heal(

@@ -19,6 +19,7 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filt
 )
 from k2provision.cli import build_app
 from k2provision.commands.apply import ApplyHooks
+from k2provision.commands.heal import findings_of
 from k2provision.core.host_state import (
     HostState,
     Replacement,
@@ -31,6 +32,7 @@ from k2provision.core.host_state import (
 from k2provision.core.records import Plan
 from k2provision.errors import InventoryError
 from k2provision.ops.bench import scale_of
+from k2provision.ops.status_probe import HostStatus, RouterWorker
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.converge import Difference, Drift, differences, expected_state
 from k2provision.plan.heal import (
@@ -329,3 +331,30 @@ def test_apply_reads_the_rolling_pass_the_look_wrote(tmp_path: Path) -> None:
         '{"waves": [{"instances": ["replica-1"], "hosts": ["node-01"]}], "lines": ["1. x"]}'
     )
     assert hooks.order() == ([{"instances": ["replica-1"], "hosts": ["node-01"]}], ["1. x"])
+
+
+def test_detection_reads_status_a_lost_host_a_stopped_instance_and_a_stuck_rank(
+    fleet: Path,
+) -> None:
+    plan = _plan(fleet)
+    urls = {i.instance: i.url for p in plan.pools for i in p.instances}
+    workers = [RouterWorker(urls[name], "regular", True) for name in ("replica-1", "replica-4")]
+    hosts = [
+        HostStatus(
+            "node-01", "node", stuck_ranks=("dp rank 3 holds 2 requests, no snapshot for 75 s",)
+        ),
+        HostStatus("node-03", "node", unreachable="no answer within 20 s"),
+        HostStatus("node-05", "node"),
+        HostStatus("node-07", "node", gpu_health=("GPU 2: XID 79",)),
+        HostStatus("node-09", "spare"),
+    ]
+    found = findings_of(plan, hosts, workers)
+    assert found.failures == (
+        Failure("node-03", "unreachable: no answer within 20 s"),
+        Failure("node-07", "GPU 2: XID 79"),
+    )
+    # replica-1 holds a stuck rank, replica-2 and replica-3 are not in the router, replica-4's
+    # host fails its GPU gate: only replica-3's hosts are fine (an apply starts it again).
+    assert found.down == ("replica-1", "replica-2", "replica-3", "replica-4")
+    assert found.restartable == ("replica-3",)
+    assert found.stuck == ("node-01",)
