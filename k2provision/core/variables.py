@@ -63,6 +63,7 @@ PLAYBOOK_VARS = (
     "k2_host_work",
     "k2_host_work_file",
     "k2_host_work_instances",
+    "k2_host_work_deferred",
 )
 # A host list longer than this is shown by its ends and its count.
 HOSTS_SHOWN = 6

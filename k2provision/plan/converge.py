@@ -250,6 +250,9 @@ class HostExpectation:
     """The mesh's sshd_config and ssh_config: path -> sha256."""
     mesh_hosts: int
     """How many hosts known_hosts pins."""
+    host_work: str = ""
+    """The digest of what the host work reads (:func:`host_work_digest`), which the prepare
+    stamp carries: where it changed on a serving host, the work waits (plan/host_work.py)."""
 
 
 LAUNCH_ONLY_PLAN_FIELDS = frozenset({"pools", "fit", "warnings", "fleet"})
@@ -295,6 +298,33 @@ def inputs_digest(plan: Plan, phase: str, variables: Mapping[str, Any]) -> str:
     inputs = {"phase": phase, "plan": stamped_plan(plan), "variables": own}
     text = json.dumps(inputs, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+HOST_WORK_PREFIXES = ("k2_nvidia_driver_",)
+"""The variables of the host work that takes the GPUs or reboots the host: the driver and
+fabric manager. A change of the rest of prepare (the firewall's peers, RDMA packages, Docker)
+runs in place, serving or not."""
+
+
+def host_work_digest(plan: Plan, variables: Mapping[str, Any]) -> str:
+    """The digest of the driver's inputs: its role's variables the inventory or the command
+    line set, and the driver the engine's release needs."""
+    own = {
+        name: value
+        for name, value in variables.items()
+        if name.startswith(HOST_WORK_PREFIXES) and name not in RUN_ONLY_VARIABLES
+    }
+    inputs = {"min_driver": plan.engine_min_driver, "variables": own}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def host_work_changed(expected: HostExpectation, observed: Mapping[str, Any]) -> bool:
+    """Whether the host's prepare stamp records other driver inputs than the plan's (a stamp
+    without them, written before they were recorded, counts as unchanged)."""
+    stamp = (observed.get("stamps") or {}).get("prepare")
+    if not isinstance(stamp, Mapping) or "host_work" not in stamp:
+        return False
+    return bool(stamp["host_work"] != expected.host_work)
 
 
 def _host(plan: Plan, host: str) -> HostPlan:
@@ -347,6 +377,7 @@ def expected_state(
             for path, text in mesh_ssh_configs(f"{plan.config_dir}/ssh", plan.ssh_port).items()
         },
         mesh_hosts=len(plan.hosts),
+        host_work=host_work_digest(plan, variables),
     )
 
 

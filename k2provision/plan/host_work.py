@@ -1,10 +1,11 @@
 """Host work on a fleet, instance by instance: which hosts' work waits for the rolling pass,
 and the order it runs in. Pure.
 
-Host work is the prepare phase (the NVIDIA driver and fabric manager, whose change takes the
-GPUs and may reboot the host; RDMA, Docker, the firewall) and the checks that take the GPUs
-(validate: the NCCL test). On a host of a fleet's instance that serves, none of it runs
-during an apply: the look defers it (:func:`defers`), the apply's other phases go on, and
+Host work is a change of the NVIDIA driver or fabric manager (it takes the GPUs and may
+reboot the host: converge.host_work_changed, from the prepare stamp) with the rest of the
+prepare phase and the checks that take the GPUs (validate: the NCCL test). On a host of a
+fleet's instance that serves, none of it runs during an apply: the look defers it
+(:func:`defers`), the apply's other phases go on, and
 `k2provision apply` then runs the deferred work instance by instance
 (playbooks/host_work.yml): out of every router, stopped within the drain timeout, the work
 done and checked on its hosts, started behind its health gates and back into every router,
@@ -27,16 +28,13 @@ DEFERRED_PHASES = ("prepare", "validate")
 """The phases a serving instance's host skips until its instance's turn."""
 
 
-def defers(plan: Plan, host: str, skipped: Sequence[str], serving: bool) -> bool:
+def defers(plan: Plan, host: str, changed: bool, serving: bool) -> bool:
     """Whether `host`'s host work waits for the rolling pass: it serves in an instance of a
-    fleet (not drained) and its prepare phase would run (`skipped`: the look's phases it
-    skips so far)."""
+    fleet (not drained) and the driver's inputs changed since its prepare stamp (`changed`:
+    converge.host_work_changed)."""
     instance = next((i for i in fleet_instances(plan) if host in i.hosts), None)
     return (
-        serving
-        and instance is not None
-        and instance.instance not in plan.fleet.drained
-        and "prepare" not in skipped
+        serving and changed and instance is not None and instance.instance not in plan.fleet.drained
     )
 
 

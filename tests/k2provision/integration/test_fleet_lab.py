@@ -500,6 +500,7 @@ def test_a_dead_host_is_healed_onto_the_spare_and_only_its_streams_fail(
             assert watched.returncode == 0, watched.stdout[-5000:] + watched.stderr[-2000:]
             healed = time.monotonic()
             said = " ".join(watched.stdout.split())
+            print("\n".join(line for line in watched.stdout.splitlines() if "heal:" in line))
             assert "heal: lab4 (unreachable: " in said, said[-5000:]
             assert "lab5 takes its place in replica-2 (its ranks and role, and the master)" in said
             # The new instance started before the routers rolled onto it (plan/rollout.py).
@@ -539,6 +540,7 @@ def test_a_dead_host_is_healed_onto_the_spare_and_only_its_streams_fail(
         refused = k2("heal", str(inventory), "lab3", runs=tmp_path / "heal")
         assert refused.returncode == 2, refused.stdout[-3000:]
         said = " ".join(refused.stdout.split())
+        print("\n".join(line for line in refused.stdout.splitlines() if "heal:" in line))
         assert "circuit breaker: taking out lab3 would make 2 host(s) within 3600 s" in said
         assert "nothing was changed" in said, said[-3000:]
         assert read_state(inventory).substitutes == {"lab4": "lab5"}

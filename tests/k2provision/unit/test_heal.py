@@ -34,7 +34,13 @@ from k2provision.errors import InventoryError
 from k2provision.ops.bench import scale_of
 from k2provision.ops.status_probe import HostStatus, RouterWorker
 from k2provision.plan.assemble import build_plan
-from k2provision.plan.converge import Difference, Drift, differences, expected_state
+from k2provision.plan.converge import (
+    Difference,
+    Drift,
+    differences,
+    expected_state,
+    host_work_changed,
+)
 from k2provision.plan.heal import (
     Failure,
     HealChoice,
@@ -301,13 +307,13 @@ def test_host_work_waits_on_a_serving_instances_host_and_rolls_instance_by_insta
     fleet: Path,
 ) -> None:
     plan = _plan(fleet)
-    # Its own prepare off the plan, serving: deferred. Converged, idle, a router's or a
+    # The driver's inputs changed, serving: deferred. Unchanged, idle, a router's or a
     # drained instance's host: not.
-    assert defers(plan, "node-03", [], serving=True)
-    assert not defers(plan, "node-03", ["prepare"], serving=True)
-    assert not defers(plan, "node-03", [], serving=False)
-    assert not defers(plan, "router-01", [], serving=True)
-    assert not defers(plan, "node-09", [], serving=False)
+    assert defers(plan, "node-03", changed=True, serving=True)
+    assert not defers(plan, "node-03", changed=False, serving=True)
+    assert not defers(plan, "node-03", changed=True, serving=False)
+    assert not defers(plan, "router-01", changed=True, serving=True)
+    assert not defers(plan, "node-09", changed=True, serving=False)
     waves = host_work_waves(plan, ["node-01", "node-02", "node-05"])
     assert [w.instances for w in waves] == [("replica-1",), ("replica-3",)]
     assert waves[0].hosts == ("node-01", "node-02")
@@ -318,7 +324,27 @@ def test_host_work_waits_on_a_serving_instances_host_and_rolls_instance_by_insta
     order = host_work_order(plan.model_dump(mode="json"), ["node-07"])
     assert order["waves"] == [{"instances": ["replica-4"], "hosts": ["node-07", "node-08"]}]
     write_drained(fleet, ["node-05"])
-    assert not defers(_plan(fleet), "node-05", [], serving=True)
+    assert not defers(_plan(fleet), "node-05", changed=True, serving=True)
+
+
+def test_only_the_drivers_inputs_make_host_work_and_an_older_stamp_counts_as_unchanged(
+    fleet: Path,
+) -> None:
+    plan = _plan(fleet)
+    base = expected_state(plan, "node-03", {})
+    newer = expected_state(plan, "node-03", {"k2_nvidia_driver_version": "580.95.05"})
+    other = expected_state(plan, "node-03", {"k2_firewall_enabled": True})
+    assert newer.host_work != base.host_work
+    assert other.host_work == base.host_work
+    assert other.stamps["prepare"] != base.stamps["prepare"]  # prepare runs, in place
+
+    def stamp(**fields: object) -> dict[str, object]:
+        return {"stamps": {"prepare": {"digest": "x", **fields}}}
+
+    assert host_work_changed(newer, stamp(host_work=base.host_work))
+    assert not host_work_changed(base, stamp(host_work=base.host_work))
+    assert not host_work_changed(newer, stamp())
+    assert not host_work_changed(newer, {"stamps": {}})
 
 
 def test_apply_reads_the_rolling_pass_the_look_wrote(tmp_path: Path) -> None:

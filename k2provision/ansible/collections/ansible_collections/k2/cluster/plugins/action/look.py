@@ -21,8 +21,9 @@ begins with meta end_host for a host whose skipped_phases name it; look.yml then
 cluster phases and checks only where every host skips them); stamps: {phase: digest} and
 stamp_dir: what prepare, ssh_mesh and weights record at their end (with full too); serving
 (with full too): whether a planned container runs here now, on any spec (converge.serving:
-no GPU-taking check, driver change or reboot may touch the host). Under --check it reports
-changed when anything differs.
+no GPU-taking check, driver change or reboot may touch the host); host_work (the driver's
+inputs' digest, which the prepare stamp records) and host_work_changed (the stamp records
+others). Under --check it reports changed when anything differs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from k2provision.plan.converge import (
     difference_lines,
     differences,
     expected_state,
+    host_work_changed,
     look_request,
     repairs,
     selected,
@@ -81,6 +83,9 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # Ansible's base class is
         )
         if seen.get("failed") or seen.get("unreachable"):
             return {**result, **seen}
+        result.update(
+            host_work=expected.host_work, host_work_changed=host_work_changed(expected, seen)
+        )
         if str(args.get("full", False)).lower() in {"true", "yes", "1"}:
             # Every task runs, but whether the host serves still guards the host work.
             full = {"full": True, "phases": {}, "found": {}, "differences": []}

@@ -351,12 +351,12 @@ def host_work_wave(plan: dict[str, Any], instances: list[Any]) -> dict[str, Any]
     return _wave_json(instances_wave(parsed, [str(i) for i in instances]))
 
 
-def host_work_defers(plan: dict[str, Any], host: str, skipped: list[Any], serving: Any) -> bool:
+def host_work_defers(plan: dict[str, Any], host: str, changed: Any, serving: Any) -> bool:
     """Whether `host`'s host work waits for the rolling pass (plan/host_work.py defers)."""
     return defers(
         Plan.model_validate(plan),
         str(host),
-        [str(p) for p in skipped],
+        str(changed).lower() in {"true", "yes", "1"},
         str(serving).lower() in {"true", "yes", "1"},
     )
 
