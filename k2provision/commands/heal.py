@@ -8,10 +8,9 @@ routers roll onto the new worker list (plan/rollout.py `down_instances`); the fa
 is then in no play until `k2provision return HOST` undoes the substitution. An instance whose
 hosts are fine but whose containers stopped is started again by the same apply; a host with
 a stuck DP rank (ops/rank_liveness.py: /health still answers) is restarted with its
-instance, rolling through the routers. Without a
-free spare the instance stays down and heal says why. The circuit breaker (plan/heal.py)
-refuses, changing nothing, a heal that takes out more than --max-hosts within --window
-seconds or the last serving instance of a pool.
+instance, rolling through the routers. Without a free spare the instance stays down and heal
+says why. The circuit breaker (plan/heal.py) refuses, changing nothing, a heal that takes out
+more than --max-hosts within --window seconds or the last serving instance of a pool.
 
 Watch runs heal's detection every --interval seconds (or --once) and heals what it finds
 within the breaker's limits, never forcing past it; each round is a line in the watch's run
