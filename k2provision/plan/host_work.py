@@ -28,13 +28,20 @@ DEFERRED_PHASES = ("prepare", "validate")
 """The phases a serving instance's host skips until its instance's turn."""
 
 
-def defers(plan: Plan, host: str, changed: bool, serving: bool) -> bool:
+def defers(
+    plan: Plan, host: str, changed: bool, serving: bool, skipped: Sequence[str] = ()
+) -> bool:
     """Whether `host`'s host work waits for the rolling pass: it serves in an instance of a
-    fleet (not drained) and the driver's inputs changed since its prepare stamp (`changed`:
-    converge.host_work_changed)."""
+    fleet (not drained), the driver's inputs changed since its prepare stamp (`changed`:
+    converge.host_work_changed), and the run does prepare there (`skipped`: the phases the
+    host's own look skips; the tags may leave prepare out)."""
     instance = next((i for i in fleet_instances(plan) if host in i.hosts), None)
     return (
-        serving and changed and instance is not None and instance.instance not in plan.fleet.drained
+        serving
+        and changed
+        and "prepare" not in skipped
+        and instance is not None
+        and instance.instance not in plan.fleet.drained
     )
 
 

@@ -314,6 +314,8 @@ def test_host_work_waits_on_a_serving_instances_host_and_rolls_instance_by_insta
     assert not defers(plan, "node-03", changed=True, serving=False)
     assert not defers(plan, "router-01", changed=True, serving=True)
     assert not defers(plan, "node-09", changed=True, serving=False)
+    # A run whose tags leave prepare out (apply --tags launch) defers nothing.
+    assert not defers(plan, "node-03", changed=True, serving=True, skipped=["prepare"])
     waves = host_work_waves(plan, ["node-01", "node-02", "node-05"])
     assert [w.instances for w in waves] == [("replica-1",), ("replica-3",)]
     assert waves[0].hosts == ("node-01", "node-02")

@@ -351,13 +351,17 @@ def host_work_wave(plan: dict[str, Any], instances: list[Any]) -> dict[str, Any]
     return _wave_json(instances_wave(parsed, [str(i) for i in instances]))
 
 
-def host_work_defers(plan: dict[str, Any], host: str, changed: Any, serving: Any) -> bool:
-    """Whether `host`'s host work waits for the rolling pass (plan/host_work.py defers)."""
+def host_work_defers(
+    plan: dict[str, Any], host: str, changed: Any, serving: Any, skipped: Any = None
+) -> bool:
+    """Whether `host`'s host work waits for the rolling pass (plan/host_work.py defers);
+    `skipped`: the phases the host's own look skips."""
     return defers(
         Plan.model_validate(plan),
         str(host),
         str(changed).lower() in {"true", "yes", "1"},
         str(serving).lower() in {"true", "yes", "1"},
+        [str(p) for p in skipped or ()],
     )
 
 
