@@ -516,7 +516,8 @@ def cluster_from_groups(
         cluster = cluster.model_copy(update={"notes": tuple(notes)})
     problems += [
         f"{state_path(source)}: host {name} is drained but not in the inventory; expected "
-        f"drained hosts of {source}; fix: k2provision return {name} {source}"
+        f"drained hosts of {source}; fix: take {name} off the file's drained list (or put it back "
+        "in the inventory)"
         for name in drained
         if name not in hv
     ]
@@ -564,8 +565,8 @@ def substituted(
     source: str, groups: Mapping[str, list[str]], replaced: Sequence[tuple[str, str]]
 ) -> tuple[dict[str, list[str]], list[str]]:
     """The groups with each spare in its failed host's place (the same position in the same
-    pool group: its ranks and role), the spare out of [spare] and the failed host out of
-    every group; and a line per pair the groups cannot take (the state file's)."""
+    pool group: its ranks and role), the spare out of [spare] and the failed host out of its
+    pool group; and a line per pair the groups cannot take (the state file's)."""
     out = {name: list(hosts) for name, hosts in groups.items()}
     problems = []
     where = state_path(source)
@@ -575,13 +576,13 @@ def substituted(
             problems.append(
                 f"{where}: {failed} is recorded as replaced by {spare}, but it is in no pool "
                 f"group of {source} now; expected a host of [nodes], [prefill] or [decode]; "
-                f"fix: k2provision return {failed} {source}, or remove the entry"
+                f"fix: put {failed} back in its pool group, or remove the entry from the file"
             )
         elif spare not in out.get("spare", []):
             problems.append(
                 f"{where}: {spare} stands in for {failed}, but it is not in [spare] of "
                 f"{source} (or stands in for another host too); expected a [spare] host; "
-                f"fix: put {spare} back in [spare], or k2provision return {failed} {source}"
+                f"fix: put {spare} back in [spare], or remove the entry from the file"
             )
         else:
             out[pool] = [spare if h == failed else h for h in out[pool]]

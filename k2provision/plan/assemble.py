@@ -257,8 +257,8 @@ def drained_instances(cluster: Cluster, pools: tuple[PoolPlan, ...]) -> tuple[Po
     members = [i for pool in pools for i in pool.instances]
     problems = [
         f"{host}: drained, but it serves in no instance of a fleet's pool; expected a host "
-        f"of an instance of k2_instances > 1; fix: k2provision return {host} "
-        f"{cluster.inventory} (k2provision stop stops a single instance)"
+        f"of an instance of k2_instances > 1; fix: k2provision return "
+        f"{cluster.inventory} {host} (k2provision stop stops a single instance)"
         for host in cluster.drained
         if not any(host in i.hosts for i in members)
     ]

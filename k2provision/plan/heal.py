@@ -93,6 +93,9 @@ def heal_choice(
                            "those only)")  # fmt: skip
         elif instance.instance in plan.fleet.drained:
             ignored.append(f"{f.host}: {f.why} (its instance {instance.instance} is drained)")
+        elif any(r.host == f.host for r in plan.routers):
+            ignored.append(f"{f.host}: {f.why} (it runs a router too, which a spare cannot "
+                           "take over: give the router a host of its own, [router])")  # fmt: skip
         else:
             chosen.append(f)
     if not chosen:

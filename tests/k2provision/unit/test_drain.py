@@ -77,7 +77,7 @@ def test_a_drained_host_the_inventory_lacks_is_refused(fleet: Path) -> None:
     with pytest.raises(InventoryError) as error:
         load_cluster(fleet)
     assert "node-99 is drained but not in the inventory" in error.value.problems[0]
-    assert "k2provision return node-99" in error.value.problems[0]
+    assert "fix: take node-99 off the file's drained list" in error.value.problems[0]
 
 
 def test_a_drained_router_host_is_refused_by_the_plan(fleet: Path) -> None:

@@ -386,3 +386,15 @@ def test_detection_reads_status_a_lost_host_a_stopped_instance_and_a_stuck_rank(
     assert found.down == ("replica-1", "replica-2", "replica-3", "replica-4")
     assert found.restartable == ("replica-3",)
     assert found.stuck == ("node-01",)
+
+
+def test_a_host_that_also_runs_the_router_is_left_alone(tmp_path: Path) -> None:
+    # Without [router] the fleet's router runs on the first host of [nodes].
+    text = TP_FLEET.read_text().replace("[router]\nrouter-01 ansible_host=10.20.1.5\n", "")
+    path = tmp_path / "fleet.ini"
+    path.write_text(f"{text}\n[spare]\n{SPARE}\n")
+    plan = _plan(path)
+    assert [r.host for r in plan.routers] == ["node-01"]
+    choice = _choice(plan, [Failure("node-01", "unreachable")], down=("replica-1",))
+    assert choice.replacements == ()
+    assert "it runs a router too" in choice.ignored[0]
