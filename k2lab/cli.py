@@ -102,7 +102,7 @@ def up_cmd(
         typer.Option(
             "--spares",
             min=0,
-            help="With --instances: S spare hosts last, in [spare] (prepared, holding the "
+            help="With --instances: S spare hosts last, in \\[spare] (prepared, holding the "
             "weights, serving nothing until k2provision heal puts one in a failed host's "
             "place).",
         ),
