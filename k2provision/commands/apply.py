@@ -117,8 +117,8 @@ def run_apply(run: HostRun, loaded: LoadedPlan | None = None) -> int:
             console.print(
                 Text(
                     f"host work stopped at {', '.join(instances)}: see its record; the waves "
-                    "after it were not touched; fix: the cause, then k2provision apply again "
-                    "(a wave that did not start again is started by the apply)",
+                    "after it were not touched; fix: the cause, then k2provision apply again; "
+                    "k2provision status names what serves meanwhile",
                     "red",
                 ),
                 soft_wrap=True,
