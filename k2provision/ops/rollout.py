@@ -18,16 +18,24 @@ def _last_line(text: Any) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def start_reason(host: str, run: Mapping[str, Any], gate: Mapping[str, Any]) -> str:
+def start_reason(
+    host: str,
+    run: Mapping[str, Any],
+    gate: Mapping[str, Any],
+    execs: Mapping[str, Any] | None = None,
+) -> str:
     """What failed on `host` when its new containers started: a `docker run` that failed
-    (`run`, the registered loop result), else the health gate's failure (`gate`, the
-    registered k2.cluster.launch_gate result); "" when neither did (or both were skipped)."""
-    for result in run.get("results") or ():
-        if result.get("skipped") or result.get("rc", 0) == 0:
-            continue
-        container = (result.get("item") or {}).get("container", "?")
-        why = _last_line(result.get("stderr")) or f"exit status {result.get('rc')}"
-        return f"{host}: docker run {container} failed: {why}"
+    (`run`, the registered loop result), a `docker exec` of a process started inside one
+    (`execs`, likewise), else the health gate's failure (`gate`, the registered
+    k2.cluster.launch_gate result); "" when none did (or all were skipped)."""
+    for command, results in (("run", run), ("exec", execs or {})):
+        for result in results.get("results") or ():
+            if result.get("skipped") or result.get("rc", 0) == 0:
+                continue
+            item = result.get("item") or {}
+            what = item.get("container", "?") if command == "run" else item.get("name", "?")
+            why = _last_line(result.get("stderr")) or f"exit status {result.get('rc')}"
+            return f"{host}: docker {command} {what} failed: {why}"
     failure = gate.get("k2_failure")
     if isinstance(failure, Mapping):
         return str(failure.get("summary") or f"{host}: a health gate failed")

@@ -62,7 +62,8 @@ class RolloutWave:
     containers: Mapping[str, tuple[str, ...]]
     """host -> the containers of the wave's engine ranks there (what is drained and replaced)."""
     stages: tuple[int, ...]
-    """The launch stages those containers start in, in order."""
+    """The launch stages those containers and the processes exec'd into them start in, in
+    order."""
     workers: tuple[Mapping[str, str | int], ...] = ()
     """Each instance's ``POST /workers`` body: how the router takes it back."""
     smoke_urls: tuple[str, ...] = ()
@@ -235,12 +236,15 @@ def instances_wave(plan: Plan, names: Sequence[str]) -> RolloutWave:
 
 def _wave(plan: Plan, group: Sequence[PoolPlan], alone_in_pool: str) -> RolloutWave:
     names = {i.instance for i in group}
-    ranks = [
+    processes = [
         (host.name, p)
         for host in plan.hosts
         for p in host.processes
-        if p.instance is not None and p.instance.name in names and not p.exec_in
+        if p.instance is not None and p.instance.name in names
     ]
+    # Containers are started by their main command; a process exec'd into one of them (an
+    # mpirun world's launch on its rank 0) is started in its own stage, inside them.
+    ranks = [(host, p) for host, p in processes if not p.exec_in]
     containers: dict[str, tuple[str, ...]] = {}
     for host, process in ranks:
         containers[host] = (*containers.get(host, ()), process.container)
@@ -253,7 +257,7 @@ def _wave(plan: Plan, group: Sequence[PoolPlan], alone_in_pool: str) -> RolloutW
         urls=tuple(i.url for i in group),
         hosts=tuple(containers),
         containers=containers,
-        stages=tuple(sorted({p.stage for _, p in ranks})),
+        stages=tuple(sorted({p.stage for _, p in processes})),
         workers=tuple(worker_body(i) for i in group),
         smoke_urls=tuple(i.url for i in group if alone(i)),
         alone_in_pool=alone_in_pool,

@@ -409,9 +409,10 @@ def restart_rollout(
     }
 
 
-def rollout_start_reason(host: str, run: Any = None, gate: Any = None) -> str:
-    """Why `host`'s new containers of a rollout wave failed ("" when they did not)."""
-    return start_reason(host, run or {}, gate or {})
+def rollout_start_reason(host: str, run: Any = None, gate: Any = None, execs: Any = None) -> str:
+    """Why `host`'s new containers (or the processes exec'd into them) of a rollout wave failed
+    ("" when they did not)."""
+    return start_reason(host, run or {}, gate or {}, execs or {})
 
 
 def rollout_smoke_reason(result: dict[str, Any]) -> str:
