@@ -308,7 +308,7 @@ def tables(points: list[Point]) -> tuple[Table, Table]:
         latency.add_row(
             _concurrency(p),
             *(
-                f"{q.p50:,.2f} / {q.p90:,.2f} / {q.p99:,.2f}"
+                f"{q.p50:,.2f} / {'-' if q.p90 is None else f'{q.p90:,.2f}'} / {q.p99:,.2f}"
                 for q in (p.latency_ms["ttft"], p.latency_ms["itl"], p.latency_ms["e2e"])
             ),
         )
@@ -330,9 +330,12 @@ def chart(points: list[Point], num_prompts: int, title: str, path: Path) -> None
     styles = {"p50": "-", "p90": "--", "p99": ":"}
     for metric, colour in (("ttft", "tab:blue"), ("itl", "tab:orange"), ("e2e", "tab:green")):
         for name, style in styles.items():
+            ys = [getattr(p.latency_ms[metric], name) for p in points]
+            if None in ys:  # a percentile the client does not write
+                continue
             right.plot(
                 xs,
-                [getattr(p.latency_ms[metric], name) for p in points],
+                ys,
                 color=colour,
                 linestyle=style,
                 marker="o",

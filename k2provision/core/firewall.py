@@ -4,7 +4,9 @@ One table of its own, `inet k2provision`, replaced whole on every load (so loadi
 is loading it once): on a host of the cluster it accepts the endpoint's port from anywhere
 (the plan's public ports of that host), SSH, ICMP, replies to the host's own connections, and
 everything from the cluster's own addresses (every host's inventory address and k2_local_ip,
-and the subnets the inventory trusts); it drops the rest. Other tables are left alone.
+and the subnets the inventory trusts); it drops the rest. On a host of a fleet instance that
+runs the mpirun mesh's sshd (k2_ssh_port), that port takes the instance's own hosts only:
+each instance is its own MPI world. Other tables are left alone.
 
 `firewall_problems` refuses, at plan time, the settings under which that ruleset would shut
 out what it must let in: a host written by DNS name (nft sets hold addresses, and the plan
@@ -27,6 +29,8 @@ TABLE = "k2provision"
 ENABLED = "k2_firewall_enabled"
 SSH_PORTS = "k2_firewall_ssh_ports"
 TRUSTED = "k2_firewall_trusted"
+# The mpirun mesh's sshd port (TensorRT-LLM's containers), as the plan's port bindings name it.
+MESH_PORT_SETTING = "k2_ssh_port"
 
 
 def _is_network(entry: str) -> bool:
@@ -117,6 +121,15 @@ def ruleset(
     peers = [a for h in hosts for a in (h["address"], h["local_ip"])]
     v4, v6 = _networks([*peers, *trusted])
     public = sorted({int(p["port"]) for p in part["ports"] if p.get("public")})
+    mesh_v4: list[str] = []
+    mesh_v6: list[str] = []
+    mesh_ports = sorted(
+        {int(p["port"]) for p in part["ports"] if p.get("setting") == MESH_PORT_SETTING}
+    )
+    if mesh_ports and part.get("instance"):
+        # A fleet instance's mpirun world is its own: its hosts' sshd takes its peers only.
+        own = [h for h in hosts if h.get("instance") == part["instance"]]
+        mesh_v4, mesh_v6 = _networks([a for h in own for a in (h["address"], h["local_ip"])])
     return render_template(
         "firewall/k2provision.nft.j2",
         table=TABLE,
@@ -125,4 +138,8 @@ def ruleset(
         public_ports=public,
         peers_v4=v4,
         peers_v6=v6,
+        mesh_ports=mesh_ports if mesh_v4 or mesh_v6 else [],
+        instance=part.get("instance", ""),
+        mesh_v4=mesh_v4,
+        mesh_v6=mesh_v6,
     )

@@ -449,8 +449,10 @@ def cluster_from_groups(
             f"of {names}; fix: set k2_layout in [all:vars]"
         )
     else:
-        fleet = str(values.get("k2_instances", 1)) not in ("1", "")
-        problems.extend(_check_groups(source, engine, chosen, groups, engines, fleet))
+        count = str(values.get("k2_instances", 1))
+        fleet = count not in ("1", "")
+        instances = int(count) if count.isdigit() and int(count) > 0 else 1
+        problems.extend(_check_groups(source, engine, chosen, groups, engines, fleet, instances))
         problems.extend(
             f"{source}: {line}"
             for line in front_rules.count_problems(router_hosts, values.get("k2_front_address"))
@@ -787,8 +789,10 @@ def _check_groups(
     groups: Mapping[str, list[str]],
     engines: EngineLayouts,
     fleet: bool = False,
+    instances: int = 1,
 ) -> list[str]:
-    """Which groups a layout needs, and which it must not have."""
+    """Which groups a layout needs, and which it must not have (`instances`: k2_instances,
+    where it is a count)."""
     problems = []
     routers = groups.get("router", [])
     for need in layout.pools:
@@ -824,10 +828,17 @@ def _check_groups(
             "no router; fix: remove the [router] group, or set k2_instances"
         )
     # Several [router] hosts are the front tier: core/front_rules.py checks them.
-    if layout.one_host and len(groups.get("nodes", [])) != 1:
+    nodes = len(groups.get("nodes", []))
+    if layout.one_host and not fleet and nodes != 1:
         problems.append(
-            f"{source}: {engine} runs on exactly one host, [nodes] has "
-            f"{len(groups.get('nodes', []))}; fix: list one host in [nodes]"
+            f"{source}: {engine} runs on exactly one host, [nodes] has {nodes}; fix: list one "
+            "host in [nodes]"
+        )
+    elif layout.one_host and fleet and nodes != instances:
+        problems.append(
+            f"{source}: {engine} runs each instance on exactly one host, [nodes] has {nodes} "
+            f"for k2_instances={instances}; fix: list {instances} hosts in [nodes], one per "
+            f"instance, or set k2_instances={max(nodes, 1)}"
         )
     return problems
 

@@ -167,6 +167,12 @@ class Tunables(Record):
         description="each vLLM server's HTTP port in a fleet, on its k2_local_ip behind the "
         "router (which takes k2_api_port); a single vLLM instance serves on k2_api_port",
     )
+    trtllm_port: Port = Field(
+        default=8200,
+        description="each TensorRT-LLM server's HTTP port in a fleet, on its instance head's "
+        "k2_local_ip behind the router (which takes k2_api_port); a single TensorRT-LLM "
+        "instance serves on k2_api_port",
+    )
     router_metrics_port: Port = Field(
         default=29000, description="the PD router's Prometheus metrics, on its k2_local_ip"
     )

@@ -17,14 +17,19 @@ SSH_CONFIG = "ssh_config"
 
 
 def mesh_ssh_configs(
-    ssh_dir: str, port: int, container: str = "", user_environment: Sequence[str] = ()
+    ssh_dir: str,
+    port: int,
+    container: str = "",
+    user_environment: Sequence[str] = (),
+    allow_from: Sequence[str] = (),
 ) -> dict[str, str]:
     """{path: text} of the mesh's sshd_config and ssh_config in `ssh_dir`: sshd listens on
     `port` inside `container`; `user_environment` names the variables ssh sessions take from
-    /root/.ssh/environment (none: sshd's default)."""
+    /root/.ssh/environment (none: sshd's default); `allow_from`, where given, the only
+    addresses root may log in from (a fleet instance's own hosts: its own MPI world)."""
     values = {
         "container": container, "port": port, "ssh_dir": ssh_dir,
-        "user_environment": tuple(user_environment),
+        "user_environment": tuple(user_environment), "allow_from": tuple(allow_from),
     }  # fmt: skip
     return {
         f"{ssh_dir}/{name}": render_template(f"ssh_mesh/{name}.j2", **values)

@@ -150,6 +150,8 @@ class ResultFormat:
     """The file has `failed`; otherwise the prompts not `completed` failed."""
     dropped: tuple[str, ...] = ()
     """Keys the run record leaves out of each document (a copy of the server's settings)."""
+    no_p90: tuple[str, ...] = ()
+    """Metrics the client writes no 90th percentile of (the run record says null)."""
 
 
 @dataclass(frozen=True)

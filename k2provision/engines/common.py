@@ -119,7 +119,10 @@ def unguarded_endpoint_problems(
     does). An endpoint the inventory means guarded that answers unguarded would be a silent
     security failure."""
     t = cluster.tunables
-    choose = "choose k2_engine=sglang (its server, or its router with layout pd) or vllm"
+    choose = (
+        "choose k2_engine=sglang (its server, or its router with layout pd) or vllm, or "
+        "serve it as a fleet (k2_instances above 1), whose router holds the key and the TLS"
+    )
     found = []
     if t.api_key_file and no_key:
         found.append(
@@ -281,3 +284,31 @@ def regular_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
     """A replica the router takes back by its URL alone (sglang-router 0.3.2 regular mode:
     ``POST /workers {"url": ...}``)."""
     return WorkerRegistration(body={"url": instance.url})
+
+
+def openai_bench_options(*random: str) -> tuple[str, ...]:
+    """The options of a vLLM-lineage serving benchmark (vLLM's `bench serve`, TensorRT-LLM's
+    benchmark_serving, both with these names) against the OpenAI completions route: random
+    prompts of exact lengths (`random`: what else that client's random set needs), answers of
+    exact lengths, p50/p90/p99 of TTFT, ITL and end-to-end latency in one JSON result."""
+    return (
+        "--endpoint",
+        "/v1/completions",
+        "--dataset-name",
+        "random",
+        *random,
+        "--random-range-ratio",
+        "0",  # lengths in [L(1-r), L(1+r)]; 0 is exact
+        "--ignore-eos",
+        "--model",
+        "{served_model_name}",
+        "--percentile-metrics",
+        "ttft,itl,e2el",
+        "--metric-percentiles",
+        "{percentiles}",
+        "--save-result",
+        "--result-dir",
+        "{out_dir}",
+        "--result-filename",
+        "{result_name}",
+    )

@@ -22,6 +22,8 @@ balance_serve backend and its rule files; it is no longer the path upstream docu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from k2provision.core import catalog
 from k2provision.core.catalog import GIB
 from k2provision.core.layouts import Layout
@@ -35,6 +37,7 @@ from k2provision.core.records import (
     ModelSpec,
     Parallel,
     PoolName,
+    PoolPlan,
     Process,
     Tunables,
 )
@@ -52,10 +55,10 @@ from k2provision.engines.base import (
 from k2provision.engines.common import (
     any_address,
     http_gate,
+    http_url,
     inventory_served_name,
     kv_cache_dtype,
     master_endpoint,
-    master_instance_url,
     no_fp8_kv_problems,
     own_tunables,
     regular_worker,
@@ -72,7 +75,9 @@ from k2provision.engines.sglang import (
     LAUNCH_SERVER,
     NUMA_BINDING,
     SERVER_METRICS_ARGS,
+    add_router,
     model_args,
+    routed_endpoint,
     server_env,
     server_key,
 )
@@ -86,8 +91,28 @@ NUMA_NODES = LaunchValue(name="K2_NUMA_NODES", kind="numa-nodes")
 
 
 def render(deployment: Deployment) -> dict[str, HostRender]:
-    """The server command on the single host of [nodes]."""
-    pool = deployment.pool("nodes")
+    """The server on the single host of each replica of [nodes], and in a fleet the router
+    in front of them."""
+    out: dict[str, HostRender] = {}
+    for replica in deployment.pool("nodes").members():
+        out.update(_render_replica(deployment, replica))
+    if deployment.cluster.fleet:
+        add_router(out, deployment, HEALTH_PATH)
+    return out
+
+
+def serving(deployment: Deployment, replica: PoolPlan) -> tuple[str, int, bool]:
+    """Where a replica's server listens: (bind address, port, whether it is the endpoint).
+    Alone it is the endpoint on every interface and k2_api_port; in a fleet it serves the
+    router on its host's k2_local_ip and k2_sglang_port (it is SGLang's server)."""
+    t = deployment.cluster.tunables
+    if replica.instance:
+        return deployment.cluster.host(replica.master).local_ip, t.sglang_port, False
+    return any_address(deployment.cluster), t.api_port, True
+
+
+def _render_replica(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRender]:
+    """The server command on the replica's one host."""
     cluster = deployment.cluster
     t = cluster.tunables
     model_dir = cluster.model_dir
@@ -98,6 +123,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         threads = cpuinfer.ref
     else:
         threads = str(t.ktransformers_cpuinfer)
+    bind, port, endpoint_itself = serving(deployment, pool)
     argv = (
         *LAUNCH_SERVER,
         *model_args(deployment),
@@ -121,12 +147,13 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         "--disable-shared-experts-fusion",
         *SERVER_METRICS_ARGS,
         "--host",
-        any_address(cluster),
+        bind,
         "--port",
-        str(t.api_port),
+        str(port),
         # The key as SGLang's server takes it: sglang-kt 0.7.2 has the same --api-key and
         # --config (sglang/srt/server_args.py) and leaves /health open (srt/utils/auth.py).
-        *server_key(t),
+        # In a fleet the router holds the endpoint's key, as SGLang's replicas do.
+        *(server_key(t) if endpoint_itself else ()),
     )
     env, socket_values = server_env(deployment, cluster.host(pool.master))
     process = Process(
@@ -136,23 +163,41 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         argv=argv,
         env=env,
         resolve=(*socket_values, *values),
-        health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
+        health=http_gate(
+            pool.master_address if endpoint_itself else bind,
+            port,
+            HEALTH_PATH,
+            t.health_timeout_s,
+        ),
+        instance=pool.ref(),
     )
-    port = listener(
-        process,
-        "k2_api_port",
-        "the ktransformers server",
-        t.api_port,
-        bind=any_address(cluster),
-        public=True,
-    )
-    return {pool.master: HostRender(processes=(process,), listeners=(port,))}
+    if endpoint_itself:
+        served = listener(
+            process, "k2_api_port", "the ktransformers server", port, bind=bind, public=True
+        )
+    else:
+        served = listener(
+            process, "k2_sglang_port", "the ktransformers server of a replica behind the "
+            "router", port, bind=bind,
+        )  # fmt: skip
+    return {pool.master: HostRender(processes=(process,), listeners=(served,))}
 
 
-# One server on the single host, reached as a router would reach an instance (fleets do not
-# render for this engine yet).
-endpoint = master_endpoint
-instance_url = master_instance_url
+def endpoint(deployment: Deployment) -> str:
+    """The OpenAI-compatible base URL: the one server, or a fleet's router."""
+    if deployment.cluster.fleet:
+        return routed_endpoint(deployment)
+    return master_endpoint(deployment)
+
+
+def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
+    """Where a fleet's router reaches one replica: its server on the host's k2_local_ip and
+    k2_sglang_port."""
+    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.sglang_port)
+
+
+# sglang-kt's server is SGLang's: it answers /server_info and /model_info, so sglang-router
+# 0.3.2 takes a replica back by its URL alone, as it does an SGLang replica.
 router_worker = regular_worker
 
 
@@ -186,7 +231,7 @@ SINGLE_GPU = True
 ROUTED_EXPERTS_ON_HOST = True
 TEXT_ONLY = False
 FP8_KV = False
-FLEET_LAYOUTS: tuple[str, ...] = ()
+FLEET_LAYOUTS: tuple[str, ...] = layout_names(LAYOUTS)
 DCP_LAYOUTS: tuple[str, ...] = ()
 DCP_TUNABLE: str | None = None
 SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
@@ -197,8 +242,20 @@ HEALTH_PATH = "/health"
 METRICS_PATH: str | None = "/metrics"
 METRICS_PORTS: tuple[str, ...] = ("k2_api_port",)
 METRICS: MetricNames | None = SGLANG_METRICS
-# Served by sglang.launch_server: sglang's client on its native route.
-BENCH_CLIENT = SGLANG_BENCH_CLIENT
+# Served by sglang.launch_server: sglang-kt's own client (its sglang fork), on the native route.
+BENCH_CLIENT = replace(
+    SGLANG_BENCH_CLIENT,
+    kind="ktransformers",
+    # sglang-kt 0.7.2 keeps the client at sglang/bench_serving.py (its sglang/benchmark/ has
+    # only datasets and utils), with the options of sglang 0.5.23's (`random-ids`,
+    # --served-model-name, --output-file); its JSON line has no p90 of TTFT or ITL (p95/p99 of
+    # ITL, p99 of TTFT: bench_serving.py run_benchmark).
+    module="sglang.bench_serving",
+    command=("-m", "sglang.bench_serving"),
+    install="sglang-kt==0.7.2, in the KTransformers image (scripts/install-engine-parsers "
+    "sglang-kt builds .venv-sglang-kt)",
+    result_format=replace(SGLANG_BENCH_CLIENT.result_format, no_p90=("ttft", "itl")),
+)
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 # sglang-kt 0.7.2 has no SGLANG_CACHE_DIR: DeepGEMM's JIT cache is SGLANG_DG_CACHE_DIR
 # (srt/environ.py:360, ~/.cache/deep_gemm by default); the libraries keep their own.

@@ -24,7 +24,7 @@ k2_socket_ifname); Open MPI's own TCP traffic is pinned by subnet (`btl_tcp_if_i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import yaml
@@ -46,16 +46,19 @@ from k2provision.core.records import (
     PoolPlan,
     Process,
     Tunables,
+    WorkerRegistration,
 )
 from k2provision.core.ssh_mesh import mesh_ssh_configs
 from k2provision.core.templating import render_template
 from k2provision.engines.base import (
     BatchTunable,
+    BenchClient,
     ContainerNeeds,
     Deployment,
     HostRender,
     MetricNames,
     PublishedFigure,
+    ResultFormat,
     WeightSlices,
     layout_names,
     listener,
@@ -64,12 +67,12 @@ from k2provision.engines.common import (
     SUBNET,
     any_address,
     http_gate,
+    http_url,
     master_endpoint,
-    master_instance_url,
     multi_host,
+    openai_bench_options,
     own_tunables,
     parser_args,
-    regular_worker,
     socket_env,
     socket_ifname,
 )
@@ -82,7 +85,7 @@ from k2provision.engines.memory import (
     floor2,
     graph_gib,
 )
-from k2provision.engines.sglang import BENCH_CLIENT as SGLANG_BENCH_CLIENT
+from k2provision.engines.sglang import add_router, routed_endpoint
 from k2provision.engines.trtllm_schema import (
     TRTLLM_VERSION,
     CudaGraphConfig,
@@ -280,14 +283,17 @@ def served_model_name(model_dir: str) -> str:
     return PurePosixPath(model_dir).name or model_dir
 
 
-def mpi_interface(deployment: Deployment) -> tuple[str | None, tuple[LaunchValue, ...]]:
-    """What Open MPI's TCP traffic is pinned to: k2_socket_ifname, else rank 0's subnet."""
+def mpi_interface(
+    deployment: Deployment, instance: PoolPlan
+) -> tuple[str | None, tuple[LaunchValue, ...]]:
+    """What Open MPI's TCP traffic is pinned to: k2_socket_ifname, else the subnet of the
+    instance's rank 0."""
     cluster = deployment.cluster
     if not multi_host(cluster):
         return None, ()
     if cluster.tunables.socket_ifname:
         return cluster.tunables.socket_ifname, ()
-    rank0 = cluster.host(deployment.pool("nodes").master)
+    rank0 = cluster.host(instance.master)
     ifname, values = socket_ifname(cluster, rank0)
     if ifname is None:
         return None, ()
@@ -298,11 +304,12 @@ def mpi_interface(deployment: Deployment) -> tuple[str | None, tuple[LaunchValue
 def mpirun_argv(
     deployment: Deployment,
     hosts: tuple[HostSpec, ...],
-    pool: PoolPlan,
+    instance: PoolPlan,
     paths: Paths,
     env_names: tuple[str, ...],
 ) -> tuple[str, ...]:
-    """The mpirun line rank 0 runs: every rank of every host, trtllm-serve on rank 0."""
+    """The mpirun line an instance's rank 0 runs: every rank of the instance's hosts (its own
+    MPI world: a fleet's instances never share one), trtllm-serve on rank 0."""
     t = deployment.cluster.tunables
     gpn = deployment.cluster.gpus_per_node
     argv: list[str] = [
@@ -317,19 +324,31 @@ def mpirun_argv(
         "plm_rsh_args",
         f"-p {t.ssh_port} -F {paths.ssh_config}",
     ]
-    interface, _ = mpi_interface(deployment)
+    interface, _ = mpi_interface(deployment, instance)
     if interface:
         argv += ["-mca", "btl_tcp_if_include", interface, "-mca", "oob_tcp_if_include", interface]
     for name in env_names:
         argv += ["-x", name]
-    argv += ["trtllm-llmapi-launch", *serve_argv(deployment, pool, paths)]
+    argv += ["trtllm-llmapi-launch", *serve_argv(deployment, instance, paths)]
     return tuple(argv)
 
 
-def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[str, ...]:
+def serving(deployment: Deployment, instance: PoolPlan) -> tuple[str, int, bool]:
+    """Where an instance's trtllm-serve listens: (bind address, port, whether it is the
+    endpoint). Alone it is the endpoint on every interface and k2_api_port; in a fleet it
+    serves the router on its head's k2_local_ip and k2_trtllm_port (`--host` goes to uvicorn
+    as given: tensorrt_llm/commands/serve.py)."""
+    t = deployment.cluster.tunables
+    if instance.instance:
+        return deployment.cluster.host(instance.master).local_ip, t.trtllm_port, False
+    return any_address(deployment.cluster), t.api_port, True
+
+
+def serve_argv(deployment: Deployment, instance: PoolPlan, paths: Paths) -> tuple[str, ...]:
     """`trtllm-serve serve MODEL ...` with options named as in the release's serve.py."""
     t = deployment.cluster.tunables
-    p = pool.parallel
+    p = instance.parallel
+    bind, port, _ = serving(deployment, instance)
     return (
         "trtllm-serve",
         "serve",
@@ -337,9 +356,9 @@ def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[st
         "--backend",
         "pytorch",
         "--host",
-        any_address(deployment.cluster),
+        bind,
         "--port",
-        str(t.api_port),
+        str(port),
         "--tp_size",
         str(p.tp),
         "--ep_size",
@@ -353,7 +372,7 @@ def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[st
         "--max_seq_len",
         str(deployment.context_length),
         "--kv_cache_free_gpu_memory_fraction",
-        f"{pool.mem_fraction:g}",
+        f"{instance.mem_fraction:g}",
         "--trust_remote_code",
         *parser_args(deployment.model, "--tool_parser", "--reasoning_parser"),
         # `--config` is the same option in this release; the long name also works on 1.0/1.1.
@@ -363,12 +382,22 @@ def serve_argv(deployment: Deployment, pool: PoolPlan, paths: Paths) -> tuple[st
 
 
 def render(deployment: Deployment) -> dict[str, HostRender]:
-    """sshd on every host of [nodes]; the mpirun launch on rank 0."""
-    pool = deployment.pool("nodes")
+    """Every instance of [nodes] (its sshds, the mpirun launch on its rank 0), and in a fleet
+    the router in front of them."""
+    out: dict[str, HostRender] = {}
+    for instance in deployment.pool("nodes").members():
+        out.update(_render_instance(deployment, instance))
+    if deployment.cluster.fleet:
+        add_router(out, deployment, HEALTH_PATH)
+    return out
+
+
+def _render_instance(deployment: Deployment, instance: PoolPlan) -> dict[str, HostRender]:
+    """sshd on every host of the instance; its mpirun launch on the instance's rank 0."""
     cluster = deployment.cluster
     t = cluster.tunables
     paths = Paths(t.config_dir)
-    hosts = tuple(cluster.host(name) for name in pool.hosts)
+    hosts = tuple(cluster.host(name) for name in instance.hosts)
 
     template_vars = {
         "container": CONTAINER,
@@ -379,7 +408,16 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
     }
     files = {
         paths.extra_options: options_yaml(extra_llm_api_options(deployment)),
-        **mesh_ssh_configs(paths.ssh_dir, t.ssh_port, CONTAINER, SSH_SESSION_ENV),
+        **mesh_ssh_configs(
+            paths.ssh_dir,
+            t.ssh_port,
+            CONTAINER,
+            SSH_SESSION_ENV,
+            # A fleet's instance: mpirun of another instance cannot log in here.
+            allow_from=sorted({a for h in hosts for a in (h.address, h.local_ip)})
+            if instance.instance
+            else (),
+        ),
     }
     sshd = Process(
         name="sshd",
@@ -387,14 +425,16 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         image=deployment.image,
         argv=("/bin/sh", paths.sshd_start),
         stage=0,
+        instance=instance.ref(),
     )
 
     # The model is a local directory: never wait on the Hugging Face Hub from a rank.
     env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    ifname, values = socket_ifname(cluster, cluster.host(pool.master))
+    ifname, values = socket_ifname(cluster, cluster.host(instance.master))
     env.update(socket_env(ifname))
-    _, mpi_values = mpi_interface(deployment)
+    _, mpi_values = mpi_interface(deployment, instance)
     resolve = tuple({v.name: v for v in (*values, *mpi_values)}.values())
+    bind, port, endpoint_itself = serving(deployment, instance)
     serve = Process(
         name="trtllm-serve",
         container=CONTAINER,
@@ -404,7 +444,7 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         argv=mpirun_argv(
             deployment,
             hosts,
-            pool,
+            instance,
             paths,
             (*MPI_FORWARD_ENV, *sorted({*env, *(name for name, _ in COMPILE_CACHES)})),
         ),
@@ -412,11 +452,21 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
         resolve=resolve,
         stage=1,
         exec_in=True,
-        health=http_gate(pool.master_address, t.api_port, HEALTH_PATH, t.health_timeout_s),
+        health=http_gate(
+            instance.master_address if endpoint_itself else bind,
+            port,
+            HEALTH_PATH,
+            t.health_timeout_s,
+        ),
+        instance=instance.ref(),
     )
-    serve_port = listener(
-        serve, "k2_api_port", "trtllm-serve", t.api_port, bind=any_address(cluster), public=True
-    )
+    if endpoint_itself:
+        serve_port = listener(serve, "k2_api_port", "trtllm-serve", port, bind=bind, public=True)
+    else:
+        serve_port = listener(
+            serve, "k2_trtllm_port", "the trtllm-serve of an instance behind the router",
+            port, bind=bind,
+        )  # fmt: skip
     out: dict[str, HostRender] = {}
     for h in hosts:
         # sshd for mpirun listens on the host's k2_local_ip only (its start script's
@@ -426,18 +476,36 @@ def render(deployment: Deployment) -> dict[str, HostRender]:
             sshd, "k2_ssh_port", "the containers' sshd", t.ssh_port, bind=h.local_ip
         )
         out[h.name] = HostRender(
-            processes=(sshd, serve) if h.name == pool.master else (sshd,),
+            processes=(sshd, serve) if h.name == instance.master else (sshd,),
             files={**files, paths.sshd_start: start},
-            listeners=(serve_port, sshd_port) if h.name == pool.master else (sshd_port,),
+            listeners=(serve_port, sshd_port) if h.name == instance.master else (sshd_port,),
         )
     return out
 
 
-# Rank 0's OpenAI-compatible server, reached as a router would reach an instance (fleets do
-# not render for this engine yet).
-endpoint = master_endpoint
-instance_url = master_instance_url
-router_worker = regular_worker
+def endpoint(deployment: Deployment) -> str:
+    """The OpenAI-compatible base URL: rank 0's server, or a fleet's router."""
+    if deployment.cluster.fleet:
+        return routed_endpoint(deployment)
+    return master_endpoint(deployment)
+
+
+def instance_url(cluster: Cluster, instance: PoolPlan) -> str:
+    """Where a fleet's router reaches one instance: its trtllm-serve on the head's
+    k2_local_ip, on k2_trtllm_port (the router takes k2_api_port, and may share the head's
+    host)."""
+    return http_url(cluster.host(instance.master).local_ip, cluster.tunables.trtllm_port)
+
+
+def router_worker(cluster: Cluster, instance: PoolPlan) -> WorkerRegistration:
+    """An instance registered by the launch with its model id, as a vLLM replica is:
+    trtllm-serve 1.2.1 serves no /server_info or /model_info
+    (tensorrt_llm/serve/openai_server.py register_routes), so sglang-router 0.3.2 would hold
+    a worker taken from --worker-urls under the model id "unknown"; `POST /workers` with the
+    served name names it, and trtllm-serve's /health answers the router's health checks."""
+    return WorkerRegistration(
+        body={"url": instance.url, "model_id": served_name(cluster)}, at_launch=True
+    )
 
 
 # ---------------------------------------------------------------- what the plan asks
@@ -468,7 +536,7 @@ SINGLE_GPU = False
 ROUTED_EXPERTS_ON_HOST = False
 TEXT_ONLY = False
 FP8_KV = False  # its KV dtype is k2_trtllm_kv_cache_dtype (kv_cache_config.dtype)
-FLEET_LAYOUTS: tuple[str, ...] = ()
+FLEET_LAYOUTS: tuple[str, ...] = layout_names(LAYOUTS)
 DCP_LAYOUTS: tuple[str, ...] = ()
 DCP_TUNABLE: str | None = None
 SPARE_EXPERT_TUNABLES: dict[PoolName, str] = {}
@@ -483,8 +551,30 @@ HEALTH_PATH = "/health"
 METRICS_PATH: str | None = None
 METRICS_PORTS: tuple[str, ...] = ()
 METRICS: MetricNames | None = None
-# trtllm-serve is OpenAI-compatible: sglang's client on the OpenAI completions route.
-BENCH_CLIENT = replace(SGLANG_BENCH_CLIENT, backend="sglang-oai")
+# TensorRT-LLM's own serving benchmark, in every release image with the wheel
+# (tensorrt_llm/serve/scripts/benchmark_serving.py, `python -m` as NVIDIA's serving
+# benchmark guide runs it). Options as its argparser defines them in the 1.2 line:
+# --backend openai (the /v1/completions route; openai-chat would be the chat route),
+# --dataset-name random with --random-ids (random token ids, nothing downloaded; without it the
+# random set wants a dataset path), --random-range-ratio 0 (lengths in [L(1-r), L(1+r)], so
+# exact), --model is required and is what requests carry, --tokenizer is loaded with
+# AutoTokenizer (the model's directory, local). The result (--save-result, --result-filename
+# joined to --result-dir) is one JSON document: `completed` of `num_prompts` (no `failed`
+# key), mean/median/std/pNN of each --percentile-metrics metric (`e2el` only when asked).
+BENCH_CLIENT = BenchClient(
+    "trtllm",
+    "tensorrt_llm.serve.scripts.benchmark_serving",
+    ("-m", "tensorrt_llm.serve.scripts.benchmark_serving"),
+    "openai",
+    "result.json",
+    f"tensorrt_llm=={TRTLLM_VERSION}, in the TensorRT-LLM image (its wheels are on "
+    "pypi.nvidia.com, not PyPI: pip install tensorrt_llm --extra-index-url "
+    "https://pypi.nvidia.com)",
+    ResultFormat(
+        json_lines=False, median="p50_{metric}_ms", e2e_metric="e2el", counts_failed=False
+    ),
+    openai_bench_options("--random-ids"),
+)
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 # The PyTorch backend's JIT-compiled kernels: DeepGEMM (its own DG_JIT_CACHE_DIR), Triton,
 # torch.compile's Inductor, FlashInfer's JIT workspace, the CUDA JIT cache; the rest of what

@@ -94,6 +94,7 @@ from k2provision.engines.common import (
     inventory_served_name,
     kv_cache_dtype,
     no_warnings,
+    openai_bench_options,
     own_tunables,
     parser_args,
     socket_env,
@@ -609,26 +610,7 @@ BENCH_CLIENT = BenchClient(
     "vllm==0.33.0 (scripts/install-engine-parsers vllm builds .venv-vllm)",
     # One JSON document with the percentiles it was asked for (p50/p90/p99) and `failed`.
     ResultFormat(json_lines=False, median="p50_{metric}_ms", e2e_metric="e2el", counts_failed=True),
-    (
-        "--endpoint",
-        "/v1/completions",
-        "--dataset-name",
-        "random",
-        "--random-range-ratio",
-        "0",  # lengths in [L(1-r), L(1+r)]; 0 is exact
-        "--ignore-eos",
-        "--model",
-        "{served_model_name}",
-        "--percentile-metrics",
-        "ttft,itl,e2el",
-        "--metric-percentiles",
-        "{percentiles}",
-        "--save-result",
-        "--result-dir",
-        "{out_dir}",
-        "--result-filename",
-        "{result_name}",
-    ),
+    openai_bench_options(),
 )
 PUBLISHED_FIGURES: tuple[PublishedFigure, ...] = ()
 # vLLM 0.33.0 keeps torch.compile's artifacts under VLLM_CACHE_ROOT (envs.py:714) and points

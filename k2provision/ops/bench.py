@@ -352,7 +352,8 @@ def ca_text(access: AccessFiles) -> str | None:
 @dataclass(frozen=True)
 class Percentiles:
     p50: float
-    p90: float
+    p90: float | None
+    """None where the client writes no 90th percentile (sglang-kt 0.7.2 for TTFT and ITL)."""
     p99: float
 
 
@@ -390,10 +391,13 @@ def _number(doc: dict[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
-def _percentiles(doc: dict[str, Any], metric: str, where: str, p50_key: str) -> Percentiles:
+def _percentiles(
+    doc: dict[str, Any], metric: str, where: str, p50_key: str, fmt: ResultFormat
+) -> Percentiles:
+    p90 = f"p90_{metric}_ms"
     return Percentiles(
         p50=_number(doc, p50_key.format(metric=metric), where),
-        p90=_number(doc, f"p90_{metric}_ms", where),
+        p90=None if metric in fmt.no_p90 else _number(doc, p90, where),
         p99=_number(doc, f"p99_{metric}_ms", where),
     )
 
@@ -422,9 +426,9 @@ def parse_result(fmt: ResultFormat, text: str, num_prompts: int, where: str) -> 
         duration_s=_number(doc, "duration", where),
         input_tokens=int(_number(doc, "total_input_tokens", where)),
         output_tokens=int(_number(doc, "total_output_tokens", where)),
-        ttft_ms=_percentiles(doc, "ttft", where, p50),
-        itl_ms=_percentiles(doc, "itl", where, p50),
-        e2e_ms=_percentiles(doc, e2e, where, p50),
+        ttft_ms=_percentiles(doc, "ttft", where, p50, fmt),
+        itl_ms=_percentiles(doc, "itl", where, p50, fmt),
+        e2e_ms=_percentiles(doc, e2e, where, p50, fmt),
     )
 
 

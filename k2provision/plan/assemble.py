@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from k2provision.core import catalog
 from k2provision.core.access_files import access_file_problems
 from k2provision.core.endpoint_guard import TLS_CA, guard_path
+from k2provision.core.firewall import MESH_PORT_SETTING
 from k2provision.core.records import (
     AccessFiles,
     CanarySettings,
@@ -58,7 +59,6 @@ from k2provision.plan.support import engine_setting_problems, model_problems, re
 
 LAB_IMAGE = "localhost/k2-standin:lab"
 # The port setting of the ssh mesh: an engine whose render binds it serves the mesh.
-MESH_PORT_SETTING = "k2_ssh_port"
 
 
 def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:

@@ -178,5 +178,11 @@ def engine_setting_problems(cluster: Cluster) -> list[str]:
         *ipv6_problems(cluster),
         *dist_port_span_problems(cluster),
         *foreign_tunables(cluster),
-        *unguarded_endpoint_problems(cluster, engine.NO_API_KEY, engine.NO_TLS),
+        # A fleet's endpoint is its router, which takes the key and serves TLS whatever the
+        # engine behind it (the instances serve the router on private addresses).
+        *(
+            unguarded_endpoint_problems(cluster, engine.NO_API_KEY, engine.NO_TLS)
+            if not cluster.fleet
+            else []
+        ),
     ]

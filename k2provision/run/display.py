@@ -124,20 +124,53 @@ def instance_table(plan: Plan) -> Table:
     return table
 
 
+def world_lines(plan: Plan) -> list[Text]:
+    """Each fleet instance's own MPI world, where its rank 0 starts one (TensorRT-LLM): the
+    ranks and the hosts mpirun reaches through their sshd (none: no such instance)."""
+    hosts_by_name = {h.name: h for h in plan.hosts}
+    lines = []
+    for pool in plan.pools:
+        for i in pool.instances:
+            for process in hosts_by_name[i.master].processes:
+                argv = list(process.argv)
+                if not argv or argv[0] != "mpirun" or "-np" not in argv or "-H" not in argv:
+                    continue
+                ranks, hosts = argv[argv.index("-np") + 1], argv[argv.index("-H") + 1]
+                lines.append(
+                    Text.assemble(
+                        "mpirun world: ",
+                        (i.instance, "bold"),
+                        f": {ranks} ranks on {hosts} (rank 0 on {i.master}; each host's "
+                        f"sshd on {plan.ssh_port} takes this instance's hosts only)",
+                    )
+                )
+    return lines
+
+
 def router_lines(plan: Plan) -> list[Text]:
-    """Each of a fleet's routers with its command line, which lists every instance (none: no
-    fleet)."""
+    """Each of a fleet's routers with its command line and the workers its launch registers
+    (those it cannot name itself: a vLLM or TensorRT-LLM fleet's), which between them list
+    every instance (none: no fleet)."""
     urls = [i.url for p in plan.pools for i in p.instances]
     if not urls:
         return []
-    return [
-        Text.assemble(
-            "router: ", (f"{process.name} on {host.name}", "bold"), ": ", " ".join(process.argv)
-        )
-        for host in plan.hosts
-        for process in host.processes
-        if all(url in process.argv for url in urls)
-    ]
+    lines = []
+    for host in plan.hosts:
+        for process in host.processes:
+            later = [str(w["url"]) for w in process.registrar.workers] if process.registrar else []
+            if not all(url in process.argv or url in later for url in urls):
+                continue
+            registers = f" (then registers {' '.join(later)} by model id)" if later else ""
+            lines.append(
+                Text.assemble(
+                    "router: ",
+                    (f"{process.name} on {host.name}", "bold"),
+                    ": ",
+                    " ".join(process.argv),
+                    registers,
+                )
+            )
+    return lines
 
 
 def drained_line(plan: Plan) -> Text | None:
@@ -278,6 +311,8 @@ def print_plan(plan: Plan) -> None:
     console.print(reserve_table(plan))
     if routers := router_lines(plan):
         console.print(instance_table(plan))
+        for world in world_lines(plan):
+            console.print(world, soft_wrap=True)
         for router in routers:
             console.print(router, soft_wrap=True)
     if front := front_line(plan):

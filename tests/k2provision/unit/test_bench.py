@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from k2provision.core.records import Plan
-from k2provision.engines import sglang, vllm
+from k2provision.engines import ktransformers, sglang, vllm
 from k2provision.errors import K2Error
 from k2provision.ops.bench import (
     CONTAINER_DIR,
@@ -107,10 +107,19 @@ def test_concurrency_list() -> None:
 
 
 def test_client_per_engine() -> None:
+    """Each engine's own client, from its own image."""
     assert client_for(plan_of("prod.ini")).backend == "sglang"
-    assert client_for(plan_of("ktransformers.ini")).backend == "sglang"
+    kt = client_for(plan_of("ktransformers.ini"))
+    assert (kt.kind, kt.backend, kt.module) == ("ktransformers", "sglang", "sglang.bench_serving")
     trt = client_for(plan_of("trtllm-tp-ep.ini"))
-    assert (trt.kind, trt.backend) == ("sglang", "sglang-oai")
+    assert (trt.kind, trt.backend) == ("trtllm", "openai")
+    assert trt.module == "tensorrt_llm.serve.scripts.benchmark_serving"
+    argv = client_argv(trt, "python3", spec(Path("/out")))
+    assert argv[argv.index("--dataset-name") + 1 :][:2] == ["random", "--random-ids"]
+    assert opt(argv, "--result-dir") == "/out"
+    assert opt(argv, "--result-filename") == "result.json"
+    assert opt(argv, "--model") == "kimi-k2"
+    assert opt(argv, "--tokenizer") == "/tok"
     vllm = client_for(plan_of("vllm-tp.ini"))
     assert (vllm.kind, vllm.backend) == ("vllm", "openai")
     assert vllm.command[:2] == ("-m", "vllm.entrypoints.cli.main")
@@ -161,6 +170,14 @@ if argv[1] == "sglang.benchmark.serving":
     client.run_benchmark = capture
     sys.argv = [argv[1], *argv[2:]]
     client.cli_main()
+elif argv[1] == "sglang.bench_serving":
+    # sglang-kt builds its parser under `if __name__ == "__main__"`: run it as -m does,
+    # with argparse answering the parsed arguments instead of the benchmark running.
+    import argparse, runpy
+    parse_args = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = lambda self, *a, **k: capture(parse_args(self, *a, **k))
+    sys.argv = [argv[1], *argv[2:]]
+    runpy.run_module("sglang.bench_serving", run_name="__main__")
 else:
     import vllm.entrypoints.cli.benchmark.serve as client
     client.main = capture
@@ -204,6 +221,20 @@ def test_the_real_sglang_client_reads_the_argv(prod: Plan, tmp_path: Path) -> No
 
 
 @pytest.mark.parsers
+def test_the_real_sglang_kt_client_reads_the_argv(tmp_path: Path) -> None:
+    """KTransformers' image carries sglang-kt, whose client is sglang.bench_serving."""
+    argv = client_argv(client_for(plan_of("ktransformers.ini")), "py", spec(tmp_path))
+    assert argv[1:3] == ["-m", "sglang.bench_serving"]
+    args = parsed_by_the_client(".venv-sglang-kt", argv)
+    assert (args["backend"], args["dataset_name"]) == ("sglang", "random-ids")
+    assert (args["random_input_len"], args["random_output_len"]) == (2000, 100)
+    assert args["random_range_ratio"] == 1.0
+    assert (args["num_prompts"], args["max_concurrency"]) == (32, 8)
+    assert (args["served_model_name"], args["tokenizer"]) == ("kimi-k2", "/tok")
+    assert str(args["output_file"]).endswith("/result.jsonl")
+
+
+@pytest.mark.parsers
 def test_the_real_vllm_client_reads_the_argv(tmp_path: Path) -> None:
     argv = client_argv(client_for(plan_of("vllm-tp.ini")), "py", spec(tmp_path))
     args = parsed_by_the_client(".venv-vllm", argv)
@@ -235,6 +266,28 @@ def test_parse_the_sglang_clients_result() -> None:
     kept = sanitized(SGLANG_RESULT, text)
     assert "server_info" not in kept
     assert json.loads(kept)["completed"] == 16
+
+
+def test_parse_the_sglang_kt_clients_result_without_its_missing_p90() -> None:
+    """sglang-kt 0.7.2's JSON line (bench_serving.py run_benchmark's keys) has the median and
+    p99 of TTFT and ITL but no p90: those are None, not a refusal; the rest reads as sglang's."""
+    fmt = ktransformers.BENCH_CLIENT.result_format
+    doc = {
+        "server_info": {"model_path": "/models/K2"},
+        "duration": 4.0, "completed": 8, "total_input_tokens": 800, "total_output_tokens": 80,
+        "median_e2e_latency_ms": 50.0, "p90_e2e_latency_ms": 60.0, "p99_e2e_latency_ms": 70.0,
+        "median_ttft_ms": 5.0, "p99_ttft_ms": 9.0,
+        "median_itl_ms": 1.0, "p95_itl_ms": 1.5, "p99_itl_ms": 2.0,
+    }  # fmt: skip
+    result = parse_result(fmt, json.dumps(doc) + "\n", 8, "fixture")
+    assert result.ttft_ms == Percentiles(5.0, None, 9.0)
+    assert result.itl_ms == Percentiles(1.0, None, 2.0)
+    assert result.e2e_ms == Percentiles(50.0, 60.0, 70.0)
+    assert (result.completed, result.failed) == (8, 0)
+    assert "server_info" not in sanitized(fmt, json.dumps(doc))
+    # sglang's own format still wants its p90: the same line is not one of its results.
+    with pytest.raises(K2Error, match="p90_ttft_ms"):
+        parse_result(SGLANG_RESULT, json.dumps(doc), 8, "fixture")
 
 
 def test_parse_the_vllm_clients_result() -> None:

@@ -57,6 +57,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         for name in (
             "sglang_port",
             "vllm_port",
+            "trtllm_port",
             "vllm_max_num_batched_tokens",
             "vllm_max_num_seqs",
             "vllm_all2all_backend",

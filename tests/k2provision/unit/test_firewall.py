@@ -23,7 +23,7 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filt
 from k2provision.core.firewall import ruleset
 from k2provision.errors import InventoryError
 from k2provision.plan.assemble import build_plan
-from k2provision.plan.inventory import cluster_from_groups
+from k2provision.plan.inventory import cluster_from_groups, load_cluster
 from tests.golden_cases import expected_path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -83,6 +83,31 @@ def test_nft_accepts_the_ruleset(case: str, tmp_path: Path) -> None:
     path.write_text(ruleset(plan, _endpoint_host(plan), [22], ["10.0.0.0/8", "fd00::/8"]))
     result = subprocess.run([nft, "-c", "-f", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_trtllm_fleet_instance_s_mesh_port_takes_its_own_hosts_only(tmp_path: Path) -> None:
+    """Each instance of a TensorRT-LLM fleet is its own MPI world: on its hosts the mesh's
+    k2_ssh_port drops every address but the instance's own (before the cluster's peers are
+    accepted), and nft accepts the file; a single instance keeps the port open to its cluster."""
+    plan = build_plan(load_cluster(ROOT / "inventory/examples/trtllm-tp-ep-fleet.ini")).model_dump(
+        mode="json"
+    )
+    text = ruleset(plan, "node-05", [22])
+    mesh = text[text.index("set mesh_v4") : text.index("chain input")]
+    own = [f"10.20.1.{n}/32" for n in range(15, 19)]
+    assert all(address in mesh for address in own), mesh
+    assert "10.20.1.11/32" not in mesh  # replica-1's head: another world
+    drop = 'tcp dport { 2233 } ip saddr != @mesh_v4 drop comment "the mpirun mesh: replica-2'
+    assert drop in text
+    assert text.index(drop) < text.index("ip saddr @peers_v4 accept")
+    assert "mesh_v4" not in ruleset(plan, "router-01", [22])  # no mesh there
+    nft = shutil.which("nft") or "/usr/sbin/nft"
+    path = tmp_path / "k2provision.nft"
+    path.write_text(text)
+    result = subprocess.run([nft, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    single = _plan("trtllm-tp16-ep8")
+    assert "mesh_v4" not in ruleset(single, _endpoint_host(single), [22])
 
 
 def test_the_role_loads_the_file_it_checks_with_the_filter_of_this_module() -> None:

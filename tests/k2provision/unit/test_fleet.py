@@ -12,17 +12,21 @@ from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filt
     launch_registrations,
 )
 from k2provision.core.records import Plan, Process
+from k2provision.engines import REGISTRY
+from k2provision.engines.base import layout_names
 from k2provision.errors import InventoryError, PlanError
 from k2provision.ops.restart import restart_set
 from k2provision.plan.assemble import build_plan, plan_digest
 from k2provision.plan.containers import spec_hash
 from k2provision.plan.inventory import load_cluster
 from k2provision.plan.monitoring import scrape_targets
+from k2provision.plan.rollout import instances_wave
 from tests.k2provision.access_support import GuardFiles
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "inventory" / "examples"
 PD_FLEET = EXAMPLES / "sglang-pd-fleet-32.ini"
 TP_FLEET = EXAMPLES / "sglang-tp-fleet.ini"
+TRTLLM_FLEET = EXAMPLES / "trtllm-tp-ep-fleet.ini"
 ROUTER = ("python3", "-m", "sglang_router.launch_router")
 
 
@@ -157,18 +161,116 @@ def test_instance_counts_of_pools_the_layout_lacks_are_refused(tmp_path: Path) -
         load_cluster(path)
 
 
-def test_an_engine_without_fleets_refuses_them_naming_what_works(tmp_path: Path) -> None:
-    path = _edited(
-        tmp_path,
-        EXAMPLES / "trtllm-tp-ep.ini",
-        "k2_layout=tp_ep",
-        "k2_layout=tp_ep\nk2_instances=2",
-    )
+def test_every_engine_renders_fleets_of_every_layout() -> None:
+    """No shipped engine refuses k2_instances above 1: each renders every layout as a fleet."""
+    for name, engine in REGISTRY.items():
+        assert layout_names(engine.LAYOUTS) == engine.FLEET_LAYOUTS, name
+
+
+def test_an_engine_without_fleets_refuses_them_naming_what_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An engine whose release could not serve that way (none ships today) keeps the refusal.
+    monkeypatch.setattr(REGISTRY["trtllm"], "FLEET_LAYOUTS", ())
+    path = _edited(tmp_path, TRTLLM_FLEET, "k2_instances=4", "k2_instances=2")
     with pytest.raises(PlanError) as caught:
         _plan(path)
     (line,) = caught.value.problems
     assert line.startswith("k2_instances=2: TensorRT-LLM layout tp_ep renders one instance")
-    assert "SGLang tp, pd; vLLM tp, tp_pp, dp_ep" in line
+    assert "SGLang tp, pd; vLLM tp, tp_pp, dp_ep; KTransformers single" in line
+
+
+def test_a_trtllm_fleet_is_one_mpirun_world_per_instance_behind_the_routers() -> None:
+    """The shipped example: four 4-node instances, each its own MPI world (its own -H list
+    and rank 0, its sshd taking its own hosts only), serving the routers on its head's
+    k2_local_ip and k2_trtllm_port, registered by the launch with the served name."""
+    plan = _plan(TRTLLM_FLEET)
+    (nodes,) = [p for p in plan.pools if p.name == "nodes"]
+    assert [len(i.hosts) for i in nodes.instances] == [4, 4, 4, 4]
+    local = {h.name: h.local_ip for h in plan.hosts}
+    urls = [f"http://{local[i.master]}:8200" for i in nodes.instances]
+    assert [i.url for i in nodes.instances] == urls
+    launches = {
+        p.instance.name: p
+        for h in plan.hosts
+        for p in h.processes
+        if p.name == "trtllm-serve" and p.instance
+    }
+    assert sorted(launches) == ["replica-1", "replica-2", "replica-3", "replica-4"]
+    for instance in nodes.instances:
+        argv = launches[instance.instance].argv
+        assert argv[argv.index("-np") + 1] == "32"
+        assert argv[argv.index("-H") + 1] == ",".join(f"{local[h]}:8" for h in instance.hosts)
+        assert argv[argv.index("--host") + 1] == local[instance.master]
+        assert argv[argv.index("--port") + 1] == "8200"
+        assert "trtllm-serve" in [p.name for p in plan.host(instance.master).processes]
+        for host in instance.hosts:
+            sshd_config = str(plan.host(host).files["/etc/k2provision/ssh/sshd_config"])
+            allowed = next(x for x in sshd_config.splitlines() if x.startswith("AllowUsers"))
+            assert set(allowed.split()[1:]) == {f"root@{local[h]}" for h in instance.hosts}
+    # A rolling change starts the sshd containers, then execs mpirun into the head's (stage 1).
+    wave = instances_wave(plan, ["replica-2"])
+    assert wave.stages == (0, 1)
+    assert wave.containers == dict.fromkeys(nodes.instances[1].hosts, ("k2-trtllm",))
+    # Only the heads run trtllm-serve; every instance host runs its sshd.
+    assert sum(len(h.processes) for h in plan.hosts if h.role != "router") == 16 + 4
+    assert launch_registrations(plan.model_dump(mode="json")) == [
+        {"url": url, "model_id": "Kimi-K2-Instruct"} for url in urls
+    ]
+    for router in _routers(plan):
+        assert "--worker-urls" not in router.argv
+        assert router.registrar is not None
+        assert [w["url"] for w in router.registrar.workers] == urls
+        assert router.argv[router.argv.index("--health-check-endpoint") + 1] == "/health"
+    assert plan.endpoint == "http://10.20.1.100:8000"
+    public = sorted({h.name for h in plan.hosts for b in h.ports if b.public})
+    assert public == ["router-01", "router-02"]
+
+
+def test_a_trtllm_instance_alone_keeps_its_endpoint_and_open_mesh() -> None:
+    plan = _plan(EXAMPLES / "trtllm-tp-ep.ini")
+    (serve,) = [p for h in plan.hosts for p in h.processes if p.name == "trtllm-serve"]
+    assert serve.argv[serve.argv.index("--port") + 1] == "8000"
+    assert serve.instance is None
+    assert "AllowUsers root\n" in str(
+        plan.host("node-01").files["/etc/k2provision/ssh/sshd_config"]
+    )
+
+
+def test_a_ktransformers_fleet_is_one_host_replicas_behind_the_router(tmp_path: Path) -> None:
+    path = _edited(
+        tmp_path,
+        EXAMPLES / "ktransformers.ini",
+        "[nodes]\nkt-01 ansible_host=10.20.0.11\n",
+        "[router]\nrouter-01 ansible_host=10.20.0.5\n\n[nodes]\n"
+        "kt-01 ansible_host=10.20.0.11\nkt-02 ansible_host=10.20.0.12\n",
+    )
+    path.write_text(path.read_text() + "k2_instances=2\n")
+    plan = _plan(path)
+    urls = ["http://10.20.0.11:30000", "http://10.20.0.12:30000"]
+    assert [i.url for i in plan.pools[0].instances] == urls
+    (router,) = _routers(plan)
+    assert _flag_values(router.argv, "--worker-urls", 2) == [tuple(urls)]
+    assert launch_registrations(plan.model_dump(mode="json")) == []
+    for host, url in zip(("kt-01", "kt-02"), urls, strict=True):
+        (server,) = plan.host(host).processes
+        assert server.argv[server.argv.index("--host") + 1] == url.split("//")[1].split(":")[0]
+        assert server.argv[server.argv.index("--port") + 1] == "30000"
+    assert plan.endpoint == "http://10.20.0.5:8000"
+
+
+def test_a_ktransformers_fleet_needs_one_host_per_replica(tmp_path: Path) -> None:
+    path = _edited(
+        tmp_path,
+        EXAMPLES / "ktransformers.ini",
+        "k2_layout=single",
+        "k2_layout=single\nk2_instances=2",
+    )
+    with pytest.raises(
+        InventoryError,
+        match="runs each instance on exactly one host, \\[nodes\\] has 1 for k2_instances=2",
+    ):
+        load_cluster(path)
 
 
 @pytest.mark.parametrize("layout", ["tp", "dp_ep"])
