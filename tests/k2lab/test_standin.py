@@ -215,9 +215,11 @@ def sglang_argv(env: Env, port: int, *extra: str) -> list[str]:
     ]
 
 
-def assert_serves(base: str, proc: Proc, model_id: str) -> None:
+def assert_serves(base: str, proc: Proc, model_id: str, gates: tuple[str, ...] = ()) -> None:
+    """`base` serves `model_id`: its health routes (`gates`, default the stand-ins' common
+    set) answer 200, /v1/models lists it, a chat completion answers."""
     wait_status(f"{base}/health", proc)
-    for path in ("/health_generate", "/liveness", "/readiness"):
+    for path in gates or ("/health_generate", "/liveness", "/readiness"):
         assert http(f"{base}{path}")[0] == 200, path
     models = get_json(f"{base}/v1/models")
     assert models["object"] == "list"
@@ -1011,7 +1013,13 @@ def test_mpirun_trtllm_serves(env: Env, procs: list[Proc]) -> None:
     port = free_port()
     proc = start(procs, env, trtllm_argv(env, port))
     # trtllm-serve names the model after its directory.
-    assert_serves(f"http://127.0.0.1:{port}", proc, "Kimi-K2-Instruct")
+    base = f"http://127.0.0.1:{port}"
+    assert_serves(base, proc, "Kimi-K2-Instruct", gates=("/health_generate",))
+    # trtllm-serve 1.2's routes only: no SGLang or vLLM introspection, /metrics is JSON.
+    for path in ("/liveness", "/readiness", "/model_info", "/get_server_info", "/ready"):
+        assert http(f"{base}{path}")[0] == 404, path
+    assert get_json(f"{base}/server_info") == {"disaggregated_params": None}
+    assert get_json(f"{base}/metrics") == []
     mpi = env.record("mpirun", proc.pid)
     assert mpi["np"] == 16
     assert mpi["command"][:2] == ["trtllm-llmapi-launch", "trtllm-serve"]

@@ -1,8 +1,8 @@
 """The stand-in engine image (the test double for the engines' GPU kernels) on lab hosts:
 built into the lab image store, run the way the launch role runs engines (`docker run
---network host --ipc host IMAGE sh LAUNCH_SCRIPT`), reached from the controller; and a whole
-TensorRT-LLM deployment (sshd mesh on port 2233, mpirun from rank 0) taken through the launch
-and verify phases by `k2provision apply`.
+--network host --ipc host IMAGE sh LAUNCH_SCRIPT`), reached from the controller. Whole
+TensorRT-LLM deployments (sshd mesh on port 2233, mpirun from each instance's rank 0) are taken
+through apply and day two by tests/k2provision/integration/test_fleet_engines_lab.py.
 
 The hosts belong to a private two-host lab instance (its own name and subnet; the rootfs and
 the image store are shared with the default instance). The shared `lab` of tests/lab_support
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,9 +30,8 @@ import k2lab as labapi
 from k2lab.proc import quiet_log
 from k2lab.standin import STANDIN_IMAGE, build_standin, image_key
 from k2provision.core import catalog
-from k2provision.plan.assemble import LAB_IMAGE, build_plan
-from k2provision.plan.inventory import load_cluster
-from tests.lab_support import ansible_env, require_lab
+from k2provision.plan.assemble import LAB_IMAGE
+from tests.lab_support import require_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_other]
 
@@ -223,113 +221,3 @@ def test_the_lab_image_runs_the_real_pinned_router(standin_lab: labapi.LabState)
     )
     assert parsed.returncode == 0, parsed.stderr
     assert "--pd-disaggregation" in parsed.stdout
-
-
-def test_trtllm_launches_over_the_mesh_and_verifies(
-    lab_inventory: tuple[labapi.LabState, Path], tmp_path: Path
-) -> None:
-    """`k2provision apply` of a TensorRT-LLM tp_ep plan on two lab hosts: sshd on port 2233
-    in every container, mpirun from rank 0 through the mesh (its launch script finds the
-    interface and subnet of the host's address first), then verify asks the endpoint for the
-    plan's served name: the model directory's base name, as trtllm-serve names it."""
-    state, inventory = lab_inventory
-    build_standin()
-    for host in state.hosts:
-        made = subprocess.run(
-            labapi.ssh_command(
-                state, host.name, f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/config.json"
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert made.returncode == 0, made.stderr
-    env = {**ansible_env(), "K2_RUNS_DIR": str(tmp_path), "COLUMNS": "200"}
-    k2 = [str(Path(sys.executable).parent / "k2provision")]
-    try:
-        applied = subprocess.run(
-            [*k2, "apply", str(inventory), "--tags", "ssh_mesh,launch,verify"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=1200,
-            env=env,
-            check=False,
-        )
-        assert applied.returncode == 0, applied.stdout[-6000:] + applied.stderr[-2000:]
-        models = get_json(f"http://{state.hosts[0].address}:8000/v1/models")
-        assert [m["id"] for m in models["data"]] == [Path(MODEL_DIR).name]
-        script = sh(state, "cat /etc/k2provision/launch/trtllm-serve.sh").stdout
-        assert 'btl_tcp_if_include "${K2_SOCKET_SUBNET}"' in script
-        day_two_on_the_mpirun_world(state, inventory, k2, env)
-    finally:
-        subprocess.run(
-            [*k2, "stop", str(inventory)],
-            cwd=ROOT,
-            capture_output=True,
-            timeout=600,
-            env=env,
-            check=False,
-        )
-
-
-def day_two_on_the_mpirun_world(
-    state: labapi.LabState, inventory: Path, k2: list[str], env: dict[str, str]
-) -> None:
-    """status and logs on the TensorRT-LLM world: the exec'd trtllm-serve (mpirun from rank
-    0) is a planned process status checks and logs reads from its /run/k2-<name>.log; killing
-    it is named by status, exit 1; restarting the other rank's host restarts the whole world
-    (every rank's sshd, then trtllm-serve from rank 0) and status is 0 again."""
-    plan = build_plan(load_cluster(inventory))
-    exec_procs = [(h.name, p) for h in plan.hosts for p in h.processes if p.exec_in]
-    assert exec_procs, "a TensorRT-LLM plan execs trtllm-serve in rank 0's container"
-    host, proc = exec_procs[0]
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*k2, *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-            check=False,
-        )
-
-    status = run("status", str(inventory))
-    assert status.returncode == 0, status.stdout[-4000:] + status.stderr[-2000:]
-    assert proc.name in status.stdout
-    logs = run("logs", str(inventory), host, "--tail", "20")
-    assert logs.returncode == 0, logs.stdout[-2000:] + logs.stderr[-2000:]
-    assert any(line.startswith(f"{host}/{proc.name}") for line in logs.stdout.splitlines()), (
-        logs.stdout[-3000:]
-    )
-    sh(state, f"docker exec {proc.container} sh -c 'kill \"$(cat /run/k2-{proc.name}.pid)\"'")
-    deadline = time.monotonic() + 60
-    while True:
-        status = run("status", str(inventory))
-        if status.returncode == 1 or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    assert status.returncode == 1, status.stdout[-4000:]
-    assert host in status.stdout
-    assert proc.name in status.stdout
-    other = next(h.name for h in plan.hosts if h.name != host)
-    restarted = run("restart", str(inventory), "--limit", other, "--yes")
-    assert restarted.returncode == 0, restarted.stdout[-5000:] + restarted.stderr[-2000:]
-    assert f"{host} added: the ranks of one instance restart together" in restarted.stdout
-    assert "(exec'd)" in restarted.stdout
-    status = run("status", str(inventory))
-    assert status.returncode == 0, (
-        status.stdout[-4000:]
-        + status.stderr[-2000:]
-        + f"\n{other}'s containers:\n"
-        + subprocess.run(
-            labapi.ssh_command(state, other, "docker ps -a"),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        ).stdout
-    )

@@ -197,13 +197,16 @@ class ModelServer:
         self.mixed_pairs = 0
         self.api = Api(engine)
         g, p = self.api.get, self.api.post
+        # What the stand-in knows of itself, for the lab's tests, under a path no engine has.
+        g["/standin/info"] = self.server_info
+        if engine == "trtllm":
+            self._trtllm_routes()
+            return
         g["/health"] = self.health
         g["/health_generate"] = self.health
         g["/readiness"] = self.health
         g["/liveness"] = self.liveness
         g["/v1/models"] = self.models
-        # What the stand-in knows of itself, for the lab's tests, under a path no engine has.
-        g["/standin/info"] = self.server_info
         if engine != "vllm":
             # SGLang's introspection routes, which sglang-router asks a new worker for. vLLM
             # 0.33.0 serves /server_info only with VLLM_SERVER_DEV_MODE
@@ -224,6 +227,33 @@ class ModelServer:
         p["/v1/completions"] = self.completion
         p["/generate"] = self.generate
         self.api.drained.update(p)
+
+    def _trtllm_routes(self) -> None:
+        """trtllm-serve 1.2's routes and no others (tensorrt_llm/serve/openai_server.py,
+        OpenAIServer.register_routes): /health (200 while the server is up; it only listens
+        once the model is built), /health_generate, /version, /v1/models, /metrics (the
+        executor's iteration stats as a JSON list, not Prometheus text), /perf_metrics,
+        /server_info (the RL routes' {"disaggregated_params": ...}; no model id, no
+        /model_info, so a router cannot name the worker itself), and the two OpenAI
+        generation routes a fleet serves."""
+        g, p = self.api.get, self.api.post
+        g["/health"] = self.health
+        g["/health_generate"] = self.health
+        g["/version"] = self.version
+        g["/v1/models"] = self.models
+        g["/metrics"] = self.iteration_stats
+        g["/perf_metrics"] = self.iteration_stats
+        g["/server_info"] = self.disaggregated_params
+        p["/v1/chat/completions"] = self.chat
+        p["/v1/completions"] = self.completion
+        self.api.drained.update(p)
+
+    def iteration_stats(self) -> Response:
+        """trtllm-serve's /metrics and /perf_metrics: a JSON list (no iterations here)."""
+        return json_response(200, [])
+
+    def disaggregated_params(self) -> Response:
+        return json_response(200, {"disaggregated_params": None})
 
     def set_ready(self) -> None:
         self.reason = "ready"
@@ -295,6 +325,7 @@ class ModelServer:
                 "served_model_name": self.model_id,
                 "ready": self.ready.is_set(),
                 "status": self.reason,
+                "answered": self.answered,
             },
         )
 
