@@ -227,6 +227,31 @@ def test_a_trtllm_fleet_is_one_mpirun_world_per_instance_behind_the_routers() ->
     assert public == ["router-01", "router-02"]
 
 
+def test_a_trtllm_fleet_s_router_holds_the_key_one_instance_cannot_take(
+    tmp_path: Path, guard_files: GuardFiles
+) -> None:
+    """trtllm-serve takes no key and no certificate: one instance is refused them, a fleet's
+    router (the endpoint) takes both, and the instances behind it take neither."""
+    guarded = f"k2_api_key_file={guard_files.api_key}\nk2_tls_cert_file={guard_files.cert}\n"
+    guarded += f"k2_tls_key_file={guard_files.key}\n"
+    # One router (a front tier's HAProxy serves no TLS in this release).
+    lines = TRTLLM_FLEET.read_text().splitlines(keepends=True)
+    kept = [x for x in lines if not x.startswith(("router-02 ", "k2_front_address="))]
+    fleet = tmp_path / "fleet.ini"
+    fleet.write_text("".join(kept) + guarded)
+    plan = _plan(fleet)
+    for router in _routers(plan):
+        assert "--api-key" in router.argv
+        assert "--tls-cert-path" in router.argv
+    assert plan.endpoint.startswith("https://")
+    single = tmp_path / "single.ini"
+    single.write_text((EXAMPLES / "trtllm-tp-ep.ini").read_text() + guarded)
+    with pytest.raises(InventoryError) as refused:
+        _plan(single)
+    assert any("takes no API key" in p for p in refused.value.problems)
+    assert any("serves no TLS" in p for p in refused.value.problems)
+
+
 def test_a_trtllm_instance_alone_keeps_its_endpoint_and_open_mesh() -> None:
     plan = _plan(EXAMPLES / "trtllm-tp-ep.ini")
     (serve,) = [p for h in plan.hosts for p in h.processes if p.name == "trtllm-serve"]
