@@ -53,6 +53,7 @@ def options(role: str) -> tuple[str, ...]:
     return tuple(specs().get(role, {}))
 
 
+@cache
 def role_of(variable: str) -> str | None:
     """The role whose prefix `k2_<role>_` a variable carries (the longest such role)."""
     owners = [role for role in specs() if variable.startswith(f"{role}_")]

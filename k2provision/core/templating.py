@@ -38,13 +38,19 @@ def environment() -> jinja2.Environment:
 
 def shell_word(token: str, names: Iterable[str] = ()) -> str:
     """`token` quoted for sh; each `${NAME}` of `names` in it is left for the shell to expand."""
-    refs = [re.escape("${" + n + "}") for n in names]
-    if not refs:
+    known = tuple(names)
+    if not known or "${" not in token:
         return shlex.quote(token)
-    parts = re.split(f"({'|'.join(refs)})", token)
+    parts = _references(known).split(token)
     return "".join(
         f'"{part}"' if i % 2 else shlex.quote(part) for i, part in enumerate(parts) if part
     )
+
+
+@cache
+def _references(names: tuple[str, ...]) -> re.Pattern[str]:
+    """A pattern that splits a word around each `${NAME}` of `names`, keeping them."""
+    return re.compile("(" + "|".join(re.escape("${" + n + "}") for n in names) + ")")
 
 
 def argv_lines(argv: tuple[str, ...] | list[str], names: Iterable[str] = ()) -> list[str]:
