@@ -1,5 +1,6 @@
-"""TensorRT-LLM and KTransformers fleets on real lab hosts (the `lab-fleet` stream), behind the
-real, pinned sglang-router alone on lab1. The stand-ins serve each engine's pinned HTTP
+"""TensorRT-LLM and KTransformers fleets on real lab hosts, behind the real, pinned
+sglang-router alone on lab1 (the `lab` stream, on its shared lab instance after the converge
+module, whose hosts it takes over). The stand-ins serve each engine's pinned HTTP
 surface: trtllm-serve 1.2's routes only (no /model_info, a /server_info without a model id),
 so the launch registers its instances with the router by model id, as it does vLLM's.
 
@@ -48,7 +49,7 @@ from tests.pd_lab import (
 )
 from tests.runners import on_host
 
-pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_other]
 
 ROUTER = "lab1"
 INSTANCES = {"replica-1": ("lab2", "lab3"), "replica-2": ("lab4", "lab5")}
