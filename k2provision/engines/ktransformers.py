@@ -1,4 +1,6 @@
-"""KTransformers: one host, routed experts on the CPU (kt-kernel), the rest on one GPU.
+"""KTransformers: one host, routed experts on the CPU (kt-kernel), the rest on one GPU; a
+fleet is replicas of one host each behind the router, each on its k2_local_ip and
+k2_sglang_port (it is SGLang's server, so the router takes it by URL).
 
 KTransformers serves the Kimi-K2 family through SGLang with its CPU expert kernels: the
 server is SGLang's (`python3 -m sglang.launch_server`, from sglang-kt, the SGLang build

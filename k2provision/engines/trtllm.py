@@ -6,6 +6,11 @@ key-only, with the keys and known_hosts that the ssh_mesh role places under
 starts N x 8 ranks through those sshds; `trtllm-llmapi-launch` makes rank 0 serve the
 OpenAI API while the other ranks run the model workers.
 
+In a fleet (k2_instances above 1) each instance is such a world of its own: its rank 0's
+mpirun reaches its own hosts only, their sshd lets in their own addresses only (AllowUsers),
+and its trtllm-serve serves the router on the head's k2_local_ip and k2_trtllm_port; the
+launch registers each instance with the router by model id (trtllm-serve names none).
+
 Every host gets the same extra-llm-api-options YAML (each rank reads it on its own node). It is
 built from the typed mirror of TorchLlmArgs in `trtllm_schema` and validated again after being
 written out, so a render cannot produce a file the pinned release would refuse.
