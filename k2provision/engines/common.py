@@ -268,6 +268,18 @@ def own_tunables(prefix: str, layouts: tuple[str, ...]) -> dict[str, tuple[str, 
     return {name: layouts for name in TUNABLE_VARS if name.startswith(prefix)}
 
 
+def instance_serving(
+    cluster: Cluster, instance: PoolPlan, fleet_port: int
+) -> tuple[str, int, bool]:
+    """Where an instance's API server listens: (bind address, port, whether it is the
+    endpoint). Alone it is the endpoint on every interface and k2_api_port; in a fleet it
+    serves the router (which takes k2_api_port, and may share its host) on its master's
+    k2_local_ip and `fleet_port`, the engine's own port setting."""
+    if instance.instance:
+        return cluster.host(instance.master).local_ip, fleet_port, False
+    return any_address(cluster), cluster.tunables.api_port, True
+
+
 def master_endpoint(deployment: Deployment) -> str:
     """The base URL of one server on the [nodes] master, on k2_api_port (an engine with no
     router and no TLS)."""

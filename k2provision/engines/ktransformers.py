@@ -55,9 +55,9 @@ from k2provision.engines.base import (
     listener,
 )
 from k2provision.engines.common import (
-    any_address,
     http_gate,
     http_url,
+    instance_serving,
     inventory_served_name,
     kv_cache_dtype,
     master_endpoint,
@@ -107,10 +107,8 @@ def serving(deployment: Deployment, replica: PoolPlan) -> tuple[str, int, bool]:
     """Where a replica's server listens: (bind address, port, whether it is the endpoint).
     Alone it is the endpoint on every interface and k2_api_port; in a fleet it serves the
     router on its host's k2_local_ip and k2_sglang_port (it is SGLang's server)."""
-    t = deployment.cluster.tunables
-    if replica.instance:
-        return deployment.cluster.host(replica.master).local_ip, t.sglang_port, False
-    return any_address(deployment.cluster), t.api_port, True
+    cluster = deployment.cluster
+    return instance_serving(cluster, replica, cluster.tunables.sglang_port)
 
 
 def _render_replica(deployment: Deployment, pool: PoolPlan) -> dict[str, HostRender]:

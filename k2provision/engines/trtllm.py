@@ -70,9 +70,9 @@ from k2provision.engines.base import (
 )
 from k2provision.engines.common import (
     SUBNET,
-    any_address,
     http_gate,
     http_url,
+    instance_serving,
     master_endpoint,
     multi_host,
     openai_bench_options,
@@ -343,10 +343,8 @@ def serving(deployment: Deployment, instance: PoolPlan) -> tuple[str, int, bool]
     endpoint). Alone it is the endpoint on every interface and k2_api_port; in a fleet it
     serves the router on its head's k2_local_ip and k2_trtllm_port (`--host` goes to uvicorn
     as given: tensorrt_llm/commands/serve.py)."""
-    t = deployment.cluster.tunables
-    if instance.instance:
-        return deployment.cluster.host(instance.master).local_ip, t.trtllm_port, False
-    return any_address(deployment.cluster), t.api_port, True
+    cluster = deployment.cluster
+    return instance_serving(cluster, instance, cluster.tunables.trtllm_port)
 
 
 def serve_argv(deployment: Deployment, instance: PoolPlan, paths: Paths) -> tuple[str, ...]:

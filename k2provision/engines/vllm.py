@@ -91,6 +91,7 @@ from k2provision.engines.common import (
     host_port,
     http_gate,
     http_url,
+    instance_serving,
     inventory_served_name,
     kv_cache_dtype,
     no_warnings,
@@ -184,10 +185,8 @@ def _serving(deployment: Deployment, pool: PoolPlan) -> tuple[str, int, bool]:
     """Where an instance's API server listens: (bind address, port, whether it is the
     endpoint). Alone it is the endpoint on every interface and k2_api_port; in a fleet it
     serves the router on the head's k2_local_ip and k2_vllm_port."""
-    t = deployment.cluster.tunables
-    if pool.instance:
-        return deployment.cluster.host(pool.master).local_ip, t.vllm_port, False
-    return any_address(deployment.cluster), t.api_port, True
+    cluster = deployment.cluster
+    return instance_serving(cluster, pool, cluster.tunables.vllm_port)
 
 
 def _serve_gate(deployment: Deployment, pool: PoolPlan) -> HealthGate:
