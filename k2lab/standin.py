@@ -27,7 +27,7 @@ from k2lab.config import LabConfig
 from k2lab.errors import LabError
 from k2lab.images import BASE_IMAGE, build_image, ensure_base_image, podman
 from k2lab.proc import Log, quiet_log, require_root
-from k2provision.plan.assemble import LAB_IMAGE
+from k2provision.plan.images import LAB_IMAGE
 
 STANDIN_IMAGE = LAB_IMAGE
 CLIENT_IMAGE = "localhost/k2-standin:lab-client"

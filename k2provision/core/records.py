@@ -345,7 +345,8 @@ class Tunables(Record):
     )
     image: Word | None = Field(default=None, description="override the engine image")
     router_image: Word | None = Field(
-        default=None, description="the image the PD router runs in (default: the engine image)"
+        default=None,
+        description="the image the router runs in (default: built from containers/router)",
     )
     api_key_file: AbsolutePath | None = Field(
         default=None,
@@ -684,7 +685,11 @@ class EngineRelease(Record):
     engine: EngineName
     version: str
     image: str
+    """The published image: what is pulled, or the base the engine's build starts FROM."""
     min_driver: str
+    build: str = ""
+    """The directory under containers/ whose build is the image the engine runs in (FROM
+    `image`, adding what the image lacks); empty: `image` runs as published."""
 
 
 class RouterRelease(Record):
@@ -848,6 +853,17 @@ class FitReport(Record):
     kv_tokens_total: int
     context_length: int
     fits: bool
+
+
+class ImageSource(Record):
+    """An image the plan runs, the hosts that run it, and where it comes from: pulled as
+    published (once, on the first host that needs it), or built from containers/`build`
+    under a tag derived from that build's content. Either way it reaches every other host
+    from a peer that holds it, streamed and verified by image ID (role k2_container_runtime)."""
+
+    ref: str
+    build: str = ""
+    hosts: tuple[str, ...]
 
 
 class WeightsInfo(Record):
@@ -1172,6 +1188,8 @@ class Plan(Record):
     weights: WeightsInfo
     warnings: tuple[str, ...]
     hosts: tuple[HostPlan, ...]
+    images: tuple[ImageSource, ...] = ()
+    """Every image the hosts' processes run, in the order the hosts first use them."""
     routers: tuple[RouterRef, ...] = ()
     """Every router, where the launch registers workers and a rolling change takes them out
     and back; () without a router."""

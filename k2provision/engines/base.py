@@ -38,6 +38,8 @@ class Deployment(Record):
     pools: tuple[PoolPlan, ...]
     context_length: int
     image: str
+    router_image: str = ""
+    """The image a router runs in (plan/images.py); empty: the engine's image."""
     # Decided by the plan's memory fit (the fit counts exactly what is rendered):
     kv_cache_dtype: KvDtype = "bf16"
     multimodal: bool = False  # the vision tower is loaded and image input is served

@@ -208,11 +208,12 @@ DISPLAY_NAME = "KTransformers"
 # kt-kernel 0.7.2 and the SGLang build it pairs with, sglang-kt 0.7.2 (both on PyPI, both
 # pinning torch 2.9.1 and CUDA 12.8 wheels). No public image of this pair is published
 # under a tag we could check, so the image is the one containers/ktransformers builds
-# from those pins.
+# from those pins, FROM CUDA 12.8's image (plan/images.py names it by its content).
 RELEASE = EngineRelease(
     engine="ktransformers",
     version="0.7.2",
-    image="localhost/k2provision-ktransformers:0.7.2",
+    image="nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04",
+    build="ktransformers",
     min_driver="570.26",  # CUDA 12.8, the torch 2.9.1 wheels kt-kernel pins
 )
 _FP8 = EngineSupport(min_version="0.3.2", source="kvcache-ai/ktransformers doc/en/Kimi-K2.md")
@@ -308,19 +309,13 @@ def kv_dtype_problems(tunables: Tunables, gpu: GpuSpec) -> list[str]:
 
 
 def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
-    """The routed experts' host memory, and the image that is built, not pulled."""
-    warnings = [
+    """The routed experts' host memory."""
+    return [
         f"ktransformers keeps routed experts in host memory: the host needs about "
         f"{catalog.routed_expert_bytes(spec) / GIB:.0f} GiB of RAM for the "
         f"{spec.quantization.routed_experts.label} experts kt-kernel reads from the model "
         "directory; preflight checks it"
     ]
-    if not cluster.tunables.image and not cluster.lab:
-        warnings.append(
-            f"{release.image} is built here, not pulled: build containers/ktransformers "
-            f"(kt-kernel {release.version} with its SGLang) and set k2_image to the result"
-        )
-    return warnings
 
 
 # ---------------------------------------------------------------- memory accounting

@@ -768,8 +768,8 @@ def _registrar(deployment: Deployment, router: HostSpec) -> RouterRegistrar | No
 
 
 def router_image(deployment: Deployment) -> str:
-    """The image the router runs in: k2_router_image, else the deployment's image."""
-    return deployment.cluster.tunables.router_image or deployment.image
+    """The image the router runs in (plan/images.py decides), else the deployment's image."""
+    return deployment.router_image or deployment.image
 
 
 def _render_pd(deployment: Deployment) -> dict[str, HostRender]:

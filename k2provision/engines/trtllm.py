@@ -519,6 +519,7 @@ RELEASE = EngineRelease(
     version=TRTLLM_VERSION,
     image=f"nvcr.io/nvidia/tensorrt-llm/release:{TRTLLM_VERSION}",
     min_driver="580.65",
+    build="trtllm",  # containers/trtllm: FROM the release image, with sshd and nccl-tests
 )
 SUPPORT: dict[str, EngineSupport] = {
     **dict.fromkeys(
@@ -665,13 +666,9 @@ def served_name(cluster: Cluster) -> str:
 
 
 def plan_warnings(cluster: Cluster, spec: ModelSpec, release: EngineRelease) -> list[str]:
-    """The pulled image has no sshd for the mpirun mesh."""
-    if cluster.tunables.image or cluster.lab:
-        return []
-    return [
-        f"{release.image} has no sshd for mpirun's port-{cluster.tunables.ssh_port} mesh: "
-        "build containers/trtllm from it and set k2_image to the result",
-    ]
+    """None: the published image lacks sshd for mpirun's mesh, so the plan runs the one
+    containers/trtllm builds from it (plan/images.py), unless k2_image names another."""
+    return []
 
 
 # ---------------------------------------------------------------- memory accounting

@@ -53,11 +53,11 @@ from k2provision.plan.containers import spec_hash
 from k2provision.plan.fit import edge_warnings
 from k2provision.plan.fixes import fixes
 from k2provision.plan.front import front_plan, router_refs
+from k2provision.plan.images import engine_image, image_sources, router_image
 from k2provision.plan.ports import host_ports, port_clashes
 from k2provision.plan.shapes import PoolShape, choices, evaluate, nodes_text, pool_names
 from k2provision.plan.support import engine_setting_problems, model_problems, resolve_model
 
-LAB_IMAGE = "localhost/k2-standin:lab"
 # The port setting of the ssh mesh: an engine whose render binds it serves the mesh.
 
 
@@ -123,20 +123,13 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
     warnings += edge_warnings(reports)
     warnings += socket_warnings(cluster)
     routed = layout.disaggregated or cluster.fleet
-    if routed and not cluster.tunables.router_image and not cluster.lab:
-        which = "PD router" if layout.disaggregated else "fleet's router"
-        warnings.append(
-            f"the {which} runs in {cluster.tunables.image or release.image}, which is not "
-            f"known to carry {catalog.ROUTER.package} {catalog.ROUTER.version}: build "
-            "containers/router and set k2_router_image to the result"
-        )
     warnings += engine.plan_warnings(cluster, spec, release)
 
     pools = tuple(
         pool_plan(cluster, shape, report.mem_fraction)
         for shape, report in zip(shapes, reports, strict=True)
     )
-    image = cluster.tunables.image or (LAB_IMAGE if cluster.lab else release.image)
+    image = engine_image(cluster, release)
     deployment = Deployment(
         cluster=cluster,
         model=spec,
@@ -144,6 +137,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         pools=pools,
         context_length=context,
         image=image,
+        router_image=router_image(cluster, image),
         kv_cache_dtype=c.kv_dtype,
         multimodal=c.multimodal,
         language_model_only=c.language_model_only,
@@ -245,6 +239,7 @@ def build_plan(cluster: Cluster, spec: ModelSpec | None = None) -> Plan:
         ),
         warnings=tuple(warnings),
         hosts=tuple(host_plans),
+        images=image_sources(host_plans, release),
         routers=routers,
         front=front_plan(cluster, routers, ROUTER_LIVENESS_PATH, ROUTER_REQUEST_TIMEOUT_S),
     )

@@ -173,6 +173,26 @@ def router_lines(plan: Plan) -> list[Text]:
     return lines
 
 
+def image_lines(plan: Plan) -> list[Text]:
+    """Each image the hosts run: built from containers/ or pulled, once, on the first host
+    that runs it (unless a host holds it already), then streamed to the others."""
+    lines = []
+    for image in plan.images:
+        fetch = f"built from containers/{image.build}" if image.build else "pulled"
+        hosts = len(image.hosts)
+        lines.append(
+            Text.assemble(
+                "image: ",
+                (image.ref, "bold"),
+                f" {fetch} once on {image.hosts[0]}, streamed to {hosts - 1} other "
+                f"host{'s' if hosts != 2 else ''}, verified by image ID"
+                if hosts > 1
+                else f" {fetch} on {image.hosts[0]}",
+            )
+        )
+    return lines
+
+
 def drained_line(plan: Plan) -> Text | None:
     """The instances `k2provision drain` took out, kept stopped and out of every router, and
     how they come back (None: nothing drained)."""
@@ -320,6 +340,8 @@ def print_plan(plan: Plan) -> None:
     if drained := drained_line(plan):
         console.print(drained, soft_wrap=True)
     for line in spare_lines(plan):
+        console.print(line, soft_wrap=True)
+    for line in image_lines(plan):
         console.print(line, soft_wrap=True)
     console.print(Text.assemble("endpoint: ", (plan.endpoint, "bold")))
     if plan.container.compile_cache:

@@ -28,7 +28,7 @@ from k2lab.errors import LabError
 from k2lab.standin import content_hash, standin_dir
 from k2provision.engines import REGISTRY
 from k2provision.ops import smoke
-from k2provision.plan.assemble import LAB_IMAGE
+from k2provision.plan.images import LAB_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = standin_dir()

@@ -30,7 +30,7 @@ import k2lab as labapi
 from k2lab.proc import quiet_log
 from k2lab.standin import STANDIN_IMAGE, build_standin, image_key
 from k2provision.core import catalog
-from k2provision.plan.assemble import LAB_IMAGE
+from k2provision.plan.images import LAB_IMAGE
 from tests.lab_support import require_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_other]

@@ -30,7 +30,8 @@ import matplotlib.pyplot as plt
 
 from k2provision.core.records import Plan
 from k2provision.plan.alert_rules import ENDPOINT_DOWN_FOR, alert_rules
-from k2provision.plan.assemble import LAB_IMAGE, build_plan
+from k2provision.plan.assemble import build_plan
+from k2provision.plan.images import LAB_IMAGE
 from k2provision.plan.inventory import load_cluster
 from k2provision.plan.monitoring import (
     DCGM_EXPORTER_PORT,

@@ -59,6 +59,20 @@ def test_every_example_inventory_plans(tmp_path: Path) -> None:
         check_contract(json.loads(out.stdout))
 
 
+def test_no_shipped_inventory_plans_with_an_image_warning() -> None:
+    """Every image a shipped inventory runs is pulled as published or built by apply: the
+    plan names each and warns of none."""
+    for inventory in [
+        ROOT / "inventory" / "prod.ini",
+        *(ROOT / "inventory" / "examples").glob("*.ini"),
+    ]:
+        out = k2("plan", str(inventory))
+        assert out.returncode == 0, (inventory, out.stderr)
+        warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+        assert not [w for w in warnings if "image" in w.lower()], (inventory, warnings)
+        assert "image: " in out.stdout, inventory
+
+
 def test_render_writes_every_file_per_host(tmp_path: Path) -> None:
     out = k2("render", "inventory/prod.ini", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr

@@ -99,8 +99,13 @@ def test_single_process_with_a_health_gate_and_no_socket_pinning() -> None:
 def test_image_is_built_from_the_pinned_kt_kernel() -> None:
     p = plan()
     assert p.engine_version == "0.7.2"
-    assert any("build containers/ktransformers" in w for w in p.warnings)
-    assert not any("build containers" in w for w in plan(image="reg/kt:1").warnings)
+    (image,) = p.images
+    assert image.build == "ktransformers"
+    assert image.ref.startswith("k2provision/ktransformers:0.7.2-")
+    assert process_of(p).image == image.ref
+    assert not any("image" in w for w in p.warnings)
+    own = plan(image="reg/kt:1")
+    assert [(i.ref, i.build) for i in own.images] == [("reg/kt:1", "")]
 
 
 def test_the_api_key_comes_from_the_launch_phases_options_file(guard_files: GuardFiles) -> None:

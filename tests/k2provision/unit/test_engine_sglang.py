@@ -11,6 +11,7 @@ from k2provision.core.records import Cluster, HostSpec, Plan, PoolName, Process,
 from k2provision.engines import sglang
 from k2provision.errors import PlanError
 from k2provision.plan.assemble import build_plan
+from k2provision.plan.images import LAB_IMAGE, build_tag
 from k2provision.plan.inventory import load_cluster
 from tests.k2provision.access_support import GuardFiles
 
@@ -336,7 +337,7 @@ def test_prod_router_on_first_prefill_host(prod: Plan) -> None:
     router = procs(prod, "gpu-p01")["sglang-router"]
     assert router.argv[:3] == ("python3", "-m", "sglang_router.launch_router")
     assert router.container == "k2-router"
-    assert router.image == procs(prod, "gpu-p01")["sglang-prefill"].image
+    assert router.image.startswith("k2provision/router:0.3.2-")  # built from containers/router
     assert router.stage == 1
     argv = router.argv
     assert "--pd-disaggregation" in argv
@@ -411,14 +412,29 @@ def test_pd_servers_pin_nccl_gloo_and_nvshmem_to_the_local_ip_interface() -> Non
                 assert proc.env[var] == "${K2_SOCKET_IFNAME}"
 
 
+def router_of(plan: Plan) -> Process:
+    (router,) = [p for h in plan.hosts for p in h.processes if p.name == "sglang-router"]
+    return router
+
+
 def test_router_runs_in_its_own_image_when_given() -> None:
     plan = build_plan(pd_cluster(router_image="reg/sglang-router:0.3.2"))
-    (router,) = [p for h in plan.hosts for p in h.processes if p.name == "sglang-router"]
-    assert router.image == "reg/sglang-router:0.3.2"
-    assert router.argv[:3] == ("python3", "-m", "sglang_router.launch_router")
-    assert not any("k2_router_image" in w for w in plan.warnings)
-    assert any("set k2_router_image" in w for w in build_plan(pd_cluster()).warnings)
-    assert not any("k2_router_image" in w for w in build_plan(pd_cluster(lab=True)).warnings)
+    assert router_of(plan).image == "reg/sglang-router:0.3.2"
+    assert router_of(plan).argv[:3] == ("python3", "-m", "sglang_router.launch_router")
+    assert ("reg/sglang-router:0.3.2", "") in [(i.ref, i.build) for i in plan.images]
+    assert not any("image" in w for w in plan.warnings)
+
+
+def test_router_image_is_built_from_its_containerfile_without_one() -> None:
+    built = build_plan(pd_cluster())
+    image = next(i for i in built.images if i.build == "router")
+    assert router_of(built).image == image.ref
+    assert image.ref == build_tag("router", "0.3.2")
+    assert image.hosts == tuple(h.name for h in built.hosts if router_of(built) in h.processes)
+    assert not any("image" in w for w in built.warnings)
+    lab = build_plan(pd_cluster(lab=True))
+    assert router_of(lab).image == LAB_IMAGE
+    assert [i.build for i in lab.images] == [""]
 
 
 def test_pd_decode_batch_follows_tunable() -> None:

@@ -14,8 +14,8 @@ import yaml
 from k2provision.core.inventory import plain_value
 from k2provision.core.records import Plan
 from k2provision.plan import monitoring
-from k2provision.plan.assemble import LAB_IMAGE
 from k2provision.plan.host_questions import container_states
+from k2provision.plan.images import LAB_IMAGE
 
 
 def monitoring_setup(
