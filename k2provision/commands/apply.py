@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Group, RenderableType
+from rich.live import Live
 from rich.text import Text
 
 from k2provision.commands.flow import (
@@ -35,9 +37,40 @@ from k2provision.commands.params import (
 from k2provision.core.records import Plan
 from k2provision.errors import PlanError
 from k2provision.plan.canary import canary_problem
-from k2provision.run.display import console
+from k2provision.run.display import RunView, console
+from k2provision.weights.progress import ProgressFeed, progress_view
 
 HOST_WORK_FILE = "host_work.json"
+IMAGES_PROGRESS_FILE = "images-progress.jsonl"
+"""The images phase's relay progress (role k2_container_runtime), one JSON line per event."""
+
+
+class ApplyView(RunView):
+    """apply's live view: the phase, the task and the hosts' tallies, and while an image
+    streams from host to host, each receiving host's progress."""
+
+    def __init__(self, hosts: list[str], progress: Path) -> None:
+        self.feed = ProgressFeed(progress)
+        super().__init__(hosts)
+        self.live = Live(
+            console=console, refresh_per_second=8, transient=True, get_renderable=self._render
+        )
+
+    def _render(self) -> RenderableType:
+        base: RenderableType = super()._render()
+        streaming = [h for h in self.feed.snapshot() if h.status == "receiving"]
+        if not streaming:
+            return base
+        return Group(progress_view(streaming, f"image stream > {self.task}"), base)
+
+    def __enter__(self) -> ApplyView:
+        self.feed.start()
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.feed.stop()
+        super().__exit__(*exc)
 
 
 class ApplyHooks(RunHooks):
@@ -49,7 +82,15 @@ class ApplyHooks(RunHooks):
     def extravars(self, plan: Plan, record: Path) -> dict[str, Any]:
         del plan
         self.record = record
-        return {"k2_host_work_file": str(record / HOST_WORK_FILE)}
+        progress = record / IMAGES_PROGRESS_FILE
+        progress.touch(mode=0o600)
+        return {
+            "k2_host_work_file": str(record / HOST_WORK_FILE),
+            "k2_container_runtime_progress_file": str(progress),
+        }
+
+    def view(self, plan: Plan, record: Path) -> ApplyView:
+        return ApplyView([h.name for h in plan.hosts], record / IMAGES_PROGRESS_FILE)
 
     def order(self) -> tuple[list[dict[str, Any]], list[str]]:
         """The rolling pass the look ordered: its waves and their lines (none when there is

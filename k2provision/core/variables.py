@@ -62,6 +62,7 @@ PLAYBOOK_VARS = (
     "k2_return_instances",
     "k2_host_work",
     "k2_host_work_file",
+    "k2_container_runtime_progress_file",
     "k2_host_work_instances",
     "k2_host_work_deferred",
 )

@@ -111,7 +111,9 @@ PHASE_ROLES = {
 }
 """The variable prefixes of each stamped phase's roles: their values are its inputs."""
 
-RUN_ONLY_VARIABLES = frozenset({"k2_weights_progress_file", "k2_weights_record_dir"})
+RUN_ONLY_VARIABLES = frozenset(
+    {"k2_weights_progress_file", "k2_weights_record_dir", "k2_container_runtime_progress_file"}
+)
 """Variables a run sets for itself (where it reports): not inputs of what a phase holds."""
 
 STAMP_DIR = "/var/lib/k2provision/converged"

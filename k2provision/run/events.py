@@ -56,8 +56,8 @@ Event = PlayStarted | TaskStarted | HostResult | Stats
 
 def _differences(res: Mapping[str, Any]) -> tuple[str, ...]:
     """The look's lines of what differs from the plan, a fleet's rollout order the look play
-    sets (k2_rollout), and a canary's verdict (k2_rollout_canary_verdict); none for any other
-    task."""
+    sets (k2_rollout), what the images phase would build, pull and stream (check mode), and a
+    canary's verdict (k2_rollout_canary_verdict); none for any other task."""
     lines = res.get("differences")
     found = tuple(str(line) for line in lines) if isinstance(lines, list) else ()
     facts = res.get("ansible_facts")
@@ -69,6 +69,9 @@ def _differences(res: Mapping[str, Any]) -> tuple[str, ...]:
         said = rollout.get(key) if isinstance(rollout, Mapping) else None
         if said:
             found += (f"rollout {key}: {said}",)
+    images = facts.get("_k2_container_runtime_would") if isinstance(facts, Mapping) else None
+    if isinstance(images, list):
+        found += tuple(f"image {line}" for line in images)
     verdict = facts.get("k2_rollout_canary_verdict") if isinstance(facts, Mapping) else None
     if isinstance(verdict, Mapping) and verdict.get("figures"):
         found += (f"canary: {verdict['figures']}",)

@@ -95,7 +95,7 @@ def test_directories_of_their_own_are_accepted(variable: str, value: str) -> Non
         ),
         (
             {"k2_monitoring_data_dir": "/var/lib/k2provision"},
-            "holds k2_weights_state_dir=/var/lib/k2provision/weights",
+            "holds k2_container_runtime_stream_dir=/var/lib/k2provision/images",
         ),
         (
             {"k2_monitoring_data_dir": "/srv/p", "k2_monitoring_config_dir": "/srv/p/"},

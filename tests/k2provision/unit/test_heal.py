@@ -353,7 +353,10 @@ def test_apply_reads_the_rolling_pass_the_look_wrote(tmp_path: Path) -> None:
     hooks = ApplyHooks()
     assert hooks.order() == ([], [])
     extra = hooks.extravars(_plan(TP_FLEET), tmp_path)
-    assert extra == {"k2_host_work_file": str(tmp_path / "host_work.json")}
+    assert extra == {
+        "k2_host_work_file": str(tmp_path / "host_work.json"),
+        "k2_container_runtime_progress_file": str(tmp_path / "images-progress.jsonl"),
+    }
     assert hooks.order() == ([], [])  # no look ran
     (tmp_path / "host_work.json").write_text(
         '{"waves": [{"instances": ["replica-1"], "hosts": ["node-01"]}], "lines": ["1. x"]}'

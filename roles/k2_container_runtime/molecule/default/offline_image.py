@@ -26,7 +26,8 @@ def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def main(archive: str, tag: str) -> None:
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        _tar_member(tar, "k2-offline.txt", b"k2provision offline image\n")
+        # The tag is in the file, so two tags are two images (two image IDs).
+        _tar_member(tar, "k2-offline.txt", f"k2provision image {tag}\n".encode())
     layer_bytes = layer.getvalue()
     diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
     config = {
