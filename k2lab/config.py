@@ -31,6 +31,8 @@ BASTION_NAME = "bastion"
 PROXY_PORT = 3142
 PROXY_NAME = "k2lab-proxy"
 """The name every host (and image build) resolves to its instance's proxy address."""
+REGISTRY_PORT = 5000
+"""The lab registry's port on the bridge address (k2lab/registry.py), plain HTTP."""
 
 
 def default_lab_dir() -> Path:
@@ -131,6 +133,11 @@ class LabConfig:
     @property
     def proxy_url(self) -> str:
         return f"http://{self.controller_ip}:{PROXY_PORT}"
+
+    @property
+    def registry(self) -> str:
+        """HOST:PORT of the lab registry (k2lab/registry.py), when one is started."""
+        return f"{self.controller_ip}:{REGISTRY_PORT}"
 
     # ---------------------------------------------------------------- shared paths
     @property

@@ -47,6 +47,7 @@ from k2lab.net import (
 )
 from k2lab.proc import Log, is_alive, require_root, require_tools, run, stderr_log
 from k2lab.proxy import start_proxy, stop_proxy
+from k2lab.registry import stop_stale as stop_stale_registry
 from k2lab.rootfs import ensure_rootfs, is_current
 from k2lab.state import HostState, LabState, ProxyState, load_state, save_state
 
@@ -362,6 +363,7 @@ def down(cfg: LabConfig | None = None, log: Log = stderr_log) -> None:
             if len(problems) == before:  # keep the record of anything that is still there
                 state = state.without_host(host.name)
                 save_state(cfg.state_file, state)
+        stop_stale_registry(cfg)  # a test's registry an interrupted run left on the bridge
         if state.proxy is not None:
             stop_proxy(state.proxy.proc)
             state = state.model_copy(update={"proxy": None})

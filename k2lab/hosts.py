@@ -136,6 +136,11 @@ def write_host_files(
         "etc/ssh/sshd_config.d/00-k2lab.conf": (sshd_dropin(cfg.ssh_port), 0o644),
         AUTHORIZED_KEYS.lstrip("/"): (public_key, 0o644),
         "etc/containers/storage.conf": (storage_conf(storage_driver(cfg)), 0o644),
+        # The lab registry (k2lab/registry.py) speaks plain HTTP on the bridge address.
+        "etc/containers/registries.conf.d/50-k2lab-registry.conf": (
+            f'[[registry]]\nlocation = "{cfg.registry}"\ninsecure = true\n',
+            0o644,
+        ),
         # The hosts' Python keeps what it compiles from zip files (Ansible's module payloads).
         f"{HOST_DIST_PACKAGES}/{ZIPCACHE.name}": (ZIPCACHE.read_text(), 0o644),
         f"{HOST_DIST_PACKAGES}/k2lab_zipcache.pth": ("import k2lab_zipcache\n", 0o644),
@@ -316,6 +321,29 @@ def port_open(address: str, port: int, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def spawn_listener(
+    program: str, argv: str, *, run_dir: Path, address: str, port: int, timeout: float = 10.0
+) -> ProcRef:
+    """Start ``program argv`` (a shell-quoted argument string) detached, its pid and log in
+    `run_dir` (<program>.pid, <program>.log); returns it once it listens on address:port,
+    else kills it and says why (the log's last lines)."""
+    log_file = run_dir / f"{program}.log"
+    ref = spawn_detached(
+        f'echo $$ > "$K2_PIDFILE"; exec {program} {argv}',
+        pid_file=run_dir / f"{program}.pid",
+        log_file=log_file,
+    )
+    deadline = time.monotonic() + timeout
+    while not port_open(address, port, timeout=0.2):
+        if not is_alive(ref) or time.monotonic() > deadline:
+            kill(ref)
+            raise LabError(
+                f"{program} did not listen on {address}:{port}: {console_tail(log_file)}"
+            )
+        time.sleep(0.05)
+    return ref
 
 
 def scan_host_key(address: str, port: int, from_netns: str | None = None) -> str | None:

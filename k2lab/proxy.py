@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import shlex
-import time
 
 from k2lab.config import PROXY_PORT, LabConfig
-from k2lab.errors import LabError
 from k2lab.fs import write_file
-from k2lab.hosts import console_tail, port_open
-from k2lab.proc import ProcRef, is_alive, kill, spawn_detached, wait_gone
+from k2lab.hosts import spawn_listener
+from k2lab.proc import ProcRef, kill, wait_gone
 
 
 def tinyproxy_conf(cfg: LabConfig) -> str:
@@ -36,22 +34,14 @@ def start_proxy(cfg: LabConfig, timeout: float = 10.0) -> ProcRef:
     """Start tinyproxy in the foreground, detached; returns its process once it listens."""
     conf = cfg.instance_dir / "tinyproxy.conf"
     write_file(conf, tinyproxy_conf(cfg))
-    log_file = cfg.instance_dir / "tinyproxy.log"
-    ref = spawn_detached(
-        f'echo $$ > "$K2_PIDFILE"; exec tinyproxy -d -c {shlex.quote(str(conf))}',
-        pid_file=cfg.instance_dir / "tinyproxy.pid",
-        log_file=log_file,
+    return spawn_listener(
+        "tinyproxy",
+        f"-d -c {shlex.quote(str(conf))}",
+        run_dir=cfg.instance_dir,
+        address=cfg.controller_ip,
+        port=PROXY_PORT,
+        timeout=timeout,
     )
-    deadline = time.monotonic() + timeout
-    while not port_open(cfg.controller_ip, PROXY_PORT, timeout=0.2):
-        if not is_alive(ref) or time.monotonic() > deadline:
-            kill(ref)
-            raise LabError(
-                f"tinyproxy did not listen on {cfg.controller_ip}:{PROXY_PORT}: "
-                f"{console_tail(log_file)}"
-            )
-        time.sleep(0.05)
-    return ref
 
 
 def stop_proxy(ref: ProcRef | None) -> None:
