@@ -122,14 +122,16 @@ class NetnsLab:
     subnet: str = "10.97.0"
     mtu: int = 1500
     made: bool = False
+    prefix: str = PREFIX
+    """What every namespace and veth is named after (another benchmark's own: no clash)."""
 
     @property
     def switch(self) -> str:
-        return f"{PREFIX}-sw"
+        return f"{self.prefix}-sw"
 
     def ns(self, i: int) -> str:
         """Namespace of host i (1..N); 0 is the seed."""
-        return f"{PREFIX}-c" if i == 0 else f"{PREFIX}-h{i}"
+        return f"{self.prefix}-c" if i == 0 else f"{self.prefix}-h{i}"
 
     def address(self, i: int) -> str:
         return f"{self.subnet}.{1 if i == 0 else 10 + i}"
@@ -144,7 +146,7 @@ class NetnsLab:
                 sh("ip", "netns", "del", name, check=False)
         # A veth half left in the root namespace by an interrupted setup.
         for i in range(self.hosts + 1):
-            sh("ip", "link", "del", f"{PREFIX}{i}a", check=False)
+            sh("ip", "link", "del", f"{self.prefix}{i}a", check=False)
 
     def shaper(self) -> list[str]:
         burst = max(32 * 1024, int(self.mbit * 1e6 / 8 / 250 * 2))
@@ -154,7 +156,7 @@ class NetnsLab:
         """Every link to ``mbit`` in both directions."""
         self.mbit = mbit
         for i in range(self.hosts + 1):
-            ns, inner, outer = self.ns(i), f"{PREFIX}{i}a", f"{PREFIX}{i}b"
+            ns, inner, outer = self.ns(i), f"{self.prefix}{i}a", f"{self.prefix}{i}b"
             sh("tc", "-n", ns, "qdisc", "replace", "dev", inner, "root", *self.shaper())
             sh("tc", "-n", self.switch, "qdisc", "replace", "dev", outer, "root", *self.shaper())
 
@@ -166,7 +168,7 @@ class NetnsLab:
         sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", self.switch, "link", "set", "br0", "up")
         for i in range(self.hosts + 1):
-            ns, inner, outer = self.ns(i), f"{PREFIX}{i}a", f"{PREFIX}{i}b"
+            ns, inner, outer = self.ns(i), f"{self.prefix}{i}a", f"{self.prefix}{i}b"
             sh("ip", "netns", "add", ns)
             sh("ip", "link", "add", inner, "mtu", str(self.mtu), "type", "veth",
                "peer", "name", outer, "mtu", str(self.mtu))  # fmt: skip
@@ -186,11 +188,11 @@ class NetnsLab:
 class Tmpfs:
     """A tmpfs of ``size_bytes`` mounted at ``path`` (a limit: memory is taken as it fills)."""
 
-    def __init__(self, path: Path, size_bytes: int) -> None:
+    def __init__(self, path: Path, size_bytes: int, prefix: str = PREFIX) -> None:
         self.path = path
         self.size = size_bytes
         path.mkdir(parents=True, exist_ok=True)
-        sh("mount", "-t", "tmpfs", "-o", f"size={size_bytes}", f"{PREFIX}-data", str(path))
+        sh("mount", "-t", "tmpfs", "-o", f"size={size_bytes}", f"{prefix}-data", str(path))
 
     def resize(self, size_bytes: int) -> None:
         sh("mount", "-o", f"remount,size={size_bytes}", str(self.path))
