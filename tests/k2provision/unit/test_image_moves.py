@@ -76,3 +76,25 @@ def test_check_mode_lines_reach_the_run_display() -> None:
     lines = ["img: pulled once on n1, streamed to n2"]
     res = {"ansible_facts": {"_k2_container_runtime_would": lines}}
     assert _differences(res) == ("image img: pulled once on n1, streamed to n2",)
+
+
+def test_a_host_outside_the_run_that_holds_it_is_the_peer() -> None:
+    """`apply --limit n3` (or a run where the others' prepare is converged): n3 lacks the
+    image, n2, outside the run, holds it; n1 is unreachable."""
+    from k2provision.ansible.collections.ansible_collections.k2.cluster.plugins.filter.images import (  # noqa: E501
+        FilterModule,
+    )
+
+    moves = FilterModule().filters()["image_moves"]
+    elsewhere = [
+        {"item": ["n1", ENGINE], "unreachable": True},
+        {"item": ["n2", ENGINE], "rc": 0, "stdout": "sha256:e\n"},
+    ]
+    (move,) = moves(["n1", "n2", "n3"], {"n3": {}}, {"n3": [ENGINE]}, {}, elsewhere)
+    assert (move["source"], move["fetch"], move["id"], move["targets"]) == (
+        "n2",
+        "peer",
+        "sha256:e",
+        ["n3"],
+    )
+    assert moves(["n3"], {"n3": {}}, {"n3": [ENGINE]}, {})[0]["fetch"] == "pull"

@@ -1,8 +1,10 @@
 """Filters of the images phase (role k2_container_runtime): thin bridges from Ansible's data to
 k2provision.core.image_moves, so the decisions are tested without a host.
 
-- ``hosts | k2.cluster.image_moves(held, needed, builds)``: per image some host lacks, where it
-  comes from and where it is streamed.
+- ``hosts | k2.cluster.image_moves(held, needed, builds, elsewhere)``: per image some host
+  lacks, where it comes from and where it is streamed; ``elsewhere`` is the results of a looped
+  ``docker image inspect`` (item: [host, image]) on hosts outside the run, which count as
+  holders.
 - ``move | k2.cluster.image_move_line``: that move in one line.
 - ``stderr | k2.cluster.image_pull_refusal(host, image)``: a failed pull in one line, with the fix.
 - ``plan | k2.cluster.image_builds``: image -> the directory of containers/ that builds it.
@@ -16,10 +18,15 @@ from k2provision.core.image_moves import image_move_line, image_moves, pull_refu
 from k2provision.core.inventory import plain_value as _plain
 
 
-def _moves(hosts: Any, held: Any, needed: Any, builds: Any) -> list[dict[str, Any]]:
-    return image_moves(
-        [str(h) for h in _plain(hosts)], _plain(held), _plain(needed), _plain(builds)
-    )
+def _moves(
+    hosts: Any, held: Any, needed: Any, builds: Any, elsewhere: Any = ()
+) -> list[dict[str, Any]]:
+    holdings = {str(h): dict(ids or {}) for h, ids in _plain(held).items()}
+    for result in _plain(elsewhere) or ():
+        if result.get("rc") == 0 and not result.get("unreachable"):
+            host, image = result["item"]
+            holdings.setdefault(str(host), {})[str(image)] = str(result["stdout"]).strip()
+    return image_moves([str(h) for h in _plain(hosts)], holdings, _plain(needed), _plain(builds))
 
 
 def _line(move: Any) -> str:
