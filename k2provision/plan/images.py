@@ -22,6 +22,7 @@ from pathlib import Path
 
 from k2provision.core import catalog
 from k2provision.core.records import Cluster, EngineRelease, HostPlan, ImageSource
+from k2provision.errors import PlanError
 
 CONTAINERS_DIR = Path(__file__).resolve().parents[2] / "containers"
 BUILD_REPOSITORY = "k2provision"
@@ -35,7 +36,13 @@ def build_digest(build: str) -> str:
     root = CONTAINERS_DIR / build
     files = sorted(p for p in root.rglob("*") if p.is_file())
     if not files:
-        raise FileNotFoundError(f"{root}: no build files; the project's containers/ is missing")
+        raise PlanError(
+            [
+                f"{root}: no build files, expected the project's containers/{build} (the image "
+                "apply builds); fix: run k2provision from its checkout (pip install -e .), or "
+                "name a prebuilt image in the inventory (k2_image, k2_router_image)"
+            ]
+        )
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
@@ -85,7 +92,9 @@ def image_sources(hosts: Sequence[HostPlan], release: EngineRelease) -> tuple[Im
             names = users.setdefault(process.image, [])
             if host.name not in names:
                 names.append(host.name)
-    builds = built_images(release)
+    # Only a plan that runs a build reads containers/ (one naming its own images never does).
+    ours = any(ref.startswith(f"{BUILD_REPOSITORY}/") for ref in users)
+    builds = built_images(release) if ours else {}
     return tuple(
         ImageSource(ref=ref, build=builds.get(ref, ""), hosts=tuple(names))
         for ref, names in users.items()

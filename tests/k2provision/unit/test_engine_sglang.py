@@ -10,6 +10,7 @@ import pytest
 from k2provision.core.records import Cluster, HostSpec, Plan, PoolName, Process, Tunables
 from k2provision.engines import sglang
 from k2provision.errors import PlanError
+from k2provision.plan import images
 from k2provision.plan.assemble import build_plan
 from k2provision.plan.images import LAB_IMAGE, build_tag
 from k2provision.plan.inventory import load_cluster
@@ -435,6 +436,23 @@ def test_router_image_is_built_from_its_containerfile_without_one() -> None:
     lab = build_plan(pd_cluster(lab=True))
     assert router_of(lab).image == LAB_IMAGE
     assert [i.build for i in lab.images] == [""]
+
+
+def test_a_plan_naming_its_own_images_never_reads_the_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(images, "CONTAINERS_DIR", tmp_path)  # no build directory at all
+    images.build_digest.cache_clear()
+    try:
+        own = build_plan(pd_cluster(image="reg/sglang:1", router_image="reg/router:1"))
+        assert [(i.ref, i.build) for i in own.images] == [
+            ("reg/sglang:1", ""),
+            ("reg/router:1", ""),
+        ]
+        with pytest.raises(PlanError, match="containers/router"):
+            build_plan(pd_cluster(image="reg/sglang:1"))
+    finally:
+        images.build_digest.cache_clear()
 
 
 def test_pd_decode_batch_follows_tunable() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from k2provision.engines import trtllm, vllm
+from k2provision.errors import PlanError
 from k2provision.plan import images
 
 
@@ -35,8 +36,9 @@ def test_the_tag_follows_the_build_files_content(containers: Path) -> None:
 
 
 def test_a_missing_build_directory_is_said_plainly(containers: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="containers/"):
+    with pytest.raises(PlanError, match="containers/nothing-here") as raised:
         images.build_digest("nothing-here")
+    assert "fix: " in str(raised.value)
 
 
 def test_every_shipped_build_has_a_containerfile() -> None:
