@@ -46,7 +46,7 @@ from k2lab.net import (
     shape_host,
 )
 from k2lab.proc import Log, is_alive, require_root, require_tools, run, stderr_log
-from k2lab.proxy import start_proxy, stop_proxy
+from k2lab.proxy import start_proxy
 from k2lab.registry import stop_stale as stop_stale_registry
 from k2lab.rootfs import ensure_rootfs, is_current
 from k2lab.state import HostState, LabState, ProxyState, load_state, save_state
@@ -365,7 +365,7 @@ def down(cfg: LabConfig | None = None, log: Log = stderr_log) -> None:
                 save_state(cfg.state_file, state)
         stop_stale_registry(cfg)  # a test's registry an interrupted run left on the bridge
         if state.proxy is not None:
-            stop_proxy(state.proxy.proc)
+            hostmod.stop_listener(state.proxy.proc)
             state = state.model_copy(update={"proxy": None})
             save_state(cfg.state_file, state)
         if state.bridge_created:

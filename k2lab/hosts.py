@@ -346,6 +346,12 @@ def spawn_listener(
     return ref
 
 
+def stop_listener(ref: ProcRef | None) -> None:
+    """Stop what spawn_listener started (None: nothing), and wait until it is gone."""
+    kill(ref)
+    wait_gone([ref], timeout=5)
+
+
 def scan_host_key(address: str, port: int, from_netns: str | None = None) -> str | None:
     """The ed25519 key the host's sshd serves ("ssh-ed25519 BASE64"), or None; asked from
     the network namespace `from_netns` (the bastion's) when given."""

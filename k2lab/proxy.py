@@ -7,7 +7,7 @@ import shlex
 from k2lab.config import PROXY_PORT, LabConfig
 from k2lab.fs import write_file
 from k2lab.hosts import spawn_listener
-from k2lab.proc import ProcRef, kill, wait_gone
+from k2lab.proc import ProcRef
 
 
 def tinyproxy_conf(cfg: LabConfig) -> str:
@@ -42,8 +42,3 @@ def start_proxy(cfg: LabConfig, timeout: float = 10.0) -> ProcRef:
         port=PROXY_PORT,
         timeout=timeout,
     )
-
-
-def stop_proxy(ref: ProcRef | None) -> None:
-    kill(ref)
-    wait_gone([ref], timeout=5)

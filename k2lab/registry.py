@@ -20,9 +20,9 @@ from pathlib import Path
 from k2lab.config import REGISTRY_PORT, LabConfig
 from k2lab.errors import LabError
 from k2lab.fs import write_file
-from k2lab.hosts import spawn_listener
+from k2lab.hosts import spawn_listener, stop_listener
 from k2lab.images import podman
-from k2lab.proc import ProcRef, kill, proc_ref, wait_gone
+from k2lab.proc import ProcRef, proc_ref
 
 BINARY = "docker-registry"
 # Its access log, in the combined log format: CLIENT - - [TIME] "METHOD PATH PROTO" STATUS ...
@@ -79,7 +79,7 @@ def stop_stale(cfg: LabConfig) -> None:
     ref = proc_ref(int(text)) if text.isdigit() else None
     cmdline = Path(f"/proc/{ref.pid}/cmdline") if ref else None
     if ref and cmdline and BINARY.encode() in cmdline.read_bytes():
-        stop_registry(ref)
+        stop_listener(ref)
     pid_file.unlink(missing_ok=True)
 
 
@@ -100,11 +100,6 @@ def start_registry(cfg: LabConfig, timeout: float = 15.0) -> ProcRef:
         port=REGISTRY_PORT,
         timeout=timeout,
     )
-
-
-def stop_registry(ref: ProcRef | None) -> None:
-    kill(ref)
-    wait_gone([ref], timeout=5)
 
 
 def push(cfg: LabConfig, image: str, name: str) -> str:

@@ -11,7 +11,6 @@ from typing import Any
 
 import typer
 from rich.console import Group, RenderableType
-from rich.live import Live
 from rich.text import Text
 
 from k2provision.commands.flow import (
@@ -52,9 +51,6 @@ class ApplyView(RunView):
     def __init__(self, hosts: list[str], progress: Path) -> None:
         self.feed = ProgressFeed(progress)
         super().__init__(hosts)
-        self.live = Live(
-            console=console, refresh_per_second=8, transient=True, get_renderable=self._render
-        )
 
     def _render(self) -> RenderableType:
         base: RenderableType = super()._render()

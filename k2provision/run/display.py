@@ -388,7 +388,11 @@ class RunView:
         self.task = ""
         self.tally = Tally()
         self.spinner = Spinner("dots", text=Text("starting"))
-        self.live = Live(self._render(), console=console, refresh_per_second=8, transient=True)
+        # Drawn from _render at each refresh, so a subclass's additions (apply's image streams)
+        # move between events too.
+        self.live = Live(
+            console=console, refresh_per_second=8, transient=True, get_renderable=self._render
+        )
 
     def _render(self) -> Any:
         self.spinner.text = Text(f"{self.phase} > {self.task}" if self.phase else self.task)
@@ -415,4 +419,3 @@ class RunView:
                 console.print(failure_line(event), soft_wrap=True)
             for line in event.differences:
                 console.print(labelled(f"{event.host}:", "yellow", line), soft_wrap=True)
-        self.live.update(self._render())

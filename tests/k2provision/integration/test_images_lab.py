@@ -22,6 +22,7 @@ import pytest
 
 from k2lab import registry
 from k2lab.config import LabConfig
+from k2lab.hosts import stop_listener
 from k2lab.images import import_image
 from k2lab.images import remove_image as remove_from_store
 from tests.pd_lab import k2
@@ -70,7 +71,7 @@ def images(
         yield state, own, cfg, image
         remove_image(state, hosts, image)
     finally:
-        registry.stop_registry(started)
+        stop_listener(started)
 
 
 def changed_hosts(record: Path, task: str) -> set[str]:
